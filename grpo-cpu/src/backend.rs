@@ -1,0 +1,97 @@
+//! Which instruction set the kernels run on, detected once at run time.
+
+/// A CPU code path. Every path computes the same bits; they differ only in speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Scalar code, no ISA requirement (also used on x86 CPUs without FMA, since the canonical
+    /// arithmetic uses fused multiply-add).
+    Portable,
+    /// x86-64 with AVX2 and FMA: 16 lanes held in two 256-bit registers.
+    Avx2Fma,
+    /// x86-64 with AVX-512F: 16 lanes in one register.
+    Avx512,
+    /// AArch64 NEON: 16 lanes in four 128-bit registers.
+    Neon,
+}
+
+impl Backend {
+    /// The fastest backend this CPU supports (detected on every call; cheap after the first,
+    /// since `std` caches the CPUID result).
+    pub fn detect() -> Self {
+        Self::avx512()
+            .or_else(Self::avx2_fma)
+            .or_else(Self::neon)
+            .unwrap_or(Backend::Portable)
+    }
+
+    /// Every backend this CPU can run, fastest first; always ends with `Portable`.
+    pub fn available() -> impl Iterator<Item = Backend> {
+        [
+            Self::avx512(),
+            Self::avx2_fma(),
+            Self::neon(),
+            Some(Backend::Portable),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// `Some(Avx512)` if the CPU has AVX-512F (and FMA).
+    pub fn avx512() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(Backend::Avx512);
+        }
+        None
+    }
+
+    /// `Some(Avx2Fma)` if the CPU has AVX2 and FMA.
+    pub fn avx2_fma() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(Backend::Avx2Fma);
+        }
+        None
+    }
+
+    /// `Some(Neon)` on AArch64 with NEON (always present on AArch64 Linux/macOS).
+    pub fn neon() -> Option<Self> {
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Some(Backend::Neon);
+        }
+        None
+    }
+
+    /// Short lowercase name (`"avx512"`, `"avx2-fma"`, `"neon"`, `"portable"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Portable => "portable",
+            Backend::Avx2Fma => "avx2-fma",
+            Backend::Avx512 => "avx512",
+            Backend::Neon => "neon",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backend;
+
+    #[test]
+    fn detection_is_consistent() {
+        let all: Vec<_> = Backend::available().collect();
+        assert_eq!(all.last(), Some(&Backend::Portable));
+        assert_eq!(all[0], Backend::detect());
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("fma");
+            assert_eq!(Backend::avx512().is_some(), has);
+            assert_eq!(Backend::neon(), None);
+        }
+    }
+}

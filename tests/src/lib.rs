@@ -1,0 +1,29 @@
+//! Shared helpers of the cross-crate test suite: proptest strategies with the edge cases of
+//! DESIGN.md (lengths around multiples of 16, ±0, subnormals, huge magnitudes, all-equal and
+//! singleton groups) and f64 references.
+
+use proptest::prelude::*;
+
+/// Finite f64 values including the edge cases the design card asks for.
+pub fn edge_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        4 => -10.0f64..10.0,
+        1 => Just(0.0f64),
+        1 => Just(-0.0f64),
+        1 => Just(1.0f64),
+        1 => Just(f64::MIN_POSITIVE / 4.0),
+        1 => Just(1e30f64),
+        1 => Just(-1e30f64),
+        1 => (-1e6f64..1e6),
+    ]
+}
+
+/// Binary rewards (0 or 1), the common RLVR case.
+pub fn binary_reward() -> impl Strategy<Value = f64> {
+    prop_oneof![Just(0.0f64), Just(1.0f64)]
+}
+
+/// Relative-plus-absolute closeness.
+pub fn close(a: f64, b: f64, rel: f64, abs: f64) -> bool {
+    (a - b).abs() <= abs + rel * a.abs().max(b.abs())
+}
