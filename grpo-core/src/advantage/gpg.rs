@@ -1,8 +1,6 @@
 //! GPG: group policy gradient advantages (MATH.md §2; [verl] `gpg`).
 
-use super::group_scan::{
-    GroupStats, check_then_write, check_values, scorable, validate_groups,
-};
+use super::group_scan::{GroupStats, check_then_write, check_values, scorable, validate_groups};
 use super::{Diagnostics, NanPolicy, SingletonRule};
 use crate::error::{Error, Result, check_len, ensure};
 use crate::layout::Groups;
@@ -106,7 +104,10 @@ pub fn gpg<T: Real>(
     let nans = check_values("scores", scores, cfg.nan)?;
     let value = |i: usize| scores.get(i).copied().and_then(scorable);
     let batch = n - nans;
-    let nonzero = scores.iter().filter(|&&s| s != T::ZERO && !s.is_nan()).count();
+    let nonzero = scores
+        .iter()
+        .filter(|&&s| s != T::ZERO && !s.is_nan())
+        .count();
     let alpha = T::from_usize(batch) / T::from_usize(nonzero.max(1));
     let f_norm = T::from_f64(cfg.f_norm);
     check_then_write(out, |emit| {
@@ -165,9 +166,18 @@ mod tests {
         // Batch (3, 0, 0 | 1, 1, 4), f_norm = 2: B = 6, nonzero = 4 → α = 1.5.
         // Group 0: μ = 1 → (2, −1, −1)·1.5/2 = (1.5, −0.75, −0.75).
         // Group 1: μ = 2 → (−1, −1, 2)·0.75 = (−0.75, −0.75, 1.5).
-        let cfg = GpgConfig { f_norm: 2.0, ..GpgConfig::default() };
+        let cfg = GpgConfig {
+            f_norm: 2.0,
+            ..GpgConfig::default()
+        };
         let mut a = [0.0f64; 6];
-        gpg(&[3.0, 0.0, 0.0, 1.0, 1.0, 4.0], Groups::Uniform(3), &cfg, &mut a).unwrap();
+        gpg(
+            &[3.0, 0.0, 0.0, 1.0, 1.0, 4.0],
+            Groups::Uniform(3),
+            &cfg,
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [1.5, -0.75, -0.75, -0.75, -0.75, 1.5]);
         // All zero: α = B/1, every advantage 0.
         gpg(&[0.0; 6], Groups::Uniform(3), &cfg, &mut a).unwrap();
@@ -188,8 +198,14 @@ mod tests {
         assert_eq!(a, [0.0, 0.75, -0.75]);
         let mut b = [6.0f64; 3];
         for f in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let cfg = GpgConfig { f_norm: f, ..GpgConfig::default() };
-            assert!(matches!(gpg(&s, g, &cfg, &mut b), Err(Error::InvalidParam { name: "f_norm", .. })));
+            let cfg = GpgConfig {
+                f_norm: f,
+                ..GpgConfig::default()
+            };
+            assert!(matches!(
+                gpg(&s, g, &cfg, &mut b),
+                Err(Error::InvalidParam { name: "f_norm", .. })
+            ));
         }
         assert_eq!(b, [6.0; 3]);
     }
@@ -199,8 +215,13 @@ mod tests {
         // TRL: (NaN, 1, 0, 0): B = 3 scorable, nonzero 1 → α = 3; group (1, 0, 0) after
         // exclusion: μ = 1/3 → A = 3·(2/3, −1/3, −1/3) = (2, −1, −1).
         let mut a = [0.0f64; 4];
-        let d = gpg(&[f64::NAN, 1.0, 0.0, 0.0], Groups::Uniform(4), &GpgConfig::from_preset(Preset::Trl), &mut a)
-            .unwrap();
+        let d = gpg(
+            &[f64::NAN, 1.0, 0.0, 0.0],
+            Groups::Uniform(4),
+            &GpgConfig::from_preset(Preset::Trl),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a[0], 0.0);
         for (x, w) in a[1..].iter().zip([2.0, -1.0, -1.0]) {
             assert!((x - w).abs() < 1e-15);

@@ -245,7 +245,10 @@ mod tests {
 
     #[test]
     fn values_check_policy() {
-        assert_eq!(check_values("r", &[1.0f64, f64::NAN], NanPolicy::Exclude), Ok(1));
+        assert_eq!(
+            check_values("r", &[1.0f64, f64::NAN], NanPolicy::Exclude),
+            Ok(1)
+        );
         assert_eq!(
             check_values("r", &[1.0f64, f64::NAN], NanPolicy::Reject),
             Err(Error::NonFinite {

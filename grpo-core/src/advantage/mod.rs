@@ -75,8 +75,8 @@ impl<T: Real> Diagnostics<T> {
 
 // z-score family (MATH.md §2): GRPO and its configurations, RLOO, pass@k, OPO, GPG, and the
 // multi-reward estimators (GDPO, reward combination, DVAO).
-mod group_scan;
 pub mod gpg;
+mod group_scan;
 pub mod multi_reward;
 pub mod opo;
 pub mod passk;

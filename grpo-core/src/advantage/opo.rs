@@ -161,34 +161,86 @@ mod tests {
         assert_eq!(a, [1.5, 0.5, -0.5, 0.0, 0.0]);
         assert_eq!(d.zero_variance_groups, 1);
         // Zero-length responses do not weigh: (4, 2) with lengths (0, 3): b = 2 → (2, 0).
-        opo(&[4.0, 2.0], &[0, 3], Groups::Uniform(2), &OpoConfig::default(), &mut a[..2]).unwrap();
+        opo(
+            &[4.0, 2.0],
+            &[0, 3],
+            Groups::Uniform(2),
+            &OpoConfig::default(),
+            &mut a[..2],
+        )
+        .unwrap();
         assert_eq!(&a[..2], &[2.0, 0.0]);
         // All lengths 0: 0.
-        opo(&[4.0, 2.0], &[0, 0], Groups::Uniform(2), &OpoConfig::default(), &mut a[..2]).unwrap();
+        opo(
+            &[4.0, 2.0],
+            &[0, 0],
+            Groups::Uniform(2),
+            &OpoConfig::default(),
+            &mut a[..2],
+        )
+        .unwrap();
         assert_eq!(&a[..2], &[0.0, 0.0]);
     }
 
     #[test]
     fn singletons_and_errors() {
         let mut a = [0.0f64; 1];
-        opo(&[3.0], &[4], Groups::Uniform(1), &OpoConfig::from_preset(Preset::Verl), &mut a).unwrap();
+        opo(
+            &[3.0],
+            &[4],
+            Groups::Uniform(1),
+            &OpoConfig::from_preset(Preset::Verl),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [3.0]);
-        opo(&[3.0], &[4], Groups::Uniform(1), &OpoConfig::default(), &mut a).unwrap();
+        opo(
+            &[3.0],
+            &[4],
+            Groups::Uniform(1),
+            &OpoConfig::default(),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [0.0]);
         let mut b = [8.0f64; 2];
         assert!(matches!(
-            opo(&[1.0, 2.0], &[1], Groups::Uniform(2), &OpoConfig::default(), &mut b),
-            Err(Error::LengthMismatch { what: "lengths", .. })
+            opo(
+                &[1.0, 2.0],
+                &[1],
+                Groups::Uniform(2),
+                &OpoConfig::default(),
+                &mut b
+            ),
+            Err(Error::LengthMismatch {
+                what: "lengths",
+                ..
+            })
         ));
         assert_eq!(
-            opo(&[1.0, f64::NAN], &[1, 1], Groups::Uniform(2), &OpoConfig::default(), &mut b),
-            Err(Error::NonFinite { what: "scores", index: 1 })
+            opo(
+                &[1.0, f64::NAN],
+                &[1, 1],
+                Groups::Uniform(2),
+                &OpoConfig::default(),
+                &mut b
+            ),
+            Err(Error::NonFinite {
+                what: "scores",
+                index: 1
+            })
         );
         assert_eq!(b, [8.0; 2]);
         // TRL NaN policy: (NaN, 5, 1) lengths (9, 1, 3): b = (5 + 3)/4 = 2 → (0, 3, −1).
         let mut c = [0.0f64; 3];
-        opo(&[f64::NAN, 5.0, 1.0], &[9, 1, 3], Groups::Uniform(3), &OpoConfig::from_preset(Preset::Trl), &mut c)
-            .unwrap();
+        opo(
+            &[f64::NAN, 5.0, 1.0],
+            &[9, 1, 3],
+            Groups::Uniform(3),
+            &OpoConfig::from_preset(Preset::Trl),
+            &mut c,
+        )
+        .unwrap();
         assert_eq!(c, [0.0, 3.0, -1.0]);
     }
 }

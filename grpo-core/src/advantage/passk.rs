@@ -154,12 +154,24 @@ mod tests {
     fn ties_first_index_and_zero_gap() {
         // (1, 0, 1): two maxima → argmax is index 0, r_2nd = 1 → gap 0 → all 0.
         let mut a = [9.0f64; 3];
-        pass_at_k(&[1.0, 0.0, 1.0], Groups::Uniform(3), &PassKConfig::default(), &mut a).unwrap();
+        pass_at_k(
+            &[1.0, 0.0, 1.0],
+            Groups::Uniform(3),
+            &PassKConfig::default(),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [0.0; 3]);
         // (0.2, 0.9, 0.4, 0.9 | 3, 1): group 0 ties at 0.9 → 0; group 1 argmax 4, gap 2, σ_unb = sqrt(2), ε = 1e-6.
         let s = [0.2, 0.9, 0.4, 0.9, 3.0, 1.0];
         let mut b = [9.0f64; 6];
-        pass_at_k(&s, Groups::Offsets(&[0, 4, 6]), &PassKConfig::default(), &mut b).unwrap();
+        pass_at_k(
+            &s,
+            Groups::Offsets(&[0, 4, 6]),
+            &PassKConfig::default(),
+            &mut b,
+        )
+        .unwrap();
         assert_eq!(&b[..4], &[0.0; 4]);
         assert!((b[4] - 2.0 / (2f64.sqrt() + 1e-6)).abs() < 1e-15);
         assert_eq!(b[5], 0.0);
@@ -168,12 +180,18 @@ mod tests {
     #[test]
     fn negative_scores_and_nan() {
         // (−3, −1, −2) unnormalised: argmax 1, gap −1 − (−2) = 1.
-        let cfg = PassKConfig { normalize: false, ..PassKConfig::default() };
+        let cfg = PassKConfig {
+            normalize: false,
+            ..PassKConfig::default()
+        };
         let mut a = [0.0f64; 3];
         pass_at_k(&[-3.0, -1.0, -2.0], Groups::Uniform(3), &cfg, &mut a).unwrap();
         assert_eq!(a, [0.0, 1.0, 0.0]);
         // TRL NaN policy: (NaN, 2, 1.5) → argmax 1, gap 0.5, NaN gets 0.
-        let cfg = PassKConfig { nan: NanPolicy::Exclude, ..cfg };
+        let cfg = PassKConfig {
+            nan: NanPolicy::Exclude,
+            ..cfg
+        };
         let d = pass_at_k(&[f64::NAN, 2.0, 1.5], Groups::Uniform(3), &cfg, &mut a).unwrap();
         assert_eq!(a, [0.0, 0.5, 0.0]);
         assert_eq!(d.nan_excluded, 1);
@@ -183,15 +201,39 @@ mod tests {
     fn small_groups_are_refused() {
         let mut a = [7.0f64; 3];
         assert_eq!(
-            pass_at_k(&[1.0, 2.0, 3.0], Groups::Offsets(&[0, 2, 3]), &PassKConfig::default(), &mut a),
-            Err(Error::GroupTooSmall { group: 1, needed: 2, found: 1 })
+            pass_at_k(
+                &[1.0, 2.0, 3.0],
+                Groups::Offsets(&[0, 2, 3]),
+                &PassKConfig::default(),
+                &mut a
+            ),
+            Err(Error::GroupTooSmall {
+                group: 1,
+                needed: 2,
+                found: 1
+            })
         );
-        let cfg = PassKConfig { nan: NanPolicy::Exclude, ..PassKConfig::default() };
+        let cfg = PassKConfig {
+            nan: NanPolicy::Exclude,
+            ..PassKConfig::default()
+        };
         assert_eq!(
-            pass_at_k(&[1.0, f64::NAN, 3.0], Groups::Offsets(&[0, 2, 3]), &cfg, &mut a),
-            Err(Error::GroupTooSmall { group: 0, needed: 2, found: 1 })
+            pass_at_k(
+                &[1.0, f64::NAN, 3.0],
+                Groups::Offsets(&[0, 2, 3]),
+                &cfg,
+                &mut a
+            ),
+            Err(Error::GroupTooSmall {
+                group: 0,
+                needed: 2,
+                found: 1
+            })
         );
-        let bad = PassKConfig { eps: -1.0, ..PassKConfig::default() };
+        let bad = PassKConfig {
+            eps: -1.0,
+            ..PassKConfig::default()
+        };
         assert!(pass_at_k(&[1.0, 2.0], Groups::Uniform(2), &bad, &mut a[..2]).is_err());
         assert_eq!(a, [7.0; 3]);
     }

@@ -1,6 +1,6 @@
 //! RLOO: the leave-one-out baseline (MATH.md §2, §6).
 
-use super::group_scan::{check_then_write, check_values, scorable, validate_groups, GroupStats};
+use super::group_scan::{GroupStats, check_then_write, check_values, scorable, validate_groups};
 use super::{Diagnostics, NanPolicy, SingletonRule};
 use crate::error::{Error, Result, check_len};
 use crate::layout::Groups;
@@ -142,11 +142,23 @@ mod tests {
         // (3, 1, 2): sample 0: 3 − (1+2)/2 = 1.5; sample 1: 1 − (3+2)/2 = −1.5; sample 2:
         // 2 − (3+1)/2 = 0.
         let mut a = [0.0f64; 3];
-        rloo(&[3.0, 1.0, 2.0], Groups::Uniform(3), &RlooConfig::default(), &mut a).unwrap();
+        rloo(
+            &[3.0, 1.0, 2.0],
+            Groups::Uniform(3),
+            &RlooConfig::default(),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [1.5, -1.5, 0.0]);
         // Pair (0.1, 0.4): ±(0.4 − 0.1) exactly symmetric.
         let mut b = [0.0f64; 2];
-        rloo(&[0.1, 0.4], Groups::Uniform(2), &RlooConfig::default(), &mut b).unwrap();
+        rloo(
+            &[0.1, 0.4],
+            Groups::Uniform(2),
+            &RlooConfig::default(),
+            &mut b,
+        )
+        .unwrap();
         assert_eq!(b[0], -b[1]);
         assert!((b[1] - 0.3).abs() < 1e-15);
     }
@@ -157,15 +169,30 @@ mod tests {
         let g = Groups::Offsets(&[0, 2, 3]);
         let mut a = [0.0; 3];
         // Vectorized: 0. Loop: A = s = −2.
-        let d = rloo(&s, g, &RlooConfig::from_preset(Preset::VerlVectorized), &mut a).unwrap();
+        let d = rloo(
+            &s,
+            g,
+            &RlooConfig::from_preset(Preset::VerlVectorized),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [-2.0, 2.0, 0.0]);
         assert_eq!(d.singleton_groups, 1);
         rloo(&s, g, &RlooConfig::from_preset(Preset::Verl), &mut a).unwrap();
         assert_eq!(a, [-2.0, 2.0, -2.0]);
         let mut untouched = [4.0; 3];
         assert_eq!(
-            rloo(&s, g, &RlooConfig::from_preset(Preset::OpenRlhf), &mut untouched),
-            Err(Error::GroupTooSmall { group: 1, needed: 2, found: 1 })
+            rloo(
+                &s,
+                g,
+                &RlooConfig::from_preset(Preset::OpenRlhf),
+                &mut untouched
+            ),
+            Err(Error::GroupTooSmall {
+                group: 1,
+                needed: 2,
+                found: 1
+            })
         );
         assert_eq!(untouched, [4.0; 3]);
     }
@@ -177,10 +204,19 @@ mod tests {
         let mut a = [9.0; 4];
         assert_eq!(
             rloo(&s, Groups::Uniform(4), &RlooConfig::default(), &mut a),
-            Err(Error::NonFinite { what: "scores", index: 1 })
+            Err(Error::NonFinite {
+                what: "scores",
+                index: 1
+            })
         );
         assert_eq!(a, [9.0; 4]);
-        let d = rloo(&s, Groups::Uniform(4), &RlooConfig::from_preset(Preset::Trl), &mut a).unwrap();
+        let d = rloo(
+            &s,
+            Groups::Uniform(4),
+            &RlooConfig::from_preset(Preset::Trl),
+            &mut a,
+        )
+        .unwrap();
         assert_eq!(a, [1.5, 0.0, -1.5, 0.0]);
         assert_eq!(d.nan_excluded, 1);
     }

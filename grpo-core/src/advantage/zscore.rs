@@ -2,8 +2,8 @@
 //! (MATH.md §0, §2, §6).
 
 use super::group_scan::{
-    GroupStats, check_nonneg, check_then_write, check_values, dial, ratio, scorable, std_floored,
-    validate_groups, Emit,
+    Emit, GroupStats, check_nonneg, check_then_write, check_values, dial, ratio, scorable,
+    std_floored, validate_groups,
 };
 use super::{Diagnostics, NanPolicy, SingletonRule};
 use crate::error::{Error, Result, check_len, ensure};
@@ -312,7 +312,11 @@ mod tests {
         // s = 3, 1, 0, 0: μ = 1, deviations 2, 0, −1, −1, Σd² = 6,
         // var_unb = 2, σ = √2 = 1.41421356…; ε = 1e-6 (Paper):
         // A = (2, 0, −1, −1)/(√2 + 1e-6).
-        let (a, d) = run(&[3.0, 1.0, 0.0, 0.0], Groups::Uniform(4), &ZScoreConfig::default());
+        let (a, d) = run(
+            &[3.0, 1.0, 0.0, 0.0],
+            Groups::Uniform(4),
+            &ZScoreConfig::default(),
+        );
         let den = 2f64.sqrt() + 1e-6;
         let want = [2.0 / den, 0.0, -1.0 / den, -1.0 / den];
         for (x, w) in a.iter().zip(want) {
@@ -339,7 +343,11 @@ mod tests {
             assert_eq!(a[1], -a[0]);
         }
         // verl vectorized: var = 0.5 > floor 1e-6, so σ = sqrt(0.5) and the result is verl's.
-        let (a, _) = run(&s, Groups::Uniform(2), &ZScoreConfig::from_preset(Preset::VerlVectorized));
+        let (a, _) = run(
+            &s,
+            Groups::Uniform(2),
+            &ZScoreConfig::from_preset(Preset::VerlVectorized),
+        );
         assert!(close(a[0], 0.5 / (sig + 1e-6)));
     }
 
@@ -356,7 +364,11 @@ mod tests {
         assert_eq!(a[1], -a[0]);
         // The loop version has no floor: σ = sqrt(5e-9) = 7.0710678e-5,
         // A = 5e-5/(7.0710678e-5 + 1e-6) = 0.69721…
-        let (b, _) = run(&[1e-4, 0.0], Groups::Uniform(2), &ZScoreConfig::from_preset(Preset::Verl));
+        let (b, _) = run(
+            &[1e-4, 0.0],
+            Groups::Uniform(2),
+            &ZScoreConfig::from_preset(Preset::Verl),
+        );
         assert!(close(b[0], 5e-5 / (5e-9f64.sqrt() + 1e-6)));
     }
 
@@ -366,7 +378,11 @@ mod tests {
         let offs = [0, 2, 3];
         let s = [2.0, 4.0, 3.0];
         // verl loop: singleton μ = 0, σ = 1 → 3/(1 + 1e-6).
-        let (a, d) = run(&s, Groups::Offsets(&offs), &ZScoreConfig::from_preset(Preset::Verl));
+        let (a, d) = run(
+            &s,
+            Groups::Offsets(&offs),
+            &ZScoreConfig::from_preset(Preset::Verl),
+        );
         assert_eq!(a[2], 3.0 / (1.0 + 1e-6));
         assert_eq!(d.singleton_groups, 1);
         // Vectorized and TRL: 0.
@@ -378,8 +394,17 @@ mod tests {
         // OpenRLHF refuses (it would produce NaN) and writes nothing.
         let mut out = [7.0; 3];
         assert_eq!(
-            zscore(&s, Groups::Offsets(&offs), &ZScoreConfig::from_preset(Preset::OpenRlhf), &mut out),
-            Err(Error::GroupTooSmall { group: 1, needed: 2, found: 1 })
+            zscore(
+                &s,
+                Groups::Offsets(&offs),
+                &ZScoreConfig::from_preset(Preset::OpenRlhf),
+                &mut out
+            ),
+            Err(Error::GroupTooSmall {
+                group: 1,
+                needed: 2,
+                found: 1
+            })
         );
         assert_eq!(out, [7.0; 3]);
         // verl loop without std division: A = s.
@@ -402,7 +427,11 @@ mod tests {
         assert_eq!(a[3], 0.0);
         assert_eq!(d.nan_excluded, 1);
         // One NaN in a pair leaves a singleton: 0 under TRL.
-        let (a, d) = run(&[f64::NAN, 4.0], Groups::Uniform(2), &ZScoreConfig::from_preset(Preset::Trl));
+        let (a, d) = run(
+            &[f64::NAN, 4.0],
+            Groups::Uniform(2),
+            &ZScoreConfig::from_preset(Preset::Trl),
+        );
         assert_eq!(a, [0.0, 0.0]);
         assert_eq!((d.singleton_groups, d.nan_excluded), (1, 1));
     }
@@ -423,7 +452,11 @@ mod tests {
     #[test]
     fn dial_interpolates() {
         // (1, 0): σ_unb = sqrt(0.5); ε = 0; γ = 0.5 → A = 0.5 / 0.5^{1/4} = 0.5^{3/4}.
-        let cfg = ZScoreConfig { eps: 0.0, ..ZScoreConfig::default() }.with_gamma(0.5);
+        let cfg = ZScoreConfig {
+            eps: 0.0,
+            ..ZScoreConfig::default()
+        }
+        .with_gamma(0.5);
         let (a, _) = run(&[1.0, 0.0], Groups::Uniform(2), &cfg);
         assert!(close(a[0], 0.5f64.powf(0.75)));
         let (b, _) = run(&[1.0, 0.0], Groups::Uniform(2), &cfg.with_gamma(0.0));
@@ -432,8 +465,17 @@ mod tests {
 
     #[test]
     fn identical_non_dyadic_rewards_give_exact_zero() {
-        for p in [Preset::Paper, Preset::Verl, Preset::VerlVectorized, Preset::Trl, Preset::OpenRlhf] {
-            let cfg = ZScoreConfig { eps: 0.0, ..ZScoreConfig::from_preset(p) };
+        for p in [
+            Preset::Paper,
+            Preset::Verl,
+            Preset::VerlVectorized,
+            Preset::Trl,
+            Preset::OpenRlhf,
+        ] {
+            let cfg = ZScoreConfig {
+                eps: 0.0,
+                ..ZScoreConfig::from_preset(p)
+            };
             for scale in [Scale::Group, Scale::Batch, Scale::None] {
                 let cfg = cfg.with_scale(scale);
                 let mut o32 = [1.0f32; 16];
@@ -472,9 +514,18 @@ mod tests {
             Err(Error::InvalidParam { .. })
         ));
         let neg = ZScoreConfig { eps: -1e-6, ..cfg };
-        assert!(matches!(zscore(&s, Groups::Uniform(2), &neg, &mut out), Err(Error::InvalidParam { name: "eps", .. })));
-        let nan_eps = ZScoreConfig { eps: f64::NAN, ..cfg };
-        assert!(matches!(zscore(&s, Groups::Uniform(2), &nan_eps, &mut out), Err(Error::InvalidParam { name: "eps", .. })));
+        assert!(matches!(
+            zscore(&s, Groups::Uniform(2), &neg, &mut out),
+            Err(Error::InvalidParam { name: "eps", .. })
+        ));
+        let nan_eps = ZScoreConfig {
+            eps: f64::NAN,
+            ..cfg
+        };
+        assert!(matches!(
+            zscore(&s, Groups::Uniform(2), &nan_eps, &mut out),
+            Err(Error::InvalidParam { name: "eps", .. })
+        ));
         for g in [1.5, -0.1, f64::NAN] {
             assert!(matches!(
                 zscore(&s, Groups::Uniform(2), &cfg.with_gamma(g), &mut out),
@@ -482,18 +533,32 @@ mod tests {
             ));
         }
         assert_eq!(
-            zscore(&[1.0, f64::NAN, 3.0, 4.0], Groups::Uniform(2), &cfg, &mut out),
-            Err(Error::NonFinite { what: "scores", index: 1 })
+            zscore(
+                &[1.0, f64::NAN, 3.0, 4.0],
+                Groups::Uniform(2),
+                &cfg,
+                &mut out
+            ),
+            Err(Error::NonFinite {
+                what: "scores",
+                index: 1
+            })
         );
         for bad in [f64::INFINITY, f64::NEG_INFINITY] {
             let trl = ZScoreConfig::from_preset(Preset::Trl);
             assert_eq!(
                 zscore(&[1.0, 2.0, bad, 4.0], Groups::Uniform(2), &trl, &mut out),
-                Err(Error::NonFinite { what: "scores", index: 2 })
+                Err(Error::NonFinite {
+                    what: "scores",
+                    index: 2
+                })
             );
         }
         let mut scratch = [0usize; 8];
-        assert!(matches!(Groups::from_group_ids(&[0, 1, 5, 0], 2, &mut scratch), Err(Error::GroupIdOutOfRange { index: 2, .. })));
+        assert!(matches!(
+            Groups::from_group_ids(&[0, 1, 5, 0], 2, &mut scratch),
+            Err(Error::GroupIdOutOfRange { index: 2, .. })
+        ));
         assert_eq!(out, [9.0; 4]);
     }
 
@@ -501,8 +566,19 @@ mod tests {
     fn overflowing_scores_are_an_error_not_inf() {
         // Gap 2·f32::MAX overflows: Err, output untouched.
         let mut out = [5.0f32; 2];
-        let r = zscore(&[f32::MAX, -f32::MAX], Groups::Uniform(2), &ZScoreConfig::default(), &mut out);
-        assert!(matches!(r, Err(Error::NonFinite { what: "advantages", .. })));
+        let r = zscore(
+            &[f32::MAX, -f32::MAX],
+            Groups::Uniform(2),
+            &ZScoreConfig::default(),
+            &mut out,
+        );
+        assert!(matches!(
+            r,
+            Err(Error::NonFinite {
+                what: "advantages",
+                ..
+            })
+        ));
         assert_eq!(out, [5.0; 2]);
     }
 
