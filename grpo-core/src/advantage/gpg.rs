@@ -110,6 +110,11 @@ pub fn gpg<T: Real>(
         .count();
     let alpha = T::from_usize(batch) / T::from_usize(nonzero.max(1));
     let f_norm = T::from_f64(cfg.f_norm);
+    ensure(
+        f_norm > T::ZERO && f_norm.is_finite(),
+        "f_norm",
+        "must be representable (finite and nonzero) in the scalar type",
+    )?;
     check_then_write(out, |emit| {
         let mut diag = Diagnostics {
             groups: num_groups,

@@ -349,7 +349,8 @@ impl DvaoConfig {
 ///
 /// Equivalently `A = Σ_k w_k z_k` with `z_k = (r_k − μ_k)/σ_k` and variance-aware weights
 /// `w_k = σ_k / sqrt(Σ_l σ_l² + ε)`: a reward with more spread in the group weighs more, and
-/// the shared scale bounds the result — by Cauchy–Schwarz, the group mean of A² is at most K.
+/// the shared scale bounds the result — by Cauchy–Schwarz, the group mean of A² is at most K
+/// in every group of two or more samples.
 /// A group with no spread in any reward gets exactly 0.
 ///
 /// `scratch` needs [`dvao_scratch_len`]`(num_rewards)` elements.
