@@ -971,3 +971,113 @@ fn gdpo_keeps_apart_what_reward_combination_merges() {
     .unwrap();
     assert!(a[0] != a[1] && a[1] == a[2]);
 }
+
+/// Two-pass reference of the z-score, written from the formula (no Welford, no pair path).
+fn zscore_reference(s: &[f64], offs: &[usize], cfg: &ZScoreConfig) -> Vec<f64> {
+    let var = |xs: &[f64]| -> Option<f64> {
+        let n = xs.len() as f64;
+        let d = match cfg.bessel {
+            Bessel::Unbiased => n - 1.0,
+            Bessel::Population => n,
+        };
+        if d <= 0.0 {
+            return None;
+        }
+        let m = xs.iter().sum::<f64>() / n;
+        Some(xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / d)
+    };
+    let sigma = |v: f64| match cfg.var_floor {
+        Some(f) => v.max(f).sqrt(),
+        None => v.sqrt(),
+    };
+    let batch_sigma = var(s).map_or(0.0, sigma);
+    let mut out = vec![0.0; s.len()];
+    for w in offs.windows(2) {
+        let grp = &s[w[0]..w[1]];
+        let n = grp.len();
+        if n == 1 {
+            out[w[0]] = match (cfg.singleton, cfg.scale) {
+                (SingletonRule::VerlLoop, Scale::None) => grp[0],
+                (SingletonRule::VerlLoop, _) => grp[0] / (1.0 + cfg.eps).powf(cfg.gamma),
+                _ => 0.0,
+            };
+            continue;
+        }
+        let mean = grp.iter().sum::<f64>() / n as f64;
+        let den = match cfg.scale {
+            Scale::Group => (sigma(var(grp).unwrap()) + cfg.eps).powf(cfg.gamma),
+            Scale::Batch => (batch_sigma + cfg.eps).powf(cfg.gamma),
+            Scale::None => 1.0,
+        };
+        for (j, &x) in grp.iter().enumerate() {
+            out[w[0] + j] = if den == 0.0 { 0.0 } else { (x - mean) / den };
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Every z-score option against the two-pass reference.
+    #[test]
+    fn zscore_matches_reference(
+        (sizes, s) in grouped((-40i32..40).prop_map(|v| v as f64 / 8.0), 1, 10),
+        preset in 0usize..5, scale in 0usize..3, gamma in prop_oneof![Just(0.0), Just(1.0), 0.0f64..1.0],
+        pop in any::<bool>(), floor in prop_oneof![Just(None), Just(Some(1e-6)), (0.0f64..2.0).prop_map(Some)],
+        eps in prop_oneof![Just(0.0), Just(1e-6), 0.0f64..0.5],
+    ) {
+        let offs = offsets_of(&sizes);
+        let cfg = ZScoreConfig {
+            eps,
+            gamma,
+            var_floor: floor,
+            bessel: if pop { Bessel::Population } else { Bessel::Unbiased },
+            singleton: if preset == 1 { SingletonRule::VerlLoop } else { SingletonRule::Zero },
+            ..ZScoreConfig::from_preset(PRESETS[preset])
+        }
+        .with_scale(SCALES[scale]);
+        let got = zs(&s, Groups::Offsets(&offs), &cfg);
+        let want = zscore_reference(&s, &offs, &cfg);
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()), "{cfg:?}: {g} vs {w}");
+        }
+    }
+
+    /// Diagnostics count groups, zero-variance groups and singletons, and summarise the output.
+    #[test]
+    fn diagnostics_are_consistent((sizes, s) in grouped((0i32..3).prop_map(f64::from), 1, 6)) {
+        let offs = offsets_of(&sizes);
+        let mut a = vec![0.0; s.len()];
+        let d = zscore(&s, Groups::Offsets(&offs), &ZScoreConfig::default(), &mut a).unwrap();
+        let flat = offs.windows(2).filter(|w| w[1] - w[0] >= 2 && s[w[0]..w[1]].iter().all(|&x| x == s[w[0]])).count();
+        let single = sizes.iter().filter(|&&n| n == 1).count();
+        prop_assert_eq!((d.groups, d.zero_variance_groups, d.singleton_groups, d.nan_excluded), (sizes.len(), flat, single, 0));
+        prop_assert_eq!(d.max, a.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+        prop_assert_eq!(d.min, a.iter().cloned().fold(f64::INFINITY, f64::min));
+        prop_assert!((d.mean - a.iter().sum::<f64>() / a.len() as f64).abs() < 1e-12);
+    }
+
+    /// f32: scattered and consecutive layouts agree bit for bit as well.
+    #[test]
+    fn layouts_agree_f32(g in 1usize..6, groups in 1usize..6, vals in prop::collection::vec(-5.0f32..5.0, 36), seed in any::<u64>()) {
+        let n = g * groups;
+        let s = &vals[..n];
+        let (ids, pos) = scatter(&vec![g; groups], seed);
+        let mut scattered = vec![0.0f32; n];
+        for (j, &p) in pos.iter().enumerate() { scattered[p] = s[j]; }
+        let mut scratch = vec![0usize; Groups::group_ids_scratch_len(n, groups)];
+        let perm = Groups::from_group_ids(&ids, groups, &mut scratch).unwrap();
+        for p in PRESETS {
+            for scale in SCALES {
+                let cfg = ZScoreConfig { singleton: SingletonRule::Zero, ..ZScoreConfig::from_preset(p) }.with_scale(scale);
+                let (mut a, mut b) = (vec![0.0f32; n], vec![0.0f32; n]);
+                zscore(s, Groups::Uniform(g), &cfg, &mut a).unwrap();
+                zscore(&scattered, perm, &cfg, &mut b).unwrap();
+                for (j, &q) in pos.iter().enumerate() {
+                    prop_assert_eq!(a[j].to_bits(), b[q].to_bits());
+                }
+            }
+        }
+    }
+}
