@@ -58,7 +58,9 @@ impl PassKConfig {
 /// `r_2nd` is the largest score among the *other* scorable samples, so a tie for the maximum
 /// gives 0 everywhere. **Tie policy**: the argmax is the first maximal sample in the group's
 /// member order (batch order; for [`Groups::from_group_ids`] the stable order it builds),
-/// a deterministic replacement for `torch.topk`'s unspecified choice.
+/// a deterministic replacement for `torch.topk`'s unspecified choice. Since a tie for the
+/// maximum makes the gap 0, the policy never changes a value; it only makes the result
+/// independent of sort internals.
 /// Zero-variance groups (all scores equal) are counted in [`Diagnostics`].
 ///
 /// Source: [2503.19595] as implemented by \[verl\] `grpo_passk`.
