@@ -99,7 +99,8 @@ fn validate<T: Real>(
         });
     }
     for (index, s) in scores.iter().enumerate() {
-        if !s.is_finite() && !(nan == NanPolicy::Exclude && s.is_nan()) {
+        let excluded_nan = nan == NanPolicy::Exclude && s.is_nan();
+        if !s.is_finite() && !excluded_nan {
             return Err(Error::NonFinite {
                 what: "scores",
                 index,
