@@ -339,13 +339,7 @@ mod tests {
             Err(Error::LengthMismatch { what: "scores", .. })
         ));
         assert_eq!(
-            reinforce_pp_baseline(
-                &[1.0, 2.0],
-                Groups::Offsets(&[0, 0, 2]),
-                &t,
-                &cfg,
-                &mut out
-            ),
+            reinforce_pp_baseline(&[1.0, 2.0], Groups::Offsets(&[0, 0, 2]), &t, &cfg, &mut out),
             Err(Error::EmptyGroup { group: 0 })
         );
         let rej = BaselineConfig {

@@ -196,7 +196,10 @@ mod tests {
             dynamic_sampling_keep_correct(&c, Groups::Uniform(3), &mut k1),
             Ok(2)
         );
-        assert_eq!(dynamic_sampling_keep(&m, Groups::Uniform(3), &mut k2), Ok(2));
+        assert_eq!(
+            dynamic_sampling_keep(&m, Groups::Uniform(3), &mut k2),
+            Ok(2)
+        );
         assert_eq!(k1, [false, false, true, true]);
         assert_eq!(k1, k2);
     }
@@ -215,10 +218,16 @@ mod tests {
         let s = [0.1f64, 0.1, 0.1, 0.0, 1.0, 0.5];
         let cfg = RangeFilterConfig { lo: 0.0, hi: 0.1 };
         let mut keep = [true; 2];
-        assert_eq!(range_filter_keep(&s, Groups::Uniform(3), &cfg, &mut keep), Ok(0));
+        assert_eq!(
+            range_filter_keep(&s, Groups::Uniform(3), &cfg, &mut keep),
+            Ok(0)
+        );
         assert_eq!(keep, [false, false]);
         let cfg = RangeFilterConfig { lo: 0.0, hi: 0.6 };
-        assert_eq!(range_filter_keep(&s, Groups::Uniform(3), &cfg, &mut keep), Ok(2));
+        assert_eq!(
+            range_filter_keep(&s, Groups::Uniform(3), &cfg, &mut keep),
+            Ok(2)
+        );
     }
 
     #[test]
@@ -246,8 +255,16 @@ mod tests {
         ));
         let mut keep = [true; 2];
         assert!(matches!(
-            range_filter_keep(&[0.5f64; 3], Groups::Uniform(2), &RangeFilterConfig::default(), &mut keep),
-            Err(Error::InvalidParam { name: "group_size", .. })
+            range_filter_keep(
+                &[0.5f64; 3],
+                Groups::Uniform(2),
+                &RangeFilterConfig::default(),
+                &mut keep
+            ),
+            Err(Error::InvalidParam {
+                name: "group_size",
+                ..
+            })
         ));
         assert_eq!(keep, [true; 2]);
     }

@@ -349,21 +349,36 @@ mod tests {
     fn gopo_hand_computed_g3_g4() {
         // G = 3: A = 2 − 2(rank − 1) ∈ {2, 0, −2}.
         // [5, 5, 1] ordinal: ranks 1, 2, 3 → [2, 0, −2]; average: 1.5, 1.5, 3 → [1, 1, −2].
-        assert_eq!(run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Ordinal)[..3], [2.0, 0.0, -2.0]);
-        assert_eq!(run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Average)[..3], [1.0, 1.0, -2.0]);
+        assert_eq!(
+            run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Ordinal)[..3],
+            [2.0, 0.0, -2.0]
+        );
+        assert_eq!(
+            run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Average)[..3],
+            [1.0, 1.0, -2.0]
+        );
         // G = 4: A = 2 − (4/3)(rank − 1) ∈ {2, 2/3, −2/3, −2}.
         // [1, 3, 3, 0] ordinal: ranks 3, 1, 2, 4 → [−2/3, 2, 2/3, −2];
         // average: 3, 1.5, 1.5, 4 → [−2/3, 2 − 2/3 = 4/3, 4/3, −2].
         let o = run_gopo(&[1.0, 3.0, 3.0, 0.0], TiePolicy::Ordinal);
         let want = [-2.0 / 3.0, 2.0, 2.0 / 3.0, -2.0];
-        assert!(o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15), "{o:?}");
+        assert!(
+            o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15),
+            "{o:?}"
+        );
         let a = run_gopo(&[1.0, 3.0, 3.0, 0.0], TiePolicy::Average);
         let want = [-2.0 / 3.0, 4.0 / 3.0, 4.0 / 3.0, -2.0];
-        assert!(a.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-15), "{a:?}");
+        assert!(
+            a.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-15),
+            "{a:?}"
+        );
         // All tied, G = 4: ordinal keeps index order → [2, 2/3, −2/3, −2]; average → 0.
         let o = run_gopo(&[0.3; 4], TiePolicy::Ordinal);
         let want = [2.0, 2.0 / 3.0, -2.0 / 3.0, -2.0];
-        assert!(o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15), "{o:?}");
+        assert!(
+            o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15),
+            "{o:?}"
+        );
         assert_eq!(run_gopo(&[0.3; 4], TiePolicy::Average), [0.0; 4]);
     }
 
@@ -392,7 +407,13 @@ mod tests {
         let mut out = [7.0f64; 4];
         let cfg = GopoConfig::default();
         assert_eq!(
-            gopo(&[1.0, 2.0, 3.0, 4.0], Groups::Offsets(&[0, 1, 4]), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, 2.0, 3.0, 4.0],
+                Groups::Offsets(&[0, 1, 4]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::GroupTooSmall {
                 group: 0,
                 needed: 2,
@@ -400,11 +421,23 @@ mod tests {
             })
         );
         assert_eq!(
-            gopo(&[1.0, 2.0, 3.0, 4.0], Groups::Offsets(&[0, 4, 4]), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, 2.0, 3.0, 4.0],
+                Groups::Offsets(&[0, 4, 4]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::EmptyGroup { group: 1 })
         );
         assert_eq!(
-            gopo(&[1.0, f64::NAN, 3.0, 4.0], Groups::Uniform(2), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, f64::NAN, 3.0, 4.0],
+                Groups::Uniform(2),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::NonFinite {
                 what: "scores",
                 index: 1
@@ -412,7 +445,10 @@ mod tests {
         );
         assert!(matches!(
             gopo(&[1.0; 4], Groups::Uniform(2), &cfg, &mut s[..3], &mut out),
-            Err(Error::ScratchTooSmall { needed: 4, found: 3 })
+            Err(Error::ScratchTooSmall {
+                needed: 4,
+                found: 3
+            })
         ));
         assert!(matches!(
             gopo(&[1.0; 3], Groups::Uniform(3), &cfg, &mut s, &mut out),
@@ -427,18 +463,36 @@ mod tests {
         let q = norm_quantile(1.0f64 / 6.0).unwrap();
         let mut s = [0usize; 3];
         let mut out = [9.0f64; 3];
-        let d = g2rpo(&[0.0, 0.0, 1.0], Groups::Uniform(3), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.0, 0.0, 1.0],
+            Groups::Uniform(3),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [q / 2.0, q / 2.0, -q]);
         assert_eq!(out[0] + out[1] + out[2], 0.0);
         assert_eq!(d.zero_variance_groups, 0);
         // All equal → exactly 0; a group of one → 0.
-        let d = g2rpo(&[0.7, 0.7, 0.7], Groups::Uniform(3), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.7, 0.7, 0.7],
+            Groups::Uniform(3),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 3]);
         assert_eq!(d.zero_variance_groups, 1);
-        let d = g2rpo(&[0.7, 0.1, 0.2], Groups::Uniform(1), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.7, 0.1, 0.2],
+            Groups::Uniform(1),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 3]);
         assert_eq!(d.singleton_groups, 3);
     }
@@ -449,14 +503,26 @@ mod tests {
         let mut out = [7.0f32; 3];
         let cfg = G2rpoConfig::default();
         assert_eq!(
-            g2rpo(&[1.0, f32::INFINITY, 0.0], Groups::Uniform(3), &cfg, &mut s, &mut out),
+            g2rpo(
+                &[1.0, f32::INFINITY, 0.0],
+                Groups::Uniform(3),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::NonFinite {
                 what: "scores",
                 index: 1
             })
         );
         assert_eq!(
-            g2rpo(&[1.0, 2.0, 0.0], Groups::Offsets(&[0, 0, 3]), &cfg, &mut s, &mut out),
+            g2rpo(
+                &[1.0, 2.0, 0.0],
+                Groups::Offsets(&[0, 0, 3]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::EmptyGroup { group: 0 })
         );
         assert_eq!(out, [7.0; 3]);

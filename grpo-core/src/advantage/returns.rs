@@ -74,11 +74,7 @@ impl<T: Real> ReturnsConfig<T> {
 }
 
 pub(crate) fn check_unit(x: impl Real, name: &'static str) -> Result<()> {
-    ensure(
-        x >= Real::ZERO && x <= Real::ONE,
-        name,
-        "must be in [0, 1]",
-    )
+    ensure(x >= Real::ZERO && x <= Real::ONE, name, "must be in [0, 1]")
 }
 
 /// Backward discounted returns of every sequence; calls `f(t, Some(G_t))` at valid positions
@@ -391,8 +387,17 @@ mod tests {
             })
         ));
         assert!(matches!(
-            reinforce_pp_returns(&[1e308; 3], &t, &raw(1.0, MaskedTokens::Reset), &mut a, &mut g),
-            Err(Error::InvalidParam { name: "rewards", .. })
+            reinforce_pp_returns(
+                &[1e308; 3],
+                &t,
+                &raw(1.0, MaskedTokens::Reset),
+                &mut a,
+                &mut g
+            ),
+            Err(Error::InvalidParam {
+                name: "rewards",
+                ..
+            })
         ));
         assert_eq!((a, g), ([7.0; 3], [7.0; 3]));
     }

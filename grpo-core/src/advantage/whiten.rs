@@ -366,7 +366,11 @@ pub fn apply_whitening<T: Real>(
     check_len("out", values.len(), out.len())?;
     let w = check_apply(values, tokens, moments, cfg)?;
     for (t, (o, &v)) in out.iter_mut().zip(values).enumerate() {
-        *o = if tokens.is_valid(t) { w.apply(v) } else { T::ZERO };
+        *o = if tokens.is_valid(t) {
+            w.apply(v)
+        } else {
+            T::ZERO
+        };
     }
     Ok(())
 }
@@ -523,7 +527,13 @@ mod tests {
     fn all_equal_and_single_token_give_zero() {
         let v = [0.1f32; 5];
         let mut out = [9.0f32; 5];
-        whiten(&v, &Tokens::padded(1, 5, None), &WhitenConfig::default(), &mut out).unwrap();
+        whiten(
+            &v,
+            &Tokens::padded(1, 5, None),
+            &WhitenConfig::default(),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 5]);
         let mask = [false, true, false];
         let mut out = [9.0f64; 3];
