@@ -690,3 +690,60 @@ fn bad_input_errors_leave_outputs_untouched() {
     ));
     assert_eq!(out, [S; 4]);
 }
+
+proptest! {
+    #[test]
+    fn rank_estimators_follow_scattered_groups((g, s) in grouped_scores(), seed in any::<u64>()) {
+        // Scatter the samples: position p holds original sample perm[p], of group perm[p] / g.
+        let n = s.len();
+        let k = n / g;
+        let mut perm: Vec<usize> = (0..n).collect();
+        perm.sort_by_key(|&i| (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let shuffled: Vec<f64> = perm.iter().map(|&i| s[i]).collect();
+        let ids: Vec<usize> = perm.iter().map(|&i| i / g).collect();
+        let mut gs = vec![0; Groups::group_ids_scratch_len(n, k)];
+        let scattered = Groups::from_group_ids(&ids, k, &mut gs).unwrap();
+        let mut scratch = vec![0; rank_scratch_len(n)];
+        let (mut a, mut b) = (vec![f64::NAN; n], vec![f64::NAN; n]);
+        g2rpo(&s, Groups::Uniform(g), &G2rpoConfig::default(), &mut scratch, &mut a).unwrap();
+        g2rpo(&shuffled, scattered, &G2rpoConfig::default(), &mut scratch, &mut b).unwrap();
+        for p in 0..n {
+            prop_assert_eq!(b[p], a[perm[p]]);
+        }
+        if g >= 2 {
+            // Average ties do not depend on the order of the members.
+            let cfg = GopoConfig { ties: TiePolicy::Average, nan: NanPolicy::Reject };
+            gopo(&s, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+            gopo(&shuffled, scattered, &cfg, &mut scratch, &mut b).unwrap();
+            for p in 0..n {
+                prop_assert_eq!(b[p], a[perm[p]]);
+            }
+        }
+    }
+
+    #[test]
+    fn nan_exclusion_equals_dropping_the_sample((g, s) in grouped_scores(), drop in 0usize..18) {
+        // Under NanPolicy::Exclude a NaN sample gets 0 and the rest rank as if it were absent.
+        if g < 3 {
+            return Ok(());
+        }
+        let drop = drop % g; // in group 0
+        let mut with_nan = s[..g].to_vec();
+        with_nan[drop] = f64::NAN;
+        let kept: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| s[i]).collect();
+        let mut scratch = vec![0; g];
+        let (mut a, mut b) = (vec![0.0; g], vec![0.0; g - 1]);
+        let cfg = G2rpoConfig { nan: NanPolicy::Exclude };
+        let d = g2rpo(&with_nan, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+        g2rpo(&kept, Groups::Uniform(g - 1), &cfg, &mut scratch, &mut b).unwrap();
+        prop_assert_eq!(d.nan_excluded, 1);
+        prop_assert_eq!(a[drop], 0.0);
+        let rest: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| a[i]).collect();
+        prop_assert_eq!(&rest, &b);
+        let cfg = GopoConfig { ties: TiePolicy::Ordinal, nan: NanPolicy::Exclude };
+        gopo(&with_nan, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+        gopo(&kept, Groups::Uniform(g - 1), &cfg, &mut scratch, &mut b).unwrap();
+        let rest: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| a[i]).collect();
+        prop_assert_eq!(&rest, &b);
+    }
+}

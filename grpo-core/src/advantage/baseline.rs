@@ -109,8 +109,8 @@ impl<T: Real> GroupMean<T> {
 /// tokens of sequence `i`, then `A = whiten(c)` over all valid tokens of the batch (see
 /// [`WhitenConfig`]); masked positions get 0. Sequence `i` of `tokens` is sample `i`.
 ///
-/// Source: [verl] `compute_reinforce_plus_plus_baseline_outcome_advantage`, [OpenRLHF]
-/// `reinforce_baseline` (REINFORCE++ [2501.03262]). Groups of one follow
+/// Source: \[verl\] `compute_reinforce_plus_plus_baseline_outcome_advantage`, \[OpenRLHF\]
+/// `reinforce_baseline` (REINFORCE++ \[2501.03262\]). Groups of one follow
 /// [`BaselineConfig::singleton`]. The whitening statistics are accumulated per sequence (each
 /// sequence contributes `valid_count` copies of `c_i`, merged in group order); the returned
 /// `raw_moments` are this shard's, for all-reduce.

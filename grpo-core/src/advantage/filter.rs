@@ -34,7 +34,7 @@ fn write_keep(
 /// group has both a correct and an incorrect answer (all-correct and all-wrong groups give zero
 /// advantage under every group-relative estimator).
 ///
-/// Source: DAPO [2503.14476] dynamic sampling; [verl] `filter_groups` with the `acc` metric.
+/// Source: DAPO \[2503.14476\] dynamic sampling; \[verl\] `filter_groups` with the `acc` metric.
 ///
 /// # Errors
 /// Layout errors of [`Groups::validate`]; [`Error::LengthMismatch`] (`keep`) unless there is one
@@ -66,7 +66,7 @@ pub fn dynamic_sampling_keep_correct(
 /// ~1e-154 would underflow to 0). With 0/1 correctness as the metric this is
 /// [`dynamic_sampling_keep_correct`].
 ///
-/// Source: DAPO [2503.14476]; [verl] `filter_groups` (`np.std(metric) > 0`).
+/// Source: DAPO \[2503.14476\]; \[verl\] `filter_groups` (`np.std(metric) > 0`).
 ///
 /// # Errors
 /// As [`dynamic_sampling_keep_correct`], and [`Error::NonFinite`] (`metric`) for NaN or ±∞.
@@ -140,7 +140,7 @@ impl<T: Real> RangeFilterConfig<T> {
 /// The mean is Welford's, so a group of identical scores has exactly that score as its mean (a
 /// sum-then-divide mean of identical non-dyadic values can land one ulp off and cross a bound).
 ///
-/// Source: [OpenRLHF] dynamic filtering.
+/// Source: \[OpenRLHF\] dynamic filtering.
 ///
 /// # Errors
 /// As [`dynamic_sampling_keep`] (`scores`), and [`Error::InvalidParam`] unless `lo <= hi` (NaN

@@ -19,7 +19,7 @@ use super::whiten::{Acc, Summary, WhitenConfig, WhitenReport, prepare};
 /// Sources: verl (b178a3cd) `compute_gae_advantage_return` (`algorithm.gamma` = `lam` = 1.0 by
 /// default; masked positions skipped); OpenRLHF (3c3be62) `get_advantages_and_returns`
 /// (`--gamma 1`, `--lambd 0.95`; values and rewards multiplied by the action mask) followed by
-/// global whitening. The GAE paper [1506.02438] has no masks; its recurrence is what every mode
+/// global whitening. The GAE paper \[1506.02438\] has no masks; its recurrence is what every mode
 /// computes on a fully valid sequence.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GaeConfig<T> {
@@ -108,7 +108,7 @@ fn for_each_gae<T: Real>(
 /// `returns = ℓ + V` (raw ℓ, the critic's target) and `A = whiten(ℓ)` over the valid tokens;
 /// both outputs are 0 at masked positions. Rewards and values at masked positions are never read.
 ///
-/// Source: GAE [1506.02438]; [verl] `compute_gae_advantage_return`; [OpenRLHF]
+/// Source: GAE \[1506.02438\]; \[verl\] `compute_gae_advantage_return`; \[OpenRLHF\]
 /// `get_advantages_and_returns`. With γ = λ = 1, `ℓ_t = Σ_{t'≥t} r_{t'} − V_t` (telescoping).
 ///
 /// Returns the raw moments of ℓ over the valid tokens (accumulated in reverse position order

@@ -26,7 +26,7 @@ pub const fn rank_scratch_len(n: usize) -> usize {
 /// |---|---|---|
 /// | `Paper` (= `Default`) and every other preset | `Ordinal` | `Reject` |
 ///
-/// GOPO exists only in its paper's code [2602.03876], which sorts scores and assigns distinct
+/// GOPO exists only in its paper's code \[2602.03876\], which sorts scores and assigns distinct
 /// ranks in whatever order the sort leaves ties; `Ordinal` reproduces it with a defined order
 /// (earlier batch index = better rank). `Average` gives tied samples the same advantage, and an
 /// all-tied group advantage 0.
@@ -155,7 +155,7 @@ fn all_equal<T: Real>(scores: &[T], idx: &[usize]) -> bool {
 /// GOPO advantages: `A = 2 − 4(rank − 1)/(G − 1)`, rank 1 = the best (highest) score of the
 /// group, so advantages run linearly from +2 (best) to −2 (worst) and sum to 0 per group.
 ///
-/// Source: GOPO [2602.03876]. Ties per [`GopoConfig::ties`]: `Ordinal` gives distinct ranks,
+/// Source: GOPO \[2602.03876\]. Ties per [`GopoConfig::ties`]: `Ordinal` gives distinct ranks,
 /// the earlier batch index first (the paper's code, with its arbitrary tie order made stable);
 /// `Average` gives tied samples the mean of their ranks (an all-tied group gets 0).
 /// Under [`NanPolicy::Exclude`] NaN samples get 0 and `G` is the number of scorable members; a
@@ -239,7 +239,7 @@ fn normal_score(r: usize, g: usize) -> f64 {
 /// G²RPO advantages (our definition of the mapping): the normal score of each sample's
 /// ascending rank in its group, `A = Φ⁻¹((rank − ½)/G)`.
 ///
-/// Source: G²RPO [2604.08539]; the exact mapping and the tie rule are ours. Ties: a block of
+/// Source: G²RPO \[2604.08539\]; the exact mapping and the tie rule are ours. Ties: a block of
 /// tied samples spanning ranks `a..=b` shares the *mean of the normal scores* of those ranks,
 /// `(1/(b−a+1)) Σ_{r=a..b} Φ⁻¹((r − ½)/G)` (the "average scores" rule of rank statistics).
 /// (Φ⁻¹ of the average mid-rank, read literally, would not have mean 0: scores [0, 0, 1] give

@@ -112,8 +112,8 @@ fn for_each_return<T: Real>(
 /// (see [`WhitenConfig`]). `returns` receives `G` at valid tokens; both outputs are 0 at masked
 /// positions (verl leaves the running sum there; nobody reads it).
 ///
-/// Source: REINFORCE++ [2501.03262]; [verl] `compute_reinforce_plus_plus_outcome_advantage`;
-/// [OpenRLHF] `get_cumulative_returns` + global whitening. Token-level KL penalties are the
+/// Source: REINFORCE++ \[2501.03262\]; \[verl\] `compute_reinforce_plus_plus_outcome_advantage`;
+/// \[OpenRLHF\] `get_cumulative_returns` + global whitening. Token-level KL penalties are the
 /// caller's: add them to `rewards` first.
 ///
 /// Returns the raw moments of `G` over the valid tokens (accumulated in reverse position
@@ -196,7 +196,7 @@ pub fn reinforce_pp_returns<T: Real>(
 /// whitening. `returns` receives `G`; both outputs are 0 at masked positions (verl writes the
 /// running sum there).
 ///
-/// Source: ReMax [2310.10505]; [verl] `compute_remax_outcome_advantage`.
+/// Source: ReMax \[2310.10505\]; \[verl\] `compute_remax_outcome_advantage`.
 ///
 /// # Errors
 /// Layout errors; [`Error::LengthMismatch`] for `baselines` (one per sequence), `advantages`,
