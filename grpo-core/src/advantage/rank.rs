@@ -160,7 +160,9 @@ fn all_equal<T: Real>(scores: &[T], idx: &[usize]) -> bool {
 /// `Average` gives tied samples the mean of their ranks (an all-tied group gets 0).
 /// Under [`NanPolicy::Exclude`] NaN samples get 0 and `G` is the number of scorable members; a
 /// group left with fewer than two scorable members gets 0 (counted in
-/// [`Diagnostics::singleton_groups`] when exactly one remains).
+/// [`Diagnostics::singleton_groups`] when exactly one remains). All-equal groups are counted in
+/// [`Diagnostics::zero_variance_groups`]; note that under `Ordinal` they still get the full
+/// +2…−2 spread (the paper's behaviour), under `Average` they get 0.
 ///
 /// # Errors
 /// Layout errors of [`Groups::validate`]; [`Error::LengthMismatch`] for `out`;
