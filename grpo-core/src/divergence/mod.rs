@@ -5,6 +5,8 @@ pub mod kl_penalty;
 pub mod lambert_w;
 pub mod measures;
 
+pub use bounds::{DeltaCap, DualClip, ElasticTrustRegion};
+
 
 
 pub use measures::{Measure, ValueGrad};
