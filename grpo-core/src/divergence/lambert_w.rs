@@ -67,7 +67,7 @@ enum Branch {
 /// ```
 /// use grpo_core::divergence::lambert_w::lambert_w0;
 /// let w = lambert_w0(1.0f64).unwrap(); // the omega constant
-/// assert!((w - 0.5671432904097838).abs() < 1e-16);
+/// assert!((w - 0.5671432904097838).abs() < 2.5e-16);
 /// assert!((lambert_w0(core::f64::consts::E).unwrap() - 1.0).abs() < 1e-15);
 /// assert!(lambert_w0(-1.0f64).is_err());
 /// ```
