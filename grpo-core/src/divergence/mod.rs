@@ -6,9 +6,7 @@ pub mod lambert_w;
 pub mod measures;
 
 pub use bounds::{DeltaCap, DualClip, ElasticTrustRegion};
-
-
-
+pub use kl_penalty::{KlEstimator, KlPenaltyConfig};
 pub use measures::{Measure, ValueGrad};
 
 use crate::error::{Error, Result};
