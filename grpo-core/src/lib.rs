@@ -22,6 +22,7 @@
 pub mod advantage;
 pub mod divergence;
 pub mod error;
+pub mod is_correction;
 pub mod layout;
 pub mod loss;
 pub mod presets;

@@ -511,16 +511,23 @@ mod tests {
         };
         assert!(matches!(
             bad.sample_bounds(&[0.0, 0.0], &[0.0, 1.0], Groups::Uniform(2), &mut out),
-            Err(Error::InvalidParam { name: "eps_max", .. })
+            Err(Error::InvalidParam {
+                name: "eps_max",
+                ..
+            })
         ));
         let ok = ElasticTrustRegion::<f64>::default();
         assert!(matches!(
             ok.sample_bounds(&[0.0, f64::NAN], &[0.0, 1.0], Groups::Uniform(2), &mut out),
-            Err(Error::NonFinite { what: "advantages", index: 1 })
+            Err(Error::NonFinite {
+                what: "advantages",
+                index: 1
+            })
         ));
-        assert!(ok
-            .sample_bounds(&[0.0], &[0.0, 1.0], Groups::Uniform(2), &mut out)
-            .is_err());
+        assert!(
+            ok.sample_bounds(&[0.0], &[0.0, 1.0], Groups::Uniform(2), &mut out)
+                .is_err()
+        );
         assert_eq!(out, before);
     }
 }

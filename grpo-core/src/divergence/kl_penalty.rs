@@ -353,17 +353,35 @@ mod tests {
         assert!((t.grad - (1.0 - 20f64.exp())).abs() < 1e-6);
         // OpenRLHF k1 at d = 12: clamped to 10, grad 0; at d = −3: −3, grad 1.
         let o = cfg(Preset::OpenRlhf, KlEstimator::K1);
-        assert_eq!(o.eval(12.0, 0.0, 0.0), ValueGrad { value: 10.0, grad: 0.0 });
-        assert_eq!(o.eval(-3.0, 0.0, 0.0), ValueGrad { value: -3.0, grad: 1.0 });
+        assert_eq!(
+            o.eval(12.0, 0.0, 0.0),
+            ValueGrad {
+                value: 10.0,
+                grad: 0.0
+            }
+        );
+        assert_eq!(
+            o.eval(-3.0, 0.0, 0.0),
+            ValueGrad {
+                value: -3.0,
+                grad: 1.0
+            }
+        );
         // verl k1 is unclamped: d = 12 → 12, grad 1.
         assert_eq!(
             cfg(Preset::Verl, KlEstimator::K1).eval(12.0, 0.0, 0.0),
-            ValueGrad { value: 12.0, grad: 1.0 }
+            ValueGrad {
+                value: 12.0,
+                grad: 1.0
+            }
         );
         // OpenRLHF k2 at d = 5: 12.5 → 10, grad 0.
         assert_eq!(
             cfg(Preset::OpenRlhf, KlEstimator::K2).eval(5.0, 0.0, 0.0),
-            ValueGrad { value: 10.0, grad: 0.0 }
+            ValueGrad {
+                value: 10.0,
+                grad: 0.0
+            }
         );
     }
 
@@ -392,7 +410,15 @@ mod tests {
         let mut out = [5.0f64; 1];
         let mut g = [5.0f64; 1];
         assert_eq!(
-            kl_penalty(&c, &[0.0], &[0.0], None, &Tokens::padded(1, 1, None), &mut out, &mut g),
+            kl_penalty(
+                &c,
+                &[0.0],
+                &[0.0],
+                None,
+                &Tokens::padded(1, 1, None),
+                &mut out,
+                &mut g
+            ),
             Err(Error::InvalidParam {
                 name: "old",
                 reason: "the importance-corrected k3 (K3Is) needs the old log-probs"
@@ -413,9 +439,16 @@ mod tests {
                 KlEstimator::K1StraightThrough,
                 KlEstimator::K3StraightThrough,
             ] {
-                for (lp, r, o) in [(-1000.0f32, 0.0, 0.0), (0.0, -1000.0, 1000.0), (3e38, -3e38, 0.0)] {
+                for (lp, r, o) in [
+                    (-1000.0f32, 0.0, 0.0),
+                    (0.0, -1000.0, 1000.0),
+                    (3e38, -3e38, 0.0),
+                ] {
                     let v = KlPenaltyConfig::<f32>::from_preset(p, e).eval(lp, r, o);
-                    assert!(v.value.is_finite() && v.grad.is_finite(), "{p:?} {e:?} {lp}");
+                    assert!(
+                        v.value.is_finite() && v.grad.is_finite(),
+                        "{p:?} {e:?} {lp}"
+                    );
                 }
             }
             for d in [-5.0f64, -1e-9, 0.0, 1e-9, 7.0] {

@@ -230,7 +230,11 @@ mod tests {
         while x < -1e-300 {
             let w = lambert_wm1(x).unwrap();
             assert!(w <= -1.0);
-            let back = if w > -700.0 { w * w.exp() } else { -((-w).ln() + w).exp() };
+            let back = if w > -700.0 {
+                w * w.exp()
+            } else {
+                -((-w).ln() + w).exp()
+            };
             let tol = 1e-15f64.max(4e-16 * (1.0 + w.abs()));
             assert!(rel(back, x) < tol, "W-1 {x}: {w}");
             x *= 0.77;

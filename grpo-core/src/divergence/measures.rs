@@ -330,7 +330,9 @@ impl<T: Real> MeasureConfig<T> {
 pub(crate) fn check_clamp<T: Real>(c: Option<T>, name: &'static str) -> Result<()> {
     match c {
         None => Ok(()),
-        Some(c) => crate::error::ensure(c > T::ZERO && c.is_finite(), name, "must be finite and > 0"),
+        Some(c) => {
+            crate::error::ensure(c > T::ZERO && c.is_finite(), name, "must be finite and > 0")
+        }
     }
 }
 
@@ -453,7 +455,13 @@ mod tests {
 
     #[test]
     fn measures_at_zero_are_zero_except_ratio() {
-        for m in [Measure::K1, Measure::Abs, Measure::K2, Measure::K3, Measure::ChiSquared] {
+        for m in [
+            Measure::K1,
+            Measure::Abs,
+            Measure::K2,
+            Measure::K3,
+            Measure::ChiSquared,
+        ] {
             let v = m.eval(0.0f64);
             assert_eq!(v.value, 0.0, "{m:?}");
         }
@@ -519,8 +527,15 @@ mod tests {
         // x = 30 clamped to 20: k3 = e^20 − 21, gradient 0.
         let cfg = MeasureConfig::<f64>::default();
         let (mut v, mut g) = ([0.0; 1], [1.0; 1]);
-        let d = measure_tokens(&cfg, &[30.0], &[0.0], &Tokens::padded(1, 1, None), &mut v, &mut g)
-            .unwrap();
+        let d = measure_tokens(
+            &cfg,
+            &[30.0],
+            &[0.0],
+            &Tokens::padded(1, 1, None),
+            &mut v,
+            &mut g,
+        )
+        .unwrap();
         assert!((v[0] - (20f64.exp() - 21.0)).abs() < 1e-6);
         assert_eq!(g[0], 0.0);
         assert_eq!(d.input_clamped, 1);
