@@ -308,11 +308,12 @@ pub fn is_weights<T: Real>(
                 norm_count += 1;
             }
         }
-        if let Some((w, _, _)) = seq_weight {
-            if w != T::ZERO && !geo_reject {
-                norm_sum += w;
-                norm_count += 1;
-            }
+        if let Some((w, _, _)) = seq_weight
+            && w != T::ZERO
+            && !geo_reject
+        {
+            norm_sum += w;
+            norm_count += 1;
         }
     }
     if cfg.batch_normalize && norm_count > 0 && norm_sum > T::ZERO {
