@@ -10,17 +10,17 @@
 //! - [`is_weights`]: token weights w_t = e^{r_t}, sequence weights e^{Σ_t r_t}, or geometric
 //!   weights e^{mean_t r_t}, then truncated (clamped to [min, max]) or masked (0 outside
 //!   [lo, hi]) or geometric-mean filtered, optionally batch-normalised (÷ their mean). Covers
-//!   [TRL] `vllm_importance_sampling_mode` (`token_truncate`, `token_mask`,
-//!   `sequence_truncate`, `sequence_mask`), [OpenRLHF] `tis` / `icepop` / `seq-mask-tis`, and
-//!   [verl] rollout-correction IS weights (`token` / `sequence`, `rollout_is_batch_normalize`).
-//! - [`rejection_mask`]: [verl] rollout rejection sampling: per-token statistics k1 = −r,
+//!   \[TRL\] `vllm_importance_sampling_mode` (`token_truncate`, `token_mask`,
+//!   `sequence_truncate`, `sequence_mask`), \[OpenRLHF\] `tis` / `icepop` / `seq-mask-tis`, and
+//!   \[verl\] rollout-correction IS weights (`token` / `sequence`, `rollout_is_batch_normalize`).
+//! - [`rejection_mask`]: \[verl\] rollout rejection sampling: per-token statistics k1 = −r,
 //!   k2 = r²/2, k3 = e^r − 1 − r, at token level or aggregated per sequence (sum, mean, max),
 //!   several criteria combined with AND.
-//! - [`off_policy_sequence_mask`]: [TRL] off-policy sequence masking (OPSM).
+//! - [`off_policy_sequence_mask`]: \[TRL\] off-policy sequence masking (OPSM).
 //!
 //! **Exp overflow.** Before any exponential the log-weight is clamped to ±`log_clamp`
 //! (default ±20, verl's safety bound [e^{−20}, e^{20}] ≈ [2e−9, 4.9e8]); with `None` (TRL) the
-//! overflow guard [`exp_guard`](crate::divergence::measures::exp_guard) (±43.4 in f32, ±354 in
+//! overflow guard [`crate::divergence::measures::exp_guard`] (±43.4 in f32, ±354 in
 //! f64) still applies, so no weight is ever ∞ or NaN.
 
 use crate::divergence::measures::{
@@ -37,7 +37,7 @@ pub enum IsLevel {
     #[default]
     Token,
     /// One weight per sequence, e^{Σ_t r_t} (the product of token ratios), on all its tokens
-    /// ([TRL] sequence modes, [verl] `sequence`).
+    /// (\[TRL\] sequence modes, \[verl\] `sequence`).
     Sequence,
     /// One weight per sequence, e^{mean_t r_t} (the geometric mean of token ratios).
     GeometricMean,
@@ -56,14 +56,14 @@ pub enum IsFilter<T> {
         /// Upper clamp (> min).
         max: T,
     },
-    /// w ← 0 where w ∉ [lo, hi], unchanged inside ([TRL] `*_mask`, [OpenRLHF] `icepop`).
+    /// w ← 0 where w ∉ [lo, hi], unchanged inside (\[TRL\] `*_mask`, \[OpenRLHF\] `icepop`).
     Mask {
         /// Lower bound (≥ 0).
         lo: T,
         /// Upper bound (> lo).
         hi: T,
     },
-    /// [OpenRLHF] `seq-mask-tis`: a whole sequence gets weight 0 when its geometric-mean ratio
+    /// \[OpenRLHF\] `seq-mask-tis`: a whole sequence gets weight 0 when its geometric-mean ratio
     /// e^{mean_t r_t} ∉ [lo, hi]; otherwise its token weights e^{r_t} are kept **unclamped**
     /// (use with [`IsLevel::Token`]).
     GeometricMask {
@@ -115,7 +115,7 @@ impl<T: Real> IsConfig<T> {
             ..Self::default()
         }
     }
-    /// Token truncated IS: w_t = min(e^{r_t}, cap) [TRL `token_truncate`, verl `token`].
+    /// Token truncated IS: w_t = min(e^{r_t}, cap) \[TRL `token_truncate`, verl `token`\].
     pub fn token_truncate(cap: T) -> Self {
         Self::with(
             IsLevel::Token,
@@ -125,7 +125,7 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// Sequence truncated IS: w = min(e^{Σ r_t}, cap) [TRL `sequence_truncate`, verl `sequence`].
+    /// Sequence truncated IS: w = min(e^{Σ r_t}, cap) \[TRL `sequence_truncate`, verl `sequence`\].
     pub fn sequence_truncate(cap: T) -> Self {
         Self::with(
             IsLevel::Sequence,
@@ -135,15 +135,15 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// Token masked IS: w_t = e^{r_t} inside [lo, hi], 0 outside [TRL `token_mask`].
+    /// Token masked IS: w_t = e^{r_t} inside [lo, hi], 0 outside \[TRL `token_mask`\].
     pub fn token_mask(lo: T, hi: T) -> Self {
         Self::with(IsLevel::Token, IsFilter::Mask { lo, hi })
     }
-    /// Sequence masked IS: e^{Σ r_t} inside [lo, hi], 0 outside [TRL `sequence_mask`].
+    /// Sequence masked IS: e^{Σ r_t} inside [lo, hi], 0 outside \[TRL `sequence_mask`\].
     pub fn sequence_mask(lo: T, hi: T) -> Self {
         Self::with(IsLevel::Sequence, IsFilter::Mask { lo, hi })
     }
-    /// [OpenRLHF] `tis`: token weights clamped to [0.5, 5].
+    /// \[OpenRLHF\] `tis`: token weights clamped to [0.5, 5].
     pub fn tis() -> Self {
         Self::with(
             IsLevel::Token,
@@ -153,11 +153,11 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// [OpenRLHF] `icepop`: token weights zeroed outside [0.5, 5].
+    /// \[OpenRLHF\] `icepop`: token weights zeroed outside [0.5, 5].
     pub fn icepop() -> Self {
         Self::token_mask(T::HALF, T::from_f64(5.0))
     }
-    /// [OpenRLHF] `seq-mask-tis`: sequences whose geometric-mean ratio leaves [0.5, 5] are
+    /// \[OpenRLHF\] `seq-mask-tis`: sequences whose geometric-mean ratio leaves [0.5, 5] are
     /// zeroed; the others keep unclamped token weights.
     pub fn seq_mask_tis() -> Self {
         Self::with(
@@ -359,7 +359,7 @@ fn apply_filter<T: Real>(filter: IsFilter<T>, w: T) -> (T, bool) {
     }
 }
 
-/// A per-token statistic of r = old − roll for [verl] rejection sampling.
+/// A per-token statistic of r = old − roll for \[verl\] rejection sampling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectStat {
     /// k1 = −r (bounds are given as ratio bounds, see [`RejectionCriterion::k1`]).
@@ -384,7 +384,7 @@ pub enum RejectLevel {
     SeqMax,
 }
 
-/// One [verl] rejection criterion (`rollout_rs` option + threshold): keep iff the aggregated
+/// One \[verl\] rejection criterion (`rollout_rs` option + threshold): keep iff the aggregated
 /// statistic lies in `[lo, hi]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RejectionCriterion<T> {
@@ -489,7 +489,7 @@ pub struct RejectionDiagnostics {
     pub rejected_sequences: usize,
 }
 
-/// [verl] rollout rejection sampling: `keep[t] = true` iff position t is valid and every
+/// \[verl\] rollout rejection sampling: `keep[t] = true` iff position t is valid and every
 /// criterion accepts it (token criteria judge the token, sequence criteria its whole
 /// sequence). Invalid positions get `false`. An empty `criteria` keeps every valid token.
 ///
@@ -576,7 +576,7 @@ pub fn rejection_mask<T: Real>(
     Ok(diag)
 }
 
-/// [TRL] off-policy sequence masking (OPSM): sequence i is dropped (`keep[i] = false`) iff
+/// \[TRL\] off-policy sequence masking (OPSM): sequence i is dropped (`keep[i] = false`) iff
 /// A_i < 0 **and** mean_t(roll_t − lp_t) > δ over its valid tokens — a negative-advantage
 /// sample that the current policy already finds much less likely than the sampler did. A
 /// sequence without valid tokens is kept (it contributes nothing anyway). `lp` is read as a

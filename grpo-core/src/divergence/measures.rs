@@ -135,7 +135,7 @@ impl Measure {
     /// Value and ∂/∂lp of the measure at the log-ratio `x = lp − old`, with the overflow guard
     /// of the [module docs](self) (gradient 0 where it acts).
     ///
-    /// Source: k1/k2/k3 are Schulman's KL estimators as used by [verl]/[OpenRLHF]/[TRL]; the
+    /// Source: k1/k2/k3 are Schulman's KL estimators as used by \[verl\]/\[OpenRLHF\]/\[TRL\]; the
     /// ρ-forms and χ² follow the unified clipping framework [2602.05494].
     ///
     /// # Example
@@ -364,7 +364,7 @@ pub(crate) fn check_token_inputs<T: Real>(
 ///
 /// Writes `value[t]`, `grad[t]` at every valid position and 0 at every other position (so the
 /// outputs can be summed without a mask). Source: as [`Measure::eval`]; the clamp follows
-/// [verl]/[OpenRLHF] (±20), gradient 0 where it is active (autograd of `clamp`).
+/// \[verl\]/\[OpenRLHF\] (±20), gradient 0 where it is active (autograd of `clamp`).
 ///
 /// # Errors
 /// [`Error::LengthMismatch`](crate::Error::LengthMismatch) if a slice's length differs from
