@@ -65,16 +65,13 @@ impl Case {
 }
 
 type Out = (Vec<f64>, Vec<f64>, LossDiagnostics<f64>);
+type LossFn = dyn Fn(
+    &PolicyInputs<'_, f64>,
+    &mut [f64],
+    &mut [f64],
+) -> grpo_core::Result<LossDiagnostics<f64>>;
 
-fn run(
-    c: &Case,
-    lp: &[f64],
-    f: &dyn Fn(
-        &PolicyInputs<'_, f64>,
-        &mut [f64],
-        &mut [f64],
-    ) -> grpo_core::Result<LossDiagnostics<f64>>,
-) -> Out {
+fn run(c: &Case, lp: &[f64], f: &LossFn) -> Out {
     let n = lp.len();
     let (mut v, mut g) = (vec![f64::NAN; n], vec![f64::NAN; n]);
     let d = f(&c.inputs(lp), &mut v, &mut g).expect("loss failed");
@@ -177,14 +174,7 @@ fn fd_check(c: &Case, base: &Out, surrogate: &dyn Fn(&[f64]) -> Vec<f64>) -> Res
 }
 
 /// Self-surrogate: the implementation's own values (no stop-gradient in the loss).
-fn check_plain(
-    c: &Case,
-    f: &dyn Fn(
-        &PolicyInputs<'_, f64>,
-        &mut [f64],
-        &mut [f64],
-    ) -> grpo_core::Result<LossDiagnostics<f64>>,
-) -> Result<(), String> {
+fn check_plain(c: &Case, f: &LossFn) -> Result<(), String> {
     let base = run(c, &c.lp, f);
     fd_check(c, &base, &|lp| run(c, lp, f).0)
 }

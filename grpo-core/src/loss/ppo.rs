@@ -153,7 +153,7 @@ pub(crate) fn ppo_core<T: Real>(
 }
 
 /// PPO-clip, the unified clipped objective of MATH.md §3 [2602.05494] (GRPO 2402.03300, DAPO
-/// 2503.14476, ATR-GRPO with KL3 bounds; dual-clip [verl, OpenRLHF]; δ cap [TRL]):
+/// 2503.14476, ATR-GRPO with KL3 bounds; dual-clip [verl, OpenRLHF]; δ cap \[TRL\]):
 ///
 /// ```text
 /// x = clamp(lp − old, −c, c)          (optional; None = TRL)
@@ -270,17 +270,27 @@ mod tests {
 
     #[test]
     fn bad_params_are_rejected() {
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.dual_clip = Some(1.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.delta_cap = Some(1.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.log_ratio_clamp = Some(0.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.bounds.lo = 1.1;
-        assert!(cfg.validate().is_err());
+        let d = PpoClipConfig::<f64>::default();
+        for cfg in [
+            PpoClipConfig {
+                dual_clip: Some(1.0),
+                ..d
+            },
+            PpoClipConfig {
+                delta_cap: Some(1.0),
+                ..d
+            },
+            PpoClipConfig {
+                log_ratio_clamp: Some(0.0),
+                ..d
+            },
+            PpoClipConfig {
+                bounds: RatioBounds { lo: 1.1, hi: 1.2 },
+                ..d
+            },
+        ] {
+            assert!(cfg.validate().is_err());
+        }
+        assert!(d.validate().is_ok());
     }
 }
