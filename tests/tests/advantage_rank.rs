@@ -6,7 +6,8 @@ use grpo_core::Error;
 use grpo_core::Preset;
 use grpo_core::advantage::baseline::{BaselineConfig, reinforce_pp_baseline};
 use grpo_core::advantage::filter::{
-    RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct, range_filter_keep,
+    DynamicSamplingConfig, RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct,
+    range_filter_keep,
 };
 use grpo_core::advantage::gae::{GaeConfig, gae};
 use grpo_core::advantage::overlong::{OverlongConfig, overlong_penalty};
@@ -515,8 +516,9 @@ proptest! {
         let metric: Vec<f64> = flags.iter().map(|&c| f64::from(u8::from(c))).collect();
         let k = n / g;
         let (mut a, mut b, mut c) = (vec![false; k], vec![false; k], vec![false; k]);
-        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &mut a).unwrap();
-        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &mut b).unwrap();
+        let ds = DynamicSamplingConfig::default();
+        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &ds, &mut a).unwrap();
+        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &ds, &mut b).unwrap();
         let nc = range_filter_keep(&metric, Groups::Uniform(g), &RangeFilterConfig::default(), &mut c).unwrap();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(&a, &c);
@@ -524,6 +526,12 @@ proptest! {
         for (kk, keep) in a.iter().enumerate() {
             let hits = flags[kk * g..(kk + 1) * g].iter().filter(|x| **x).count();
             prop_assert_eq!(*keep, hits > 0 && hits < g);
+        }
+        // verl keeps groups of one as well.
+        let verl = DynamicSamplingConfig::from_preset(Preset::Verl);
+        dynamic_sampling_keep(&metric, Groups::Uniform(g), &verl, &mut b).unwrap();
+        for (kk, keep) in b.iter().enumerate() {
+            prop_assert_eq!(*keep, a[kk] || g == 1);
         }
     }
 
