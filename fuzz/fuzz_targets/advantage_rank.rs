@@ -5,7 +5,8 @@
 
 use grpo_core::advantage::baseline::{BaselineConfig, reinforce_pp_baseline};
 use grpo_core::advantage::filter::{
-    RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct, range_filter_keep,
+    DynamicSamplingConfig, RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct,
+    range_filter_keep,
 };
 use grpo_core::advantage::gae::{GaeConfig, gae};
 use grpo_core::advantage::overlong::{OverlongConfig, overlong_penalty};
@@ -97,9 +98,17 @@ fn run<T: Real>(inp: &Input) {
     let mut wcfg = WhitenConfig::<T>::from_preset(p);
     if inp.flags & 1 != 0 {
         wcfg = WhitenConfig {
-            bessel: if inp.flags & 2 != 0 { Bessel::Population } else { Bessel::Unbiased },
+            bessel: if inp.flags & 2 != 0 {
+                Bessel::Population
+            } else {
+                Bessel::Unbiased
+            },
             eps: T::from_f64(inp.eps),
-            eps_placement: if inp.flags & 4 != 0 { EpsPlacement::Floor } else { EpsPlacement::Add },
+            eps_placement: if inp.flags & 4 != 0 {
+                EpsPlacement::Floor
+            } else {
+                EpsPlacement::Add
+            },
             shift_mean: inp.flags & 8 != 0,
         };
     }
@@ -125,7 +134,10 @@ fn run<T: Real>(inp: &Input) {
         masked: masked(inp.flags >> 5),
         whiten: whiten_opt,
     };
-    let (mut a, mut g) = (vec![T::from_f64(SENTINEL); n], vec![T::from_f64(SENTINEL); n]);
+    let (mut a, mut g) = (
+        vec![T::from_f64(SENTINEL); n],
+        vec![T::from_f64(SENTINEL); n],
+    );
     match reinforce_pp_returns(&values, &tokens, &rcfg, &mut a, &mut g) {
         Ok(_) => assert!(all_finite(&a) && all_finite(&g)),
         Err(_) => assert!(untouched(&a) && untouched(&g)),
@@ -136,12 +148,18 @@ fn run<T: Real>(inp: &Input) {
         masked: masked(inp.flags >> 5),
         whiten: whiten_opt,
     };
-    let (mut a, mut g) = (vec![T::from_f64(SENTINEL); n], vec![T::from_f64(SENTINEL); n]);
+    let (mut a, mut g) = (
+        vec![T::from_f64(SENTINEL); n],
+        vec![T::from_f64(SENTINEL); n],
+    );
     match gae(&values, &values2, &tokens, &gcfg, &mut a, &mut g) {
         Ok(_) => assert!(all_finite(&a) && all_finite(&g)),
         Err(_) => assert!(untouched(&a) && untouched(&g)),
     }
-    let (mut a, mut g) = (vec![T::from_f64(SENTINEL); n], vec![T::from_f64(SENTINEL); n]);
+    let (mut a, mut g) = (
+        vec![T::from_f64(SENTINEL); n],
+        vec![T::from_f64(SENTINEL); n],
+    );
     match remax(&values, &tokens, &scores, &mut a, &mut g) {
         Ok(_) => assert!(all_finite(&a) && all_finite(&g)),
         Err(_) => assert!(untouched(&a) && untouched(&g)),
@@ -152,14 +170,19 @@ fn run<T: Real>(inp: &Input) {
     let ids: Vec<usize> = (0..scores.len())
         .map(|i| inp.ids.get(i).copied().unwrap_or(0) as usize)
         .collect();
-    let mut gscratch = vec![0usize; Groups::group_ids_scratch_len(ids.len(), inp.num_groups as usize)];
+    let mut gscratch =
+        vec![0usize; Groups::group_ids_scratch_len(ids.len(), inp.num_groups as usize)];
     let permuted = Groups::from_group_ids(&ids, inp.num_groups as usize, &mut gscratch).ok();
     let groups = match (inp.flags % 3, permuted) {
         (0, Some(p)) => p,
         _ if inp.use_offsets => Groups::Offsets(&group_offsets),
         _ => Groups::Uniform(inp.group_size as usize),
     };
-    let nan = if inp.flags & 64 != 0 { NanPolicy::Exclude } else { NanPolicy::Reject };
+    let nan = if inp.flags & 64 != 0 {
+        NanPolicy::Exclude
+    } else {
+        NanPolicy::Reject
+    };
 
     let mut bcfg = BaselineConfig::<T>::from_preset(p);
     bcfg.nan = nan;
@@ -178,15 +201,31 @@ fn run<T: Real>(inp: &Input) {
         Err(_) => assert!(untouched(&out)),
     }
 
-    let ties = if inp.flags & 1 != 0 { TiePolicy::Average } else { TiePolicy::Ordinal };
+    let ties = if inp.flags & 1 != 0 {
+        TiePolicy::Average
+    } else {
+        TiePolicy::Ordinal
+    };
     let mut scratch = vec![0usize; inp.scratch as usize];
     let mut out = vec![T::from_f64(SENTINEL); scores.len()];
-    match gopo(&scores, groups, &GopoConfig { ties, nan }, &mut scratch, &mut out) {
+    match gopo(
+        &scores,
+        groups,
+        &GopoConfig { ties, nan },
+        &mut scratch,
+        &mut out,
+    ) {
         Ok(_) => assert!(all_finite(&out) && out.iter().all(|a| a.abs() <= T::TWO)),
         Err(_) => assert!(untouched(&out)),
     }
     let mut out = vec![T::from_f64(SENTINEL); scores.len()];
-    match g2rpo(&scores, groups, &G2rpoConfig { nan }, &mut scratch, &mut out) {
+    match g2rpo(
+        &scores,
+        groups,
+        &G2rpoConfig { nan },
+        &mut scratch,
+        &mut out,
+    ) {
         Ok(_) => assert!(all_finite(&out)),
         Err(_) => assert!(untouched(&out)),
     }
@@ -194,8 +233,11 @@ fn run<T: Real>(inp: &Input) {
     let k = groups.len(scores.len());
     let correct: Vec<bool> = scores.iter().map(|s| *s > T::HALF).collect();
     let mut keep = vec![true; k];
-    let _ = dynamic_sampling_keep_correct(&correct, groups, &mut keep);
-    let _ = dynamic_sampling_keep(&scores, groups, &mut keep);
+    let ds = DynamicSamplingConfig {
+        keep_singletons: inp.flags & 2 != 0,
+    };
+    let _ = dynamic_sampling_keep_correct(&correct, groups, &ds, &mut keep);
+    let _ = dynamic_sampling_keep(&scores, groups, &ds, &mut keep);
     let rf = RangeFilterConfig {
         lo: T::from_f64(inp.clip.0),
         hi: T::from_f64(inp.clip.1),

@@ -6,7 +6,8 @@ use grpo_core::Error;
 use grpo_core::Preset;
 use grpo_core::advantage::baseline::{BaselineConfig, reinforce_pp_baseline};
 use grpo_core::advantage::filter::{
-    RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct, range_filter_keep,
+    DynamicSamplingConfig, RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct,
+    range_filter_keep,
 };
 use grpo_core::advantage::gae::{GaeConfig, gae};
 use grpo_core::advantage::overlong::{OverlongConfig, overlong_penalty};
@@ -515,8 +516,9 @@ proptest! {
         let metric: Vec<f64> = flags.iter().map(|&c| f64::from(u8::from(c))).collect();
         let k = n / g;
         let (mut a, mut b, mut c) = (vec![false; k], vec![false; k], vec![false; k]);
-        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &mut a).unwrap();
-        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &mut b).unwrap();
+        let ds = DynamicSamplingConfig::default();
+        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &ds, &mut a).unwrap();
+        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &ds, &mut b).unwrap();
         let nc = range_filter_keep(&metric, Groups::Uniform(g), &RangeFilterConfig::default(), &mut c).unwrap();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(&a, &c);
@@ -524,6 +526,12 @@ proptest! {
         for (kk, keep) in a.iter().enumerate() {
             let hits = flags[kk * g..(kk + 1) * g].iter().filter(|x| **x).count();
             prop_assert_eq!(*keep, hits > 0 && hits < g);
+        }
+        // verl keeps groups of one as well.
+        let verl = DynamicSamplingConfig::from_preset(Preset::Verl);
+        dynamic_sampling_keep(&metric, Groups::Uniform(g), &verl, &mut b).unwrap();
+        for (kk, keep) in b.iter().enumerate() {
+            prop_assert_eq!(*keep, a[kk] || g == 1);
         }
     }
 
@@ -745,5 +753,73 @@ proptest! {
         gopo(&kept, Groups::Uniform(g - 1), &cfg, &mut scratch, &mut b).unwrap();
         let rest: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| a[i]).collect();
         prop_assert_eq!(&rest, &b);
+    }
+}
+
+proptest! {
+    #[test]
+    fn data_parallel_protocol_matches_one_batch(seqs in rv_batch(), split in 0usize..5, lambda in 0.0f64..=1.0) {
+        // Each rank runs GAE without whitening, the raw moments are merged, and each rank
+        // whitens its shard with the merged moments: same as whitening the whole batch.
+        let (cu, r, v, m) = flatten(&seqs);
+        if m.iter().filter(|x| **x).count() < 2 {
+            return Ok(());
+        }
+        let cfg = GaeConfig { gamma: 0.9, lambda, masked: MaskedTokens::Skip, whiten: Some(WhitenConfig::default()) };
+        let n = r.len();
+        let (mut whole, mut ret) = (vec![0.0; n], vec![0.0; n]);
+        gae(&r, &v, &Tokens::packed(&cu, Some(&m)), &cfg, &mut whole, &mut ret).unwrap();
+        let split = split.min(seqs.len());
+        let cut = cu[split];
+        let cu_a = cu[..=split].to_vec();
+        let cu_b: Vec<usize> = cu[split..].iter().map(|c| c - cut).collect();
+        let ta = Tokens::packed(&cu_a, Some(&m[..cut]));
+        let tb = Tokens::packed(&cu_b, Some(&m[cut..]));
+        let raw = GaeConfig { whiten: None, ..cfg };
+        let (mut adv, mut ret2) = (vec![0.0; n], vec![0.0; n]);
+        let ra = gae(&r[..cut], &v[..cut], &ta, &raw, &mut adv[..cut], &mut ret2[..cut]).unwrap();
+        let rb = gae(&r[cut..], &v[cut..], &tb, &raw, &mut adv[cut..], &mut ret2[cut..]).unwrap();
+        let global = ra.raw_moments.merge(rb.raw_moments);
+        apply_whitening_in_place(&mut adv[..cut], &ta, &global, &WhitenConfig::default()).unwrap();
+        apply_whitening_in_place(&mut adv[cut..], &tb, &global, &WhitenConfig::default()).unwrap();
+        prop_assert_eq!(&ret, &ret2);
+        for (x, y) in whole.iter().zip(&adv) {
+            prop_assert!(close(*x, *y, 1e-9, 1e-9), "{} vs {}", x, y);
+        }
+    }
+
+    #[test]
+    fn gae_and_returns_f32_close_to_f64_reference(seqs in rv_batch(), gamma in 0.0f64..=1.0, lambda in 0.0f64..=1.0, md in mode()) {
+        let (cu, r, v, m) = flatten(&seqs);
+        let r32: Vec<f32> = r.iter().map(|&x| x as f32).collect();
+        let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+        let tokens = Tokens::packed(&cu, Some(&m));
+        let (g32, l32) = (gamma as f32, lambda as f32);
+        let cfg = GaeConfig { gamma: g32, lambda: l32, masked: md, whiten: None };
+        let (mut a, mut g) = (vec![0.0f32; r.len()], vec![0.0f32; r.len()]);
+        gae(&r32, &v32, &tokens, &cfg, &mut a, &mut g).unwrap();
+        let rcfg = ReturnsConfig { gamma: g32, masked: md, whiten: None };
+        let (mut ra, mut rg) = (vec![0.0f32; r.len()], vec![0.0f32; r.len()]);
+        reinforce_pp_returns(&r32, &tokens, &rcfg, &mut ra, &mut rg).unwrap();
+        // Reference in f64 from the f32-rounded inputs.
+        let seqs64: Vec<Vec<(f64, f64, bool)>> = seqs
+            .iter()
+            .map(|s| s.iter().map(|&(x, y, b)| ((x as f32) as f64, (y as f32) as f64, b)).collect())
+            .collect();
+        let mut j = 0;
+        for s in &seqs64 {
+            for t in 0..s.len() {
+                if s[t].2 {
+                    let c = chain(s, t, md);
+                    let l = ref_gae(&c, g32 as f64, l32 as f64);
+                    prop_assert!(close(a[j] as f64, l, 1e-5, 1e-5), "{} vs {}", a[j], l);
+                    let ret = ref_return(&c, g32 as f64);
+                    prop_assert!(close(rg[j] as f64, ret, 1e-5, 1e-5), "{} vs {}", rg[j], ret);
+                } else {
+                    prop_assert_eq!((a[j], g[j], ra[j], rg[j]), (0.0, 0.0, 0.0, 0.0));
+                }
+                j += 1;
+            }
+        }
     }
 }

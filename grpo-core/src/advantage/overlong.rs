@@ -47,7 +47,7 @@ impl<T: Real> OverlongConfig<T> {
 /// (linear from 0 to −factor); `R = −factor` beyond `L_max`. The caller adds `R` to the reward.
 /// `cache_len == 0` is a hard cut-off at `L_max` (the middle interval is empty).
 ///
-/// Source: DAPO \[2503.14476\] eq. 13; \[verl\] `DAPORewardManager`.
+/// Source: DAPO \[2503.14476\] (soft overlong punishment); \[verl\] `DAPORewardManager`.
 ///
 /// # Errors
 /// [`Error::InvalidParam`](crate::Error::InvalidParam) for `cache_len > max_len` or a factor
