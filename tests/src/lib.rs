@@ -14,7 +14,7 @@ pub fn edge_f64() -> impl Strategy<Value = f64> {
         1 => Just(f64::MIN_POSITIVE / 4.0),
         1 => Just(1e30f64),
         1 => Just(-1e30f64),
-        1 => (-1e6f64..1e6),
+        1 => -1e6f64..1e6,
     ]
 }
 
