@@ -97,8 +97,9 @@ fuzz_target!(|inp: Input| {
     let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
 
     let mcfg = MeasureConfig { measure: m, log_ratio_clamp: inp.clamp_in };
-    if measure_tokens(&mcfg, &lp, &other, &tokens, &mut v, &mut g).is_ok() {
+    if let Ok(d) = measure_tokens(&mcfg, &lp, &other, &tokens, &mut v, &mut g) {
         assert!(v.iter().chain(&g).all(|x| x.is_finite()));
+        assert!(d.mean.is_finite());
     }
 
     let mut kcfg = KlPenaltyConfig::from_preset(
@@ -111,8 +112,9 @@ fuzz_target!(|inp: Input| {
     if inp.clamp_out.is_some() {
         kcfg.output_clamp = inp.clamp_out;
     }
-    if kl_penalty(&kcfg, &lp, &other, Some(&third), &tokens, &mut v, &mut g).is_ok() {
+    if let Ok(d) = kl_penalty(&kcfg, &lp, &other, Some(&third), &tokens, &mut v, &mut g) {
         assert!(v.iter().chain(&g).all(|x| x.is_finite()));
+        assert!(d.mean.is_finite());
     }
 
     let level = [IsLevel::Token, IsLevel::Sequence, IsLevel::GeometricMean][inp.level as usize % 3];

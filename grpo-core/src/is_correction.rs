@@ -252,9 +252,10 @@ pub fn is_weights<T: Real>(
     };
     weights.fill(T::ZERO);
     let mut diag = IsDiagnostics::default();
-    // Batch-normalisation accumulators: sum and count of the non-zero weights (per token or
-    // per sequence depending on the level).
-    let (mut norm_sum, mut norm_count) = (T::ZERO, 0usize);
+    // Batch-normalisation mean of the non-zero weights (per token or per sequence depending on
+    // the level), as a running mean: weights may be as large as the truncation bounds allow
+    // (up to T::MAX), where a plain sum would overflow.
+    let mut norm = RunningMean::default();
     for s in 0..tokens.num_sequences() {
         let count = tokens.valid_count(s);
         if count == 0 {
@@ -304,20 +305,18 @@ pub fn is_weights<T: Real>(
             diag.log_clamped += usize::from(hit);
             diag.filtered += usize::from(changed);
             if seq_weight.is_none() && w != T::ZERO {
-                norm_sum += w;
-                norm_count += 1;
+                norm.push(w);
             }
         }
         if let Some((w, _, _)) = seq_weight
             && w != T::ZERO
             && !geo_reject
         {
-            norm_sum += w;
-            norm_count += 1;
+            norm.push(w);
         }
     }
-    if cfg.batch_normalize && norm_count > 0 && norm_sum > T::ZERO {
-        let mean = norm_sum / T::from_usize(norm_count);
+    if cfg.batch_normalize && norm.count > 0 && norm.mean > T::ZERO {
+        let mean = norm.mean;
         for s in 0..tokens.num_sequences() {
             for t in tokens.valid_positions(s) {
                 weights[t] /= mean;
@@ -325,19 +324,34 @@ pub fn is_weights<T: Real>(
         }
     }
     if diag.tokens > 0 {
-        let (mut sum, mut lo, mut hi) = (T::ZERO, T::INFINITY, T::NEG_INFINITY);
+        let (mut avg, mut lo, mut hi) = (RunningMean::default(), T::INFINITY, T::NEG_INFINITY);
         for s in 0..tokens.num_sequences() {
             for t in tokens.valid_positions(s) {
-                sum += weights[t];
+                avg.push(weights[t]);
                 lo = lo.min(weights[t]);
                 hi = hi.max(weights[t]);
             }
         }
-        diag.mean = sum / T::from_usize(diag.tokens);
+        diag.mean = avg.mean;
         diag.min = lo;
         diag.max = hi;
     }
     Ok(diag)
+}
+
+/// Mean of non-negative values without overflow: m ← m + (w − m)/k (|w − m| ≤ max(w, m)).
+#[derive(Default)]
+struct RunningMean<T> {
+    mean: T,
+    count: usize,
+}
+
+impl<T: Real> RunningMean<T> {
+    #[inline]
+    fn push(&mut self, w: T) {
+        self.count += 1;
+        self.mean += (w - self.mean) / T::from_usize(self.count);
+    }
 }
 
 /// The filtered weight and whether the filter changed it (GeometricMask acts elsewhere).
@@ -767,6 +781,31 @@ mod tests {
                 .is_err()
         );
         assert_eq!(keep, [true; 2]);
+    }
+
+    #[test]
+    fn huge_truncation_bounds_do_not_overflow_the_means() {
+        // Regression (fuzz): every weight clamped up to 3e38; 16 of them sum past f32::MAX.
+        let cfg = IsConfig {
+            filter: IsFilter::Truncate {
+                min: 3e38f32,
+                max: 3.1e38,
+            },
+            batch_normalize: true,
+            ..IsConfig::default()
+        };
+        let mut w = [0.0f32; 16];
+        let d = is_weights(
+            &cfg,
+            &[0.0; 16],
+            &[0.0; 16],
+            &Tokens::padded(4, 4, None),
+            &mut w,
+        )
+        .unwrap();
+        // All weights equal 3e38, so their mean is 3e38 and the normalised weights are 1.
+        assert!(w.iter().all(|&x| x == 1.0));
+        assert_eq!(d.mean, 1.0);
     }
 
     #[test]

@@ -328,7 +328,7 @@ pub fn kl_penalty<T: Real>(
             diag.tokens += 1;
             diag.input_clamped += usize::from(in_hit);
             diag.output_clamped += usize::from(out_hit);
-            diag.sum += vg.value;
+            diag.mean += (vg.value - diag.mean) / T::from_usize(diag.tokens);
         }
     }
     Ok(diag)
