@@ -872,3 +872,42 @@ fn bad_shapes_and_values_are_rejected_and_outputs_untouched() {
     assert!(aggregate(&AggConfig::default(), tok, &lp, &mut w[..2]).is_err());
     assert_eq!(w, [7.0; 3]);
 }
+
+#[test]
+fn f32_agrees_with_f64() {
+    // The same formulas in f32: values within f32 rounding of the f64 ones.
+    let x = [0.3f64, -0.4, 1.1, -2.0, 0.05];
+    let a = [1.0f64, -1.0, 0.5, -0.7, 2.0];
+    let r = Row::from_x(&x, &a);
+    let (lp32, old32, adv32): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+        x.iter().map(|&v| v as f32).collect(),
+        vec![0.0; 5],
+        a.iter().map(|&v| v as f32).collect(),
+    );
+    let inp32 = PolicyInputs {
+        lp: &lp32,
+        old: &old32,
+        adv: &adv32,
+        tokens: Tokens::padded(1, 5, None),
+    };
+    let (mut v32, mut g32) = ([0.0f32; 5], [0.0f32; 5]);
+    ppo_clip(
+        &PpoClipConfig::from_preset(Preset::Verl),
+        &inp32,
+        &mut v32,
+        &mut g32,
+    )
+    .unwrap();
+    let cfg = PpoClipConfig::from_preset(Preset::Verl);
+    let (v, g, _) = eval(&r, &move |i, v, gr| ppo_clip(&cfg, i, v, gr));
+    for t in 0..5 {
+        assert!((v32[t] as f64 - v[t]).abs() < 1e-5 * (1.0 + v[t].abs()));
+        assert!((g32[t] as f64 - g[t]).abs() < 1e-5 * (1.0 + g[t].abs()));
+    }
+    gmpo(&GmpoConfig::default(), &inp32, &mut v32, &mut g32).unwrap();
+    let (v, g, _) = eval(&r, &|i, v, gr| gmpo(&GmpoConfig::default(), i, v, gr));
+    for t in 0..5 {
+        assert!((v32[t] as f64 - v[t]).abs() < 1e-5 * (1.0 + v[t].abs()));
+        assert!((g32[t] as f64 - g[t]).abs() < 1e-5 * (1.0 + g[t].abs()));
+    }
+}
