@@ -498,12 +498,20 @@ proptest! {
 
     #[test]
     fn gspo_fd_random(c in case(vec![])) {
-        let ks = [0.8f64.ln(), 1.2f64.ln(), 1.5f64.ln()];
+        // Symmetric, clip-higher and KL3 (δ = 0.05) bounds; δ cap 1.5 without clamp (TRL).
+        let bounds = [
+            RatioBounds::symmetric(0.2).unwrap(),
+            RatioBounds::asymmetric(0.2, 0.28).unwrap(),
+            kl3_bounds(),
+        ];
+        let ks: Vec<f64> = bounds.iter().flat_map(|b| [b.lo.ln(), b.hi.ln()]).chain([1.5f64.ln()]).collect();
         prop_assume!(seq_means(&c).iter().all(|m| ks.iter().all(|k| (m - k).abs() > 1e-4)));
-        let cfg = GspoConfig::<f64> { bounds: RatioBounds::symmetric(0.2).unwrap(), ..GspoConfig::default() };
-        check_plain(&c, &move |i, v, g| gspo(&cfg, i, v, g)).map_err(TestCaseError::fail)?;
-        let capped = GspoConfig::<f64> { delta_cap: Some(1.5), log_ratio_clamp: None, ..cfg };
-        check_plain(&c, &move |i, v, g| gspo(&capped, i, v, g)).map_err(TestCaseError::fail)?;
+        for b in bounds {
+            let cfg = GspoConfig::<f64> { bounds: b, ..GspoConfig::default() };
+            check_plain(&c, &move |i, v, g| gspo(&cfg, i, v, g)).map_err(TestCaseError::fail)?;
+            let capped = GspoConfig::<f64> { delta_cap: Some(1.5), log_ratio_clamp: None, ..cfg };
+            check_plain(&c, &move |i, v, g| gspo(&capped, i, v, g)).map_err(TestCaseError::fail)?;
+        }
     }
 
     #[test]

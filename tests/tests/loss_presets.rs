@@ -299,13 +299,13 @@ fn aggregation_denominator_presets() {
     let trl = AggConfig::from_preset(Preset::Trl, AggMode::SeqMeanTokenMean);
     assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(1.0));
     assert_eq!(w, [0.25, 0.25, 0.0, 0.0]);
-    // OpenRLHF masked_mean: 4/(2 + 1e-8).
-    let orl = AggConfig::from_preset(
-        Preset::OpenRlhf,
-        AggMode::TokenMean {
+    // verl's masked_mean helper: 4/(2 + 1e-8).
+    let orl = AggConfig {
+        mode: AggMode::TokenMean {
             global_tokens: None,
         },
-    );
+        denominator: Denominator::PlusEps(1e-8),
+    };
     let loss = aggregate(&orl, tok, &v, &mut w).unwrap();
     assert!(close(loss, 4.0 / (2.0 + 1e-8)));
     // token-mean with a global count of 8: 4/8.
@@ -871,4 +871,43 @@ fn bad_shapes_and_values_are_rejected_and_outputs_untouched() {
     assert!(aggregate(&e, tok, &lp, &mut w).is_err());
     assert!(aggregate(&AggConfig::default(), tok, &lp, &mut w[..2]).is_err());
     assert_eq!(w, [7.0; 3]);
+}
+
+#[test]
+fn f32_agrees_with_f64() {
+    // The same formulas in f32: values within f32 rounding of the f64 ones.
+    let x = [0.3f64, -0.4, 1.1, -2.0, 0.05];
+    let a = [1.0f64, -1.0, 0.5, -0.7, 2.0];
+    let r = Row::from_x(&x, &a);
+    let (lp32, old32, adv32): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+        x.iter().map(|&v| v as f32).collect(),
+        vec![0.0; 5],
+        a.iter().map(|&v| v as f32).collect(),
+    );
+    let inp32 = PolicyInputs {
+        lp: &lp32,
+        old: &old32,
+        adv: &adv32,
+        tokens: Tokens::padded(1, 5, None),
+    };
+    let (mut v32, mut g32) = ([0.0f32; 5], [0.0f32; 5]);
+    ppo_clip(
+        &PpoClipConfig::from_preset(Preset::Verl),
+        &inp32,
+        &mut v32,
+        &mut g32,
+    )
+    .unwrap();
+    let cfg = PpoClipConfig::from_preset(Preset::Verl);
+    let (v, g, _) = eval(&r, &move |i, v, gr| ppo_clip(&cfg, i, v, gr));
+    for t in 0..5 {
+        assert!((v32[t] as f64 - v[t]).abs() < 1e-5 * (1.0 + v[t].abs()));
+        assert!((g32[t] as f64 - g[t]).abs() < 1e-5 * (1.0 + g[t].abs()));
+    }
+    gmpo(&GmpoConfig::default(), &inp32, &mut v32, &mut g32).unwrap();
+    let (v, g, _) = eval(&r, &|i, v, gr| gmpo(&GmpoConfig::default(), i, v, gr));
+    for t in 0..5 {
+        assert!((v32[t] as f64 - v[t]).abs() < 1e-5 * (1.0 + v[t].abs()));
+        assert!((g32[t] as f64 - g[t]).abs() < 1e-5 * (1.0 + g[t].abs()));
+    }
 }

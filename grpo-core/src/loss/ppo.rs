@@ -190,7 +190,7 @@ pub(crate) fn ppo_core<T: Real>(
 /// assert!((v[1] - 1.6).abs() < 1e-12 && g[1] == 0.0);
 /// assert!((v[2] + 1.1).abs() < 1e-12 && (g[2] + 1.1).abs() < 1e-12);
 /// assert_eq!((d.clipped_high, d.clipped_low), (1, 1));
-/// // verl: dual-clip c = 3 caps the A < 0 token with ρ = 0.5? −c·A = 6 > 1.6: inactive.
+/// // verl adds dual-clip c = 3: for the A = −2 token the bound −c·A = 6 exceeds 1.6, inactive.
 /// let d = ppo_clip(&PpoClipConfig::from_preset(Preset::Verl), &inp, &mut v, &mut g).unwrap();
 /// assert_eq!(d.dual_clipped, 0);
 /// ```
