@@ -52,7 +52,7 @@
 //! ```text
 //! dz = fma(z, τ, cz); dzc = max_r(D_MIN, dz); ez = exp_nonpos_clamped(dzc)
 //! dw = fma(w, τ, cw); dwc = max_r(D_MIN, dw); ew = exp_nonpos_clamped(dwc)
-//! g  = max_r(−f32::MAX, dz) − max_r(−f32::MAX, dw)    // log-ratio; finite even for −∞ pairs
+//! g  = max_r(LOG_RATIO_FLOOR, dz) − max_r(LOG_RATIO_FLOOR, dw)    // log-ratio; finite even for −∞ pairs
 //! sz = sz + ez; tz = fma(ez, dzc, tz)
 //! sw = sw + ew; tw = fma(ew, dwc, tw)
 //! u  = fma(ez, g, u)           // Σ e^{dz}·(dz − dw)
@@ -86,6 +86,12 @@ use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, max_r};
 pub const LANES: usize = 16;
 /// Block length of the two-level summation (a multiple of [`LANES`]).
 pub const BLOCK: usize = 2048;
+
+/// Floor of a scaled logit difference where it enters a log-ratio (KL terms): −2^64
+/// (0xdf800000) = −1.8446744e19. It makes `−∞ − (−∞)` a finite 0 and bounds every KL term, so
+/// sums of up to 2^32 terms times any accepted weight stay finite; no real logit row has
+/// differences anywhere near it.
+pub const LOG_RATIO_FLOOR: f32 = f32::from_bits(0xdf80_0000);
 
 /// Storage type of a logit (or of a gradient written in place): exactly convertible to `f32`.
 ///
@@ -342,9 +348,9 @@ impl PairState {
 
     /// Merges `self` (left) with `right`: each half as [`LseState::merge`]; the cross sums as
     /// `u = fma(fma(gzl − gwl, szl, ul), azl, fma(gzr − gwr, szr, ur)·azr)` and
-    /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where `g = max_r(−MAX,
+    /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where `g = max_r(LOG_RATIO_FLOOR,
     /// part max − merged max)` (0 if the merged max is −∞) and `a` is the exponential factor of
-    /// [`LseState::merge`] (1 if the merged max is −∞). The shifts are floored at −f32::MAX, not
+    /// [`LseState::merge`] (1 if the merged max is −∞). The shifts are floored at LOG_RATIO_FLOOR = −2^64, not
     /// at D_MIN, because they enter a log-ratio, not an exponential.
     ///
     /// ```
@@ -358,13 +364,13 @@ impl PairState {
     pub fn merge(self, right: PairState) -> PairState {
         let z = self.student().merge(right.student());
         let w = self.teacher().merge(right.teacher());
-        // Shift of a part's maximum to the merged one, floored at −MAX (it enters a
+        // Shift of a part's maximum to the merged one, floored at LOG_RATIO_FLOOR (it enters a
         // log-ratio); 0 when the merged maximum is −∞ (then every sum is 0 and stays 0).
         let shift = |m: f32, top: f32| {
             if top == f32::NEG_INFINITY {
                 0.0
             } else {
-                max_r(-f32::MAX, m - top)
+                max_r(LOG_RATIO_FLOOR, m - top)
             }
         };
         let factor = |m: f32, top: f32| {
@@ -418,7 +424,7 @@ pub fn pair_step(z: f32, tau: f32, cz: f32, w: f32, cw: f32, acc: [f32; 6]) -> [
     let dw = fma(w, tau, cw);
     let dwc = max_r(D_MIN, dw);
     let ew = exp_nonpos_clamped(dwc);
-    let g = max_r(-f32::MAX, dz) - max_r(-f32::MAX, dw);
+    let g = max_r(LOG_RATIO_FLOOR, dz) - max_r(LOG_RATIO_FLOOR, dw);
     [
         sz + ez,
         fma(ez, dzc, tz),
@@ -555,7 +561,7 @@ pub enum KlGrad {
 /// k   = fma(g_h, lpc + h, g_lp)
 /// o   = select(v == y, g_lp, 0)
 /// Forward KL: lq = fma(w, τ, nlse_w)
-///             k  = fma(−g_kl, (max_r(−MAX, lp) − max_r(−MAX, lq)) − kl, k)
+///             k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
 /// Reverse KL: lq = fma(w, τ, nlse_w);  q = exp_nonpos_clamped(max_r(D_MIN, lq))
 ///             k  = k − g_kl;  o = fma(−g_kl, q, o)
 /// grad = fma(−p, k, o) · τ
@@ -581,7 +587,7 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
         KlGrad::None => {}
         KlGrad::Forward => {
             let lq = fma(w, c.tau, c.nlse_w);
-            let g = max_r(-f32::MAX, lp) - max_r(-f32::MAX, lq);
+            let g = max_r(LOG_RATIO_FLOOR, lp) - max_r(LOG_RATIO_FLOOR, lq);
             k = fma(-c.g_kl, g - c.kl, k);
         }
         KlGrad::Reverse => {

@@ -323,7 +323,7 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
 /// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
 /// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
-/// are floored at −f32::MAX before they are weighted, so the result is finite for finite input.
+/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result is finite for finite input.
 ///
 /// # Errors
 /// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
@@ -335,11 +335,11 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// use grpo_core::vocab::{kl_divergence, KlDirection};
 /// // p = [½, ½] (z = [0, 0]), q = [¼, ¾] (w = [0, ln 3]):
 /// // KL(p‖q) = ½ ln(½/¼) + ½ ln(½/¾) = ½ ln 2 + ½ ln(2/3) = 0.1438410
-/// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = 0.1308334
+/// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = −0.1732868 + 0.3040988 = 0.1308120
 /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
 /// let f = kl_divergence(&z, &w, 1.0, KlDirection::Forward).unwrap();
 /// let r = kl_divergence(&z, &w, 1.0, KlDirection::Reverse).unwrap();
-/// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308334).abs() < 1e-6);
+/// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308120).abs() < 1e-6);
 /// ```
 pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     student: &[S],
@@ -556,7 +556,8 @@ pub fn stats_rows<S: super::Logit>(
 /// // row 0: [0, ln 3], target 1 → logp = ln ¾; row 1: [1, 1, 1, 1], target 0 → −ln 4, H = ln 4
 /// let z = [0.0f32, 3f32.ln(), 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
 /// let (mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
-/// logprob_entropy_rows(&z[..4], 2, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap_err();
+/// // 7 logits do not make two rows of 4
+/// assert!(logprob_entropy_rows(&z[..7], 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).is_err());
 /// logprob_entropy_rows(&z, 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap();
 /// // row 0 is [0, ln 3, 0, 0]: logp(1) = ln(3/6) = −ln 2
 /// assert!((lp[0] + 2f32.ln()).abs() < 1e-6);
