@@ -1,4 +1,4 @@
-//! The canonical reduction order and per-element steps of the vocabulary kernels [ours].
+//! The canonical reduction order and per-element steps of the vocabulary kernels \[ours\].
 //!
 //! Every vocabulary operation of this crate is a function of the *exact* sequence of IEEE
 //! operations written here. A backend (grpo-cpu's AVX-512, AVX2+FMA and NEON code) that performs

@@ -1,5 +1,5 @@
 //! Bit-exact, branch-free `exp` and `ln` for `f32` — the canonical arithmetic of the vocabulary
-//! kernels [ours].
+//! kernels \[ours\].
 //!
 //! Every function here is built only from operations whose result IEEE 754 specifies exactly
 //! (round to nearest even): `+ − ×`, fused multiply-add with one rounding (computed here with
@@ -69,7 +69,7 @@
 //! rustdoc of [`exp`] and [`ln`].
 //!
 //! Sources: Cody & Waite's argument reduction; polynomial coefficients fitted by a Remez
-//! exchange in f64 for this project (weighted relative error) and rounded to f32 [ours].
+//! exchange in f64 for this project (weighted relative error) and rounded to f32 \[ours\].
 
 /// log2(e) rounded to f32: 1.44269502162933349609375 (0x3fb8aa3b).
 pub const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
@@ -176,7 +176,7 @@ fn pow2_biased(biased: i32) -> f32 {
     f32::from_bits((biased as u32).wrapping_shl(23))
 }
 
-/// e^x in f32, branch-free and bit-reproducible on every backend [ours].
+/// e^x in f32, branch-free and bit-reproducible on every backend \[ours\].
 ///
 /// Formula: `x = k·ln 2 + r` with `k = round(x·log2 e)`, `e^r` by a degree-6 polynomial,
 /// `2^k` applied in two exact power-of-two factors so that subnormal results are rounded once.
@@ -204,7 +204,7 @@ pub fn exp(x: f32) -> f32 {
 }
 
 /// e^x for `x ≤ 0` as the vocabulary kernels compute it: [`exp`] with results below 2^−126·½
-/// flushed to +0 [ours].
+/// flushed to +0 \[ours\].
 ///
 /// Formula: `exp_nonpos(x) = exp(x)` (same bits) when `round(x·log2 e) ≥ −126`, i.e. for
 /// `−87.68 ≲ x ≤ 0`, and exactly `+0` below (also for `x = −∞`). Those flushed values are below
@@ -241,7 +241,7 @@ pub fn exp_nonpos_clamped(x: f32) -> f32 {
     p * pow2_biased(biased)
 }
 
-/// Natural logarithm in f32, branch-free and bit-reproducible on every backend [ours].
+/// Natural logarithm in f32, branch-free and bit-reproducible on every backend \[ours\].
 ///
 /// Formula: `x = 2^e·m` with `m ∈ [√½, √2)`, `ln x = e·ln 2 + ln(1 + f)`, `f = m − 1`,
 /// `ln(1 + f) = f + f²·Q(f)` with a degree-8 polynomial `Q`; subnormal inputs are scaled by
@@ -401,7 +401,7 @@ mod tests {
             }
         }
         // ln near 1 and near √½, √2.
-        for t in [1.0f32, SQRT_HALF, 1.4142135, 0.5, 2.0] {
+        for t in [1.0f32, SQRT_HALF, core::f32::consts::SQRT_2, 0.5, 2.0] {
             for d in -64i32..=64 {
                 v.push((t.to_bits() as i32 + d) as u32);
             }

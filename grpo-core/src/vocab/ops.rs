@@ -76,7 +76,7 @@ fn scan<S: super::Logit>(
     let mut m = f32::NEG_INFINITY;
     for (v, &x) in row.iter().enumerate() {
         let x = x.to_f32();
-        if !(x < f32::INFINITY) {
+        if x.is_nan() || x == f32::INFINITY {
             return Err(Error::NonFinite {
                 what,
                 index: base + v,
@@ -190,7 +190,7 @@ pub struct RowStats {
     pub entropy: f32,
 }
 
-/// Log-sum-exp and entropy of one row at temperature `T`, in one pass [ours].
+/// Log-sum-exp and entropy of one row at temperature `T`, in one pass \[ours\].
 ///
 /// Formula: `lse = log Σ_v exp(z_v/T)`, `H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v/T` with
 /// `p = softmax(z/T)`, computed by the online `(M, s, t)` reduction of [`canon`] in its
@@ -216,7 +216,7 @@ pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowS
     Ok(RowStats { lse, entropy })
 }
 
-/// `log Σ_v exp(z_v/T)` of one row [ours] (see [`row_stats`] for the method and errors).
+/// `log Σ_v exp(z_v/T)` of one row \[ours\] (see [`row_stats`] for the method and errors).
 ///
 /// ```
 /// use grpo_core::vocab::log_sum_exp;
@@ -228,7 +228,7 @@ pub fn log_sum_exp<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f3
     row_stats(logits, temperature).map(|s| s.lse)
 }
 
-/// Entropy `H = −Σ p log p` of `softmax(z/T)` for one row [ours] (method and errors: see
+/// Entropy `H = −Σ p log p` of `softmax(z/T)` for one row \[ours\] (method and errors: see
 /// [`row_stats`]).
 ///
 /// ```
@@ -241,7 +241,7 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
     row_stats(logits, temperature).map(|s| s.entropy)
 }
 
-/// Token log-probability and entropy of one row in one pass [ours].
+/// Token log-probability and entropy of one row in one pass \[ours\].
 ///
 /// Formula: `logp(y) = z_y/T − lse` (computed as `(z_y/T − M) − ln s` from the same row state),
 /// `H` as in [`row_stats`].
@@ -279,7 +279,7 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
 }
 
-/// Log-probability `logp(y) = z_y/T − log Σ_v exp(z_v/T)` of one token [ours]
+/// Log-probability `logp(y) = z_y/T − log Σ_v exp(z_v/T)` of one token \[ours\]
 /// (method and errors: [`logprob_entropy`]).
 ///
 /// ```
@@ -318,7 +318,7 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 }
 
 /// KL divergence between the student `p = softmax(z/T)` and the teacher `q = softmax(w/T)`
-/// of one row, in one pass [ours; the distillation losses of arXiv 2306.13649].
+/// of one row, in one pass \[ours; the distillation losses of arXiv 2306.13649\].
 ///
 /// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
 /// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
@@ -410,7 +410,7 @@ fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
     .unwrap_or(0.0)
 }
 
-/// Generalised Jensen–Shannon divergence of one student/teacher row pair [arXiv 2306.13649].
+/// Generalised Jensen–Shannon divergence of one student/teacher row pair \[arXiv 2306.13649\].
 ///
 /// Formula: with `p = softmax(z/T)` (student), `q = softmax(w/T)` (teacher) and the mixture
 /// `m = β q + (1 − β) p`: `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` for `0 < β < 1` (TRL's GKD
@@ -498,7 +498,7 @@ fn check_targets<I: TokenId>(targets: &[I], vocab: usize) -> Result<()> {
     Ok(())
 }
 
-/// Log-sum-exp and entropy of every row of `logits` (`[rows, vocab]`, row-major) [ours].
+/// Log-sum-exp and entropy of every row of `logits` (`[rows, vocab]`, row-major) \[ours\].
 ///
 /// Formula per row: as [`row_stats`]. `lse_out` and `entropy_out` have one element per row
 /// (`rows = lse_out.len()`).
@@ -538,7 +538,7 @@ pub fn stats_rows<S: super::Logit>(
     Ok(())
 }
 
-/// Token log-probabilities (and optionally entropies) of every row, fused in one pass [ours].
+/// Token log-probabilities (and optionally entropies) of every row, fused in one pass \[ours\].
 ///
 /// Formula per row `r`: `logp_out[r] = z[r, y_r]/T − lse_r` and `entropy_out[r] = H_r` as in
 /// [`logprob_entropy`]; `rows = targets.len()`. `entropy_out = None` skips nothing in the
@@ -594,7 +594,7 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
     Ok(())
 }
 
-/// KL divergence of every student/teacher row pair (`[rows, vocab]` each) [ours].
+/// KL divergence of every student/teacher row pair (`[rows, vocab]` each) \[ours\].
 ///
 /// Formula per row: as [`kl_divergence`]; `rows = out.len()`.
 ///
@@ -641,7 +641,7 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
     Ok(())
 }
 
-/// Generalised JSD_β of every student/teacher row pair [arXiv 2306.13649] (formula and
+/// Generalised JSD_β of every student/teacher row pair \[arXiv 2306.13649\] (formula and
 /// errors: [`jsd`], indices `r·V + v`); `rows = out.len()`. On `Err` no output is written.
 ///
 /// ```
@@ -714,7 +714,7 @@ pub struct GradTerms<'a, I, U = f32> {
 fn check_weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
     check_len(what, rows, g.len())?;
     for (i, &x) in g.iter().enumerate() {
-        if !(x.abs() <= MAX_GRAD_WEIGHT) {
+        if x.is_nan() || x.abs() > MAX_GRAD_WEIGHT {
             return Err(if x.is_finite() {
                 Error::InvalidParam {
                     name: what,
@@ -813,7 +813,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 }
 
 /// Fused backward over rows: `out[r, v] = ∂loss_r/∂z[r, v]` for
-/// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` [ours].
+/// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\].
 ///
 /// Formulas (p = softmax(z/T), q = softmax(w/T)):
 /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`; `∂H/∂z_v = −p_v (log p_v + H)/T`;
@@ -869,7 +869,7 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
 }
 
 /// [`backward_rows`] writing the gradient over the logits themselves (rounded to the storage
-/// type `S` by `S::from_f32`, ties to even) [ours]. Each row's statistics are computed before
+/// type `S` by `S::from_f32`, ties to even) \[ours\]. Each row's statistics are computed before
 /// the row is overwritten, so the result equals the out-of-place one rounded to `S`.
 ///
 /// # Errors
