@@ -80,7 +80,7 @@
 //! Logits are read through [`Logit`] (f32, `half::bf16`, `half::f16`), converted exactly to f32;
 //! all arithmetic is f32.
 
-use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, max_r};
+use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
 
 /// Number of accumulator lanes (element `i` of a block goes to lane `i mod LANES`).
 pub const LANES: usize = 16;
@@ -499,7 +499,7 @@ pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
 /// ```
 #[inline]
 pub fn finish_lse(st: &LseState) -> (f32, f32, f32) {
-    let l = super::exp_ln::ln(st.sum);
+    let l = ln(st.sum);
     (st.max + l, l, l - st.dot / st.sum)
 }
 
@@ -514,7 +514,7 @@ pub fn finish_lse(st: &LseState) -> (f32, f32, f32) {
 /// ```
 #[inline]
 pub fn logp_of(z_y: f32, tau: f32, st: &LseState) -> f32 {
-    fma(z_y, tau, offset(st.max)) - super::exp_ln::ln(st.sum)
+    fma(z_y, tau, offset(st.max)) - ln(st.sum)
 }
 
 /// Per-row coefficients of the fused backward ([`grad_step`]).
@@ -539,6 +539,54 @@ pub struct GradCoef {
     pub nlse_w: f32,
     /// The KL value of the row (forward direction only).
     pub kl: f32,
+}
+
+impl GradCoef {
+    /// Coefficients without a KL term, from the merged student row state:
+    /// `nlse = −(M + ln s)`, `h = ln s − t/s` ([`finish_lse`]).
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{GradCoef, LseState};
+    /// let c = GradCoef::from_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 1.0, 0.0);
+    /// assert!((c.nlse + core::f32::consts::LN_2).abs() < 1e-7);
+    /// ```
+    pub fn from_lse(st: &LseState, tau: f32, g_lp: f32, g_h: f32) -> GradCoef {
+        let (lse, _, h) = finish_lse(st);
+        GradCoef {
+            tau,
+            nlse: -lse,
+            h,
+            g_lp,
+            g_h,
+            g_kl: 0.0,
+            nlse_w: 0.0,
+            kl: 0.0,
+        }
+    }
+
+    /// Coefficients with a KL term, from the merged pair state (`kl` = KL(p‖q) of
+    /// [`finish_kl`], used by the forward direction).
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_block, GradCoef};
+    /// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+    /// let c = GradCoef::from_pair(&st, 1.0, 0.0, 0.0, 1.0);
+    /// assert_eq!((c.kl, c.nlse), (0.0, c.nlse_w));
+    /// ```
+    pub fn from_pair(st: &PairState, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef {
+        let (lse, _, h) = finish_lse(&st.student());
+        let (lse_w, _, _) = finish_lse(&st.teacher());
+        GradCoef {
+            tau,
+            nlse: -lse,
+            h,
+            g_lp,
+            g_h,
+            g_kl,
+            nlse_w: -lse_w,
+            kl: finish_kl(st).0,
+        }
+    }
 }
 
 /// Which KL's gradient the backward adds.
@@ -598,6 +646,81 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
         }
     }
     fma(-p, k, o) * c.tau
+}
+
+/// Both KL directions from a merged pair state: `(KL(p‖q), KL(q‖p))` =
+/// `((ln sw − ln sz) + u/sz, (ln sz − ln sw) + v/sw)` (shared scalar code).
+///
+/// ```
+/// use grpo_core::vocab::canon::{finish_kl, pair_block};
+/// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+/// assert_eq!(finish_kl(&st), (0.0, 0.0));
+/// ```
+#[inline]
+pub fn finish_kl(st: &PairState) -> (f32, f32) {
+    let (lz, lw) = (ln(st.sz), ln(st.sw));
+    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+}
+
+/// Floor of `ln(mixture)` in the JSD: below ln of the smallest subnormal (−103.28), so it only
+/// replaces `ln 0 = −∞`.
+pub const LN_FLOOR: f32 = -104.0;
+
+/// The per-element term of the JSD's second pass (`nlz`, `nlw` = −lse of each row, `omb` =
+/// 1 − β rounded once):
+/// ```text
+/// lp = max_r(D_MIN, fma(z, τ, nlz));  lq = max_r(D_MIN, fma(w, τ, nlw))
+/// p  = exp_nonpos_clamped(lp);        q  = exp_nonpos_clamped(lq)
+/// lm = max_r(LN_FLOOR, ln(fma(β, q, omb·p)))
+/// term = fma(β·q, lq − lm, (omb·p)·(lp − lm))
+/// ```
+///
+/// ```
+/// use grpo_core::vocab::canon::jsd_step;
+/// // p_v = q_v: the term is 0
+/// assert_eq!(jsd_step(0.0, 0.0, 1.0, -1.0, -1.0, 0.5, 0.5), 0.0);
+/// ```
+#[inline(always)]
+pub fn jsd_step(z: f32, w: f32, tau: f32, nlz: f32, nlw: f32, beta: f32, omb: f32) -> f32 {
+    let lp = max_r(D_MIN, fma(z, tau, nlz));
+    let lq = max_r(D_MIN, fma(w, tau, nlw));
+    let p = exp_nonpos_clamped(lp);
+    let q = exp_nonpos_clamped(lq);
+    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
+    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
+}
+
+/// Canonical sum of `f(i)` over `0..len`: per block, 16 strided lane sums, the tree, the tail in
+/// index order; block sums merged pairwise by addition ([`fold_blocks`]). Used by the JSD's
+/// second pass.
+///
+/// ```
+/// use grpo_core::vocab::canon::canonical_sum;
+/// assert_eq!(canonical_sum(100, |i| i as f32), 4950.0);
+/// ```
+pub fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
+    fold_blocks(
+        len,
+        |a: f32, b: f32| a + b,
+        |start, end| {
+            let n16 = start + (end - start) / LANES * LANES;
+            let mut acc = [0.0f32; LANES];
+            let mut i = start;
+            while i < n16 {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += f(i + l);
+                }
+                i += LANES;
+            }
+            tree(&mut acc);
+            let mut s = acc[0];
+            for j in n16..end {
+                s += f(j);
+            }
+            s
+        },
+    )
+    .unwrap_or(0.0)
 }
 
 /// Number of levels of the pairwise merge stack: enough for any `usize` block count.

@@ -29,6 +29,13 @@ pub mod canon;
 pub mod exp_ln;
 mod ops;
 
+/// The input checks of the vocabulary operations, public so that other backends reject
+/// exactly the same inputs with exactly the same errors (same order: temperature, lengths,
+/// targets, then row by row).
+pub mod validate {
+    pub use super::ops::{inverse_temperature, row, support, target, weights};
+}
+
 pub use canon::Logit;
 pub use ops::{
     GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, RowStats, TokenId, backward_rows,

@@ -2,9 +2,9 @@
 //! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
 
 use super::canon::{
-    self, GradCoef, KlGrad, LANES, LseState, PairState, fold_blocks, lse_block, pair_block,
+    self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
 };
-use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
+use super::exp_ln::{fma, max_r};
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -41,8 +41,18 @@ pub enum KlDirection {
     Reverse,
 }
 
-/// Checks `T > 0` finite with `1/T` finite and returns τ = 1/T (rounded once).
-fn tau_of(temperature: f32) -> Result<f32> {
+/// Validates a temperature and returns τ = 1/T (one IEEE division): the factor every kernel
+/// multiplies logits by.
+///
+/// # Errors
+/// `InvalidParam{name: "temperature"}` unless `T` is finite, `> 0` and `1/T` is finite.
+///
+/// ```
+/// use grpo_core::vocab::validate::inverse_temperature;
+/// assert_eq!(inverse_temperature(0.5), Ok(2.0));
+/// assert!(inverse_temperature(0.0).is_err() && inverse_temperature(f32::NAN).is_err());
+/// ```
+pub fn inverse_temperature(temperature: f32) -> Result<f32> {
     let ok = temperature > 0.0 && temperature.is_finite();
     crate::error::ensure(ok, "temperature", "must be finite and > 0")?;
     let tau = 1.0 / temperature;
@@ -64,9 +74,20 @@ fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<
     check_len(what, expected, len)
 }
 
-/// Validates one row: no NaN or +∞ (index reported as `base + v`), not all −∞; returns the
-/// raw maximum. `τ·max` must be finite.
-fn scan<S: super::Logit>(
+/// Validates one logit row and returns its raw maximum (the checks, in this order, that every
+/// backend reproduces).
+///
+/// # Errors
+/// `NonFinite{what, index: base + v}` for the first NaN or +∞ at `v`; `EmptySegment{segment}`
+/// when every logit is −∞; `NonFinite{what: "logits / temperature", index: base + v}` when the
+/// maximum (first found at `v`) times τ overflows.
+///
+/// ```
+/// use grpo_core::vocab::validate::row;
+/// assert_eq!(row(&[1.0f32, -2.0], "logits", 0, 0, 1.0), Ok(1.0));
+/// assert!(row(&[f32::NEG_INFINITY; 3], "logits", 0, 5, 1.0).is_err());
+/// ```
+pub fn row<S: super::Logit>(
     row: &[S],
     what: &'static str,
     base: usize,
@@ -98,8 +119,20 @@ fn scan<S: super::Logit>(
     Ok(m)
 }
 
-/// Validates a target: in range, its logit finite and `z_y/T − max/T` finite.
-fn check_target<S: super::Logit>(
+/// Validates the target `y` of a row already validated by [`row`] (whose raw maximum is
+/// `raw_max`).
+///
+/// # Errors
+/// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
+/// index: base + y}` when `fma(z_y, τ, −M)` is not finite (a −∞ target logit).
+///
+/// ```
+/// use grpo_core::vocab::validate::target;
+/// let z = [0.0f32, f32::NEG_INFINITY];
+/// assert!(target(&z, 0, 0.0, 1.0, 0, 0).is_ok());
+/// assert!(target(&z, 1, 0.0, 1.0, 0, 0).is_err() && target(&z, 2, 0.0, 1.0, 0, 0).is_err());
+/// ```
+pub fn target<S: super::Logit>(
     row: &[S],
     y: usize,
     raw_max: f32,
@@ -128,8 +161,18 @@ fn check_target<S: super::Logit>(
 }
 
 /// Checks that the KL in `dir` is finite: no element where the distribution the expectation
-/// is taken under is positive and the other is 0 (−∞ logit).
-fn check_support<S: super::Logit, U: super::Logit>(
+/// is taken under is positive and the other is 0 (−∞ logit). `None` checks nothing (JSD).
+///
+/// # Errors
+/// `NonFinite{what: "teacher …" | "student …", index: base + v}` at the first such `v`.
+///
+/// ```
+/// use grpo_core::vocab::{validate::support, KlDirection};
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
+/// assert!(support(&z, &w, Some(KlDirection::Forward), 0).is_err());
+/// assert!(support(&z, &w, Some(KlDirection::Reverse), 0).is_ok());
+/// ```
+pub fn support<S: super::Logit, U: super::Logit>(
     z: &[S],
     w: &[U],
     dir: Option<KlDirection>,
@@ -209,9 +252,9 @@ pub struct RowStats {
 /// assert!((st.entropy - 0.5623351446).abs() < 1e-6);
 /// ```
 pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowStats> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
-    scan(logits, "logits", 0, 0, tau)?;
+    row(logits, "logits", 0, 0, tau)?;
     let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau));
     Ok(RowStats { lse, entropy })
 }
@@ -259,12 +302,12 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 /// ```
 pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     logits: &[S],
-    target: I,
+    token: I,
     temperature: f32,
 ) -> Result<(f32, f32)> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
-    let y = target.index();
+    let y = token.index();
     if y >= logits.len() {
         return Err(Error::TokenOutOfRange {
             index: 0,
@@ -272,8 +315,8 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
             vocab: logits.len(),
         });
     }
-    let m = scan(logits, "logits", 0, 0, tau)?;
-    check_target(logits, y, m, tau, 0, 0)?;
+    let m = row(logits, "logits", 0, 0, tau)?;
+    target(logits, y, m, tau, 0, 0)?;
     let st = row_state(logits, tau);
     let (_, _, h) = canon::finish_lse(&st);
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
@@ -290,17 +333,10 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
 /// ```
 pub fn token_logprob<S: super::Logit, I: TokenId>(
     logits: &[S],
-    target: I,
+    token: I,
     temperature: f32,
 ) -> Result<f32> {
-    logprob_entropy(logits, target, temperature).map(|r| r.0)
-}
-
-/// Both KL directions from a pair state: `(KL(p‖q), KL(q‖p))`.
-#[inline]
-fn finish_kl(st: &PairState) -> (f32, f32) {
-    let (lz, lw) = (ln(st.sz), ln(st.sw));
-    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+    logprob_entropy(logits, token, temperature).map(|r| r.0)
 }
 
 /// Validates a student/teacher row pair.
@@ -312,9 +348,9 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
     base: usize,
     segment: usize,
 ) -> Result<()> {
-    scan(z, "student", base, segment, tau)?;
-    scan(w, "teacher", base, segment, tau)?;
-    check_support(z, w, dir, base)
+    row(z, "student", base, segment, tau)?;
+    row(w, "teacher", base, segment, tau)?;
+    support(z, w, dir, base)
 }
 
 /// KL divergence between the student `p = softmax(z/T)` and the teacher `q = softmax(w/T)`
@@ -347,11 +383,11 @@ pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     temperature: f32,
     direction: KlDirection,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
     scan_pair(student, teacher, tau, Some(direction), 0, 0)?;
-    let (f, r) = finish_kl(&pair_state(student, teacher, tau));
+    let (f, r) = canon::finish_kl(&pair_state(student, teacher, tau));
     Ok(match direction {
         KlDirection::Forward => f,
         KlDirection::Reverse => r,
@@ -366,48 +402,6 @@ fn beta_of(beta: f32) -> Result<(f32, f32)> {
         "must be in (0, 1) (use kl_divergence for the endpoints)",
     )?;
     Ok((beta, 1.0 - beta))
-}
-
-/// Floor of `ln(mixture)` in the JSD: below ln of the smallest subnormal (−103.28), so it only
-/// replaces `ln 0 = −∞`.
-const LN_FLOOR: f32 = -104.0;
-
-/// The per-element JSD term (second pass, see [`jsd`]).
-#[inline(always)]
-fn jsd_step(z: f32, w: f32, tau: f32, nlz: f32, nlw: f32, beta: f32, omb: f32) -> f32 {
-    let lp = max_r(D_MIN, fma(z, tau, nlz));
-    let lq = max_r(D_MIN, fma(w, tau, nlw));
-    let p = exp_nonpos_clamped(lp);
-    let q = exp_nonpos_clamped(lq);
-    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
-    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
-}
-
-/// Canonical sum of `f(i)` over `0..len` (16 lanes, tree, tail per block; blocks merged
-/// pairwise by addition).
-fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
-    fold_blocks(
-        len,
-        |a: f32, b: f32| a + b,
-        |start, end| {
-            let n16 = start + (end - start) / LANES * LANES;
-            let mut acc = [0.0f32; LANES];
-            let mut i = start;
-            while i < n16 {
-                for (l, a) in acc.iter_mut().enumerate() {
-                    *a += f(i + l);
-                }
-                i += LANES;
-            }
-            canon::tree(&mut acc);
-            let mut s = acc[0];
-            for j in n16..end {
-                s += f(j);
-            }
-            s
-        },
-    )
-    .unwrap_or(0.0)
 }
 
 /// Generalised Jensen–Shannon divergence of one student/teacher row pair \[arXiv 2306.13649\].
@@ -437,7 +431,7 @@ pub fn jsd<S: super::Logit, U: super::Logit>(
     beta: f32,
     temperature: f32,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     let (beta, omb) = beta_of(beta)?;
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
@@ -456,8 +450,8 @@ fn jsd_row<S: super::Logit, U: super::Logit>(
     let (lz, _, _) = canon::finish_lse(&st.student());
     let (lw, _, _) = canon::finish_lse(&st.teacher());
     let (nlz, nlw) = (-lz, -lw);
-    let s = canonical_sum(z.len(), |i| {
-        jsd_step(z[i].to_f32(), w[i].to_f32(), tau, nlz, nlw, beta, omb)
+    let s = canon::canonical_sum(z.len(), |i| {
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, nlz, nlw, beta, omb)
     });
     max_r(0.0, s)
 }
@@ -472,14 +466,14 @@ fn check_rows<S: super::Logit>(
     rows: usize,
     temperature: f32,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     rows_of("logits", logits.len(), vocab, rows)?;
     Ok(tau)
 }
 
 /// Row `r` of a validated `[rows, vocab]` slice.
 #[inline]
-fn row<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
+fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
     &x[r * vocab..(r + 1) * vocab]
 }
 
@@ -528,10 +522,10 @@ pub fn stats_rows<S: super::Logit>(
     let tau = check_rows(logits, vocab, rows, temperature)?;
     check_len("entropy_out", rows, entropy_out.len())?;
     for r in 0..rows {
-        scan(row(logits, vocab, r), "logits", r * vocab, r, tau)?;
+        row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
     }
     for r in 0..rows {
-        let (lse, _, h) = canon::finish_lse(&row_state(row(logits, vocab, r), tau));
+        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau));
         lse_out[r] = lse;
         entropy_out[r] = h;
     }
@@ -579,12 +573,12 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
     }
     check_targets(targets, vocab)?;
     for (r, &t) in targets.iter().enumerate() {
-        let z = row(logits, vocab, r);
-        let m = scan(z, "logits", r * vocab, r, tau)?;
-        check_target(z, t.index(), m, tau, r * vocab, r)?;
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
+        target(z, t.index(), m, tau, r * vocab, r)?;
     }
     for (r, &t) in targets.iter().enumerate() {
-        let z = row(logits, vocab, r);
+        let z = row_of(logits, vocab, r);
         let st = row_state(z, tau);
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
@@ -620,17 +614,17 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
     out: &mut [f32],
 ) -> Result<()> {
     let rows = out.len();
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
     for r in 0..rows {
-        let (z, w) = (row(student, vocab, r), row(teacher, vocab, r));
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
-        let (f, rev) = finish_kl(&pair_state(
-            row(student, vocab, r),
-            row(teacher, vocab, r),
+        let (f, rev) = canon::finish_kl(&pair_state(
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
             tau,
         ));
         *o = match direction {
@@ -660,18 +654,18 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
     out: &mut [f32],
 ) -> Result<()> {
     let rows = out.len();
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     let (beta, omb) = beta_of(beta)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
     for r in 0..rows {
-        let (z, w) = (row(student, vocab, r), row(teacher, vocab, r));
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, None, r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
         *o = jsd_row(
-            row(student, vocab, r),
-            row(teacher, vocab, r),
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
             tau,
             beta,
             omb,
@@ -710,8 +704,17 @@ pub struct GradTerms<'a, I, U = f32> {
     pub kl: Option<KlTerm<'a, U>>,
 }
 
-/// Validates weights: right length, finite, |g| ≤ MAX_GRAD_WEIGHT.
-fn check_weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
+/// Validates per-row backward weights: length `rows`, finite, `|g| ≤` [`MAX_GRAD_WEIGHT`].
+///
+/// # Errors
+/// `LengthMismatch{what}`, `NonFinite{what, index: r}`, `InvalidParam{name: what}`.
+///
+/// ```
+/// use grpo_core::vocab::validate::weights;
+/// assert!(weights("grad_logp", &[1.0, -2.0], 2).is_ok());
+/// assert!(weights("grad_logp", &[f32::NAN, 0.0], 2).is_err());
+/// ```
+pub fn weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
     check_len(what, rows, g.len())?;
     for (i, &x) in g.iter().enumerate() {
         if x.is_nan() || x.abs() > MAX_GRAD_WEIGHT {
@@ -739,26 +742,26 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     let tau = check_rows(logits, vocab, rows, temperature)?;
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
-        check_weights("grad_logp", g, rows)?;
+        weights("grad_logp", g, rows)?;
         check_targets(t, vocab)?;
     }
     if let Some(g) = terms.entropy {
-        check_weights("grad_entropy", g, rows)?;
+        weights("grad_entropy", g, rows)?;
     }
     if let Some(k) = &terms.kl {
         rows_of("teacher", k.teacher.len(), vocab, rows)?;
-        check_weights("grad_kl", k.grad, rows)?;
+        weights("grad_kl", k.grad, rows)?;
     }
     for r in 0..rows {
-        let z = row(logits, vocab, r);
-        let m = scan(z, "logits", r * vocab, r, tau)?;
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
         if let Some(k) = &terms.kl {
-            let w = row(k.teacher, vocab, r);
-            scan(w, "teacher", r * vocab, r, tau)?;
-            check_support(z, w, Some(k.direction), r * vocab)?;
+            let w = row_of(k.teacher, vocab, r);
+            row(w, "teacher", r * vocab, r, tau)?;
+            support(z, w, Some(k.direction), r * vocab)?;
         }
         if let Some((t, _)) = terms.logp {
-            check_target(z, t[r].index(), m, tau, r * vocab, r)?;
+            target(z, t[r].index(), m, tau, r * vocab, r)?;
         }
     }
     Ok(tau)
@@ -777,39 +780,21 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
         None => (0.0, usize::MAX),
     };
     let g_h = terms.entropy.map_or(0.0, |g| g[r]);
-    let (coef_kl, kl_grad) = match &terms.kl {
+    match &terms.kl {
         Some(k) => {
-            let w = row(k.teacher, vocab, r);
-            let st = pair_state(z, w, tau);
-            let (lse, _, h) = canon::finish_lse(&st.student());
-            let (lse_w, _, _) = canon::finish_lse(&st.teacher());
-            let (f, _) = finish_kl(&st);
+            let st = pair_state(z, row_of(k.teacher, vocab, r), tau);
             let dir = match k.direction {
                 KlDirection::Forward => KlGrad::Forward,
                 KlDirection::Reverse => KlGrad::Reverse,
             };
-            ((-lse, h, k.grad[r], -lse_w, f), dir)
+            (GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]), y, dir)
         }
-        None => {
-            let (lse, _, h) = canon::finish_lse(&row_state(z, tau));
-            ((-lse, h, 0.0, 0.0, 0.0), KlGrad::None)
-        }
-    };
-    let (nlse, h, g_kl, nlse_w, kl) = coef_kl;
-    (
-        GradCoef {
-            tau,
-            nlse,
-            h,
-            g_lp,
-            g_h,
-            g_kl,
-            nlse_w,
-            kl,
-        },
-        y,
-        kl_grad,
-    )
+        None => (
+            GradCoef::from_lse(&row_state(z, tau), tau, g_lp, g_h),
+            y,
+            KlGrad::None,
+        ),
+    }
 }
 
 /// Fused backward over rows: `out[r, v] = ∂loss_r/∂z[r, v]` for
@@ -848,12 +833,12 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
     let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     check_len("out", logits.len(), out.len())?;
     for r in 0..rows {
-        let z = row(logits, vocab, r);
+        let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
         let o = &mut out[r * vocab..(r + 1) * vocab];
         match &terms.kl {
             Some(k) => {
-                let w = row(k.teacher, vocab, r);
+                let w = row_of(k.teacher, vocab, r);
                 for v in 0..vocab {
                     o[v] = canon::grad_step(z[v].to_f32(), w[v].to_f32(), v == y, &c, kg);
                 }
@@ -893,9 +878,9 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
     let rows = logits.len() / vocab;
     let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     for r in 0..rows {
-        let (c, y, kg) = coef_of(row(logits, vocab, r), vocab, r, tau, terms);
+        let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
         let z = &mut logits[r * vocab..(r + 1) * vocab];
-        let w = terms.kl.as_ref().map(|k| row(k.teacher, vocab, r));
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
         for v in 0..vocab {
             let wv = w.map_or(0.0, |w| w[v].to_f32());
             z[v] = S::from_f32(canon::grad_step(z[v].to_f32(), wv, v == y, &c, kg));
