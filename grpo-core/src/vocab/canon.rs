@@ -75,6 +75,32 @@
 //! u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw`. The backward has no reduction: each element is
 //! computed independently by [`grad_step`] from per-row coefficients ([`GradCoef`]).
 //!
+//! The JSD's second pass (after the pair state gave both lse) sums [`jsd_step`] with
+//! [`canonical_sum`]: the same blocks, lanes, tree and tail, block sums merged pairwise by `+`.
+//!
+//! # What a backend mirrors, and what it calls
+//!
+//! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
+//! [`grad_step`] and [`jsd_step`]/[`canonical_sum`]'s block part. Call the scalar code of this
+//! crate for everything else: [`fold_blocks`] with [`LseState::merge`] / [`PairState::merge`],
+//! [`finish_lse`], [`logp_of`], [`finish_kl`], [`GradCoef::from_lse`] /
+//! [`GradCoef::from_pair`], and `vocab::validate` for the input checks (same errors in the
+//! same order). Rows are independent, so distributing whole rows over threads never changes a
+//! bit.
+//!
+//! # Why this structure (speed)
+//!
+//! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
+//! one FMA for the scaled shift, one clamp, the exponential (reduction: 1 FMA + 1 sub + 2 FMA;
+//! degree-6 polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
+//! accumulations (`add`, `FMA`): about 17 vector operations per 16 logits for
+//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
+//! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
+//! so there is no per-element running-max compare/blend and no rescaling inside a block; the
+//! only rescaling happens once per 2048-element block in the scalar merge (two exponentials).
+//! A 2048-element block keeps the merge overhead near 1 % and both reads in L1 (KL reads two
+//! rows: 16 KiB). Backends should prefetch a few KiB ahead of the first (max) read.
+//!
 //! # Storage
 //!
 //! Logits are read through [`Logit`] (f32, `half::bf16`, `half::f16`), converted exactly to f32;
