@@ -830,8 +830,8 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
 ) -> Result<()> {
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
     let rows = logits.len() / vocab;
-    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     check_len("out", logits.len(), out.len())?;
+    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     for r in 0..rows {
         let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
