@@ -4,7 +4,7 @@
 use super::canon::{
     self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
 };
-use super::exp_ln::{fma, max_r};
+use super::exp_ln::max_r;
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -124,7 +124,7 @@ pub fn row<S: super::Logit>(
 ///
 /// # Errors
 /// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
-/// index: base + y}` when `fma(z_y, τ, −M)` is not finite (a −∞ target logit).
+/// index: base + y}` when `(z_y − max)·τ` is not finite (a −∞ target logit).
 ///
 /// ```
 /// use grpo_core::vocab::validate::target;
@@ -150,8 +150,7 @@ pub fn target<S: super::Logit>(
             });
         }
     };
-    let m = canon::scaled_max(raw_max, tau);
-    if !fma(zy, tau, -m).is_finite() {
+    if !((zy - raw_max) * tau).is_finite() {
         return Err(Error::NonFinite {
             what: "logits[target]",
             index: base + y,
@@ -202,16 +201,22 @@ pub fn support<S: super::Logit, U: super::Logit>(
 /// The merged [`LseState`] of a validated row.
 #[inline]
 fn row_state<S: super::Logit>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(z.len(), LseState::merge, |a, b| lse_block(&z[a..b], tau))
-        .unwrap_or(LseState::EMPTY)
+    fold_blocks(
+        z.len(),
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap_or(LseState::EMPTY)
 }
 
 /// The merged [`PairState`] of a validated row pair.
 #[inline]
 fn pair_state<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    fold_blocks(z.len(), PairState::merge, |a, b| {
-        pair_block(&z[a..b], &w[a..b], tau)
-    })
+    fold_blocks(
+        z.len(),
+        |a: PairState, b| a.merge(b, tau),
+        |a, b| pair_block(&z[a..b], &w[a..b], tau),
+    )
     .unwrap_or(PairState {
         zmax: f32::NEG_INFINITY,
         sz: 0.0,
@@ -255,7 +260,7 @@ pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowS
     let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
     row(logits, "logits", 0, 0, tau)?;
-    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau));
+    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau), tau);
     Ok(RowStats { lse, entropy })
 }
 
@@ -318,7 +323,7 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     let m = row(logits, "logits", 0, 0, tau)?;
     target(logits, y, m, tau, 0, 0)?;
     let st = row_state(logits, tau);
-    let (_, _, h) = canon::finish_lse(&st);
+    let (_, _, h) = canon::finish_lse(&st, tau);
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
 }
 
@@ -447,11 +452,10 @@ fn jsd_row<S: super::Logit, U: super::Logit>(
     omb: f32,
 ) -> f32 {
     let st = pair_state(z, w, tau);
-    let (lz, _, _) = canon::finish_lse(&st.student());
-    let (lw, _, _) = canon::finish_lse(&st.teacher());
-    let (nlz, nlw) = (-lz, -lw);
+    let lz = canon::LogSoftmax::of(&st.student());
+    let lw = canon::LogSoftmax::of(&st.teacher());
     let s = canon::canonical_sum(z.len(), |i| {
-        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, nlz, nlw, beta, omb)
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, &lz, &lw, beta, omb)
     });
     max_r(0.0, s)
 }
@@ -525,7 +529,7 @@ pub fn stats_rows<S: super::Logit>(
         row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
     }
     for r in 0..rows {
-        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau));
+        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau), tau);
         lse_out[r] = lse;
         entropy_out[r] = h;
     }
@@ -582,7 +586,7 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
         let st = row_state(z, tau);
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
-            h[r] = canon::finish_lse(&st).2;
+            h[r] = canon::finish_lse(&st, tau).2;
         }
     }
     Ok(())
