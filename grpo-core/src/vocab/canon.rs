@@ -93,9 +93,10 @@
 //! # Why this structure (speed)
 //!
 //! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
-//! one FMA for the scaled shift, one clamp, the exponential (reduction: 1 FMA + 1 sub + 2 FMA;
+//! one subtraction and one multiplication for the scaled shift (the multiplication vanishes at
+//! T = 1), one clamp, the exponential (reduction: 1 FMA + 1 sub + 2 FMA;
 //! degree-6 polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
-//! accumulations (`add`, `FMA`): about 17 vector operations per 16 logits for
+//! accumulations (`add`, `FMA`): about 18 vector operations per 16 logits for
 //! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
 //! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
 //! so there is no per-element running-max compare/blend and no rescaling inside a block; the
@@ -172,7 +173,7 @@ impl Logit for half::f16 {
     }
 }
 
-/// Online softmax statistics of a block or row, in the temperature-scaled domain.
+/// Online softmax statistics of a block or row: raw maximum, and sums in the temperature-scaled domain.
 ///
 /// `max` is the raw maximum `m = max_v z_v` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}`
 /// and `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − m)·τ` as computed by [`lse_step`]. Hence
@@ -283,7 +284,7 @@ pub fn lse_step(z: f32, tau: f32, c: f32, s: f32, t: f32) -> (f32, f32) {
 ///
 /// ```
 /// use grpo_core::vocab::canon::lse_block;
-/// // logits [0, 0]: M = 0, s = e^0 + e^0 = 2, t = 0
+/// // logits [0, 0]: m = 0, s = e^0 + e^0 = 2, t = 0
 /// let st = lse_block(&[0.0f32, 0.0], 1.0);
 /// assert_eq!((st.max, st.sum, st.dot), (0.0, 2.0, 0.0));
 /// ```

@@ -291,7 +291,7 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 
 /// Token log-probability and entropy of one row in one pass \[ours\].
 ///
-/// Formula: `logp(y) = z_y/T − lse` (computed as `(z_y/T − M) − ln s` from the same row state),
+/// Formula: `logp(y) = z_y/T − lse` (computed as `fma(z_y − m, τ, −ln s)` from the same row state, m = row max),
 /// `H` as in [`row_stats`].
 ///
 /// # Errors
