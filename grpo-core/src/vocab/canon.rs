@@ -53,7 +53,7 @@
 //! ```text
 //! dz = (z − cz)·τ; dzc = max_r(D_MIN, dz); ez = exp_nonpos_clamped(dzc)
 //! dw = (w − cw)·τ; dwc = max_r(D_MIN, dw); ew = exp_nonpos_clamped(dwc)
-//! g  = max_r(LOG_RATIO_FLOOR, dz) − max_r(LOG_RATIO_FLOOR, dw)    // log-ratio; finite even for −∞ pairs
+//! g  = max_r(LOG_RATIO_FLOOR, dz) − max_r(LOG_RATIO_FLOOR, dw)   // finite even for −∞ pairs
 //! sz = sz + ez; tz = fma(ez, dzc, tz)
 //! sw = sw + ew; tw = fma(ew, dwc, tw)
 //! u  = fma(ez, g, u)           // Σ e^{dz}·(dz − dw)
@@ -74,7 +74,8 @@
 //!
 //! From the merged row state (raw max `m`): `L = ln(s)`, `lse = m·τ + L`, `H = L − t/s`,
 //! `logp(y) = fma(z_y − m, τ, −L)` ([`finish_lse`], [`logp_of`]); for a pair
-//! `KL(p‖q) = (ln sw − ln sz) + u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw` ([`finish_kl`]). The backward has no reduction: each element is
+//! `KL(p‖q) = (ln sw − ln sz) + u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw` ([`finish_kl`]).
+//! The backward has no reduction: each element is
 //! computed independently by [`grad_step`] from per-row coefficients ([`GradCoef`]).
 //!
 //! The JSD's second pass (after the pair state gave both lse) sums [`jsd_step`] with
@@ -83,7 +84,8 @@
 //! # What a backend mirrors, and what it calls
 //!
 //! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
-//! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call the scalar code of this
+//! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call
+//! the scalar code of this
 //! crate for everything else: [`fold_blocks`] with [`LseState::merge`] / [`PairState::merge`],
 //! [`finish_lse`], [`LogSoftmax::of`], [`finish_kl`], [`GradCoef::from_lse`] /
 //! [`GradCoef::from_pair`], and `vocab::validate` for the input checks (same errors in the
@@ -173,7 +175,8 @@ impl Logit for half::f16 {
     }
 }
 
-/// Online softmax statistics of a block or row: raw maximum, and sums in the temperature-scaled domain.
+/// Online softmax statistics of a block or row: the raw maximum, and sums in the
+/// temperature-scaled domain.
 ///
 /// `max` is the raw maximum `m = max_v z_v` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}`
 /// and `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − m)·τ` as computed by [`lse_step`]. Hence
@@ -373,8 +376,9 @@ impl PairState {
     /// Merges `self` (left) with `right`: each half as [`LseState::merge`]; the cross sums as
     /// `u = fma(fma(gzl − gwl, szl, ul), azl, fma(gzr − gwr, szr, ur)·azr)` and
     /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where
-    /// `g = max_r(LOG_RATIO_FLOOR, (part max − merged max)·τ)` (0 if the merged max is −∞) and `a` is the exponential factor of
-    /// [`LseState::merge`] (1 if the merged max is −∞). The shifts are floored at LOG_RATIO_FLOOR = −2^64, not
+    /// `g = max_r(LOG_RATIO_FLOOR, (part max − merged max)·τ)` (0 if the merged max is −∞)
+    /// and `a` is the exponential factor of [`LseState::merge`] (1 if the merged max is −∞).
+    /// The shifts are floored at LOG_RATIO_FLOOR = −2^64, not
     /// at D_MIN, because they enter a log-ratio, not an exponential.
     ///
     /// ```

@@ -291,8 +291,8 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 
 /// Token log-probability and entropy of one row in one pass \[ours\].
 ///
-/// Formula: `logp(y) = z_y/T − lse` (computed as `fma(z_y − m, τ, −ln s)` from the same row state, m = row max),
-/// `H` as in [`row_stats`].
+/// Formula: `logp(y) = z_y/T − lse`, computed as `fma(z_y − m, τ, −ln s)` from the same row
+/// state (`m` = row max), and `H` as in [`row_stats`].
 ///
 /// # Errors
 /// Those of [`row_stats`], plus `TokenOutOfRange{index: 0, ..}` when `target ≥ V` and
@@ -364,7 +364,8 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
 /// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
 /// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
-/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result is finite for finite input.
+/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result
+/// is finite for finite input.
 ///
 /// # Errors
 /// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
@@ -821,7 +822,8 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 /// use grpo_core::vocab::{backward_rows, GradTerms};
 /// // one row [0, 0], target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
 /// let mut g = [0.0f32; 2];
-/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
 /// backward_rows(&[0.0f32, 0.0], 2, 1.0, &terms, &mut g).unwrap();
 /// assert!((g[0] - 0.5).abs() < 1e-7 && (g[1] + 0.5).abs() < 1e-7);
 /// ```
