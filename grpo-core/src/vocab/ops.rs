@@ -682,9 +682,15 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-/// Largest accepted magnitude of an upstream gradient weight: keeps every gradient finite
-/// (a weight times a floored log-ratio stays below f32::MAX).
+/// Largest accepted magnitude of an upstream gradient weight. With [`MIN_GRAD_TEMPERATURE`]
+/// it keeps every gradient finite: per element `|∂loss/∂z| ≤ τ·|w|·(4 + 2·133 + 2·2^65)`
+/// (entropy term ≤ 88 + ln V, log-ratios floored at 2^64), i.e. ≤ 1e6·1e9·7.4e19 < f32::MAX.
 pub const MAX_GRAD_WEIGHT: f32 = 1.0e9;
+
+/// Smallest temperature the backward accepts: the gradient scales with 1/T, and below this
+/// bound it could overflow f32 (see [`MAX_GRAD_WEIGHT`]). The forward operations accept any
+/// `T > 0` with a finite `1/T`.
+pub const MIN_GRAD_TEMPERATURE: f32 = 1.0e-6;
 
 /// The KL term of a fused backward: teacher logits, per-row weights `∂loss/∂KL_r`, direction.
 #[derive(Debug, Clone, Copy)]
@@ -745,6 +751,11 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
 ) -> Result<f32> {
     let tau = check_rows(logits, vocab, rows, temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
         weights("grad_logp", g, rows)?;
@@ -815,8 +826,8 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 /// # Errors
 /// As [`logprob_entropy_rows`] and [`kl_rows`] for the terms present, plus
 /// `LengthMismatch{what: "out" | "targets" | "grad_logp" | "grad_entropy" | "grad_kl"}`,
-/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight and `InvalidParam` for
-/// |weight| > [`MAX_GRAD_WEIGHT`]. On `Err`, `out` is untouched.
+/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight, `InvalidParam` for
+/// |weight| > [`MAX_GRAD_WEIGHT`] and for `T <` [`MIN_GRAD_TEMPERATURE`]. On `Err`, `out` is untouched.
 ///
 /// ```
 /// use grpo_core::vocab::{backward_rows, GradTerms};

@@ -648,7 +648,16 @@ fn tiny_temperatures_and_huge_scaled_logits_stay_finite() {
             entropy: Some(&[1.0]),
             kl: None,
         };
-        backward_rows(z, z.len(), t, &terms, &mut g).unwrap();
+        // 1/T ≈ 3.4e10 exceeds the backward's bound: refused, buffer untouched
+        assert!(matches!(
+            backward_rows(z, z.len(), t, &terms, &mut g),
+            Err(Error::InvalidParam {
+                name: "temperature",
+                ..
+            })
+        ));
+        assert!(g.iter().all(|&x| x == 1.0));
+        backward_rows(z, z.len(), MIN_GRAD_TEMPERATURE, &terms, &mut g).unwrap();
         assert!(g.iter().all(|x| x.is_finite()), "{g:?}");
     }
 }
