@@ -95,10 +95,11 @@
 //! # Why this structure (speed)
 //!
 //! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
-//! one subtraction and one multiplication for the scaled shift (the multiplication vanishes at
-//! T = 1), one clamp, the exponential (reduction: 1 FMA + 1 sub + 2 FMA;
-//! degree-6 polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
-//! accumulations (`add`, `FMA`): about 18 vector operations per 16 logits for
+//! one subtraction and one multiplication for the shift (the multiplication vanishes at
+//! T = 1), one clamp, the exponential (reduction: FMA, integer sub, sub, 2 FMA; degree-6
+//! polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
+//! accumulations (`add`, `FMA`), plus one `max` in the block-max pass: about 21 vector
+//! operations per 16 logits (20 at T = 1) for
 //! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
 //! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
 //! so there is no per-element running-max compare/blend and no rescaling inside a block; the
