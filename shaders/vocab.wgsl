@@ -12,6 +12,7 @@
 // (1: every logit is −∞; 2: the target's logit is −∞; 4: KL is +∞ because the teacher is −∞ where
 // the student has mass).
 
+
 const WG: u32 = 256u;
 const FLAG_EMPTY_ROW: u32 = 1u;
 const FLAG_TARGET_NEG_INF: u32 = 2u;
@@ -36,9 +37,12 @@ struct VocabParams {
 @group(0) @binding(6) var<storage, read_write> grad: array<f32>;
 @group(0) @binding(7) var<storage, read> upstream: array<f32>;
 
-// Online softmax state of a set of scaled logits x: m = max x, s = Σ e^{x−m},
-// t = Σ e^{x−m}(x − m). Then lse = m + ln s and H = ln s − t/s (t is kept relative to m so the
-// entropy never subtracts two large numbers). s == 0 means "empty".
+// Online softmax state of a set of scaled logits x: m = max x, s = Σ_{x ≠ the max} e^{x−m}
+// (the maximum's own 1 is kept out of the sum), t = Σ e^{x−m}(x − m). Then lse = m + ln(1 + s)
+// and H = ln(1 + s) − t/(1 + s); t is relative to m so the entropy never subtracts large
+// numbers. Keeping the 1 out matters for peaked rows: the lane holding the peak adds ~V/256
+// terms far below half an ULP of 1, which a sum starting at 1 would drop (2.7e-6 of logp at
+// V = 262144 in a prototype). s < 0 (−1) marks the empty state.
 struct Online {
     m: f32,
     s: f32,
@@ -46,18 +50,19 @@ struct Online {
 }
 
 fn online_empty() -> Online {
-    return Online(NEG_BIG, 0.0, 0.0);
+    return Online(NEG_BIG, -1.0, 0.0);
 }
 
 fn online_push(a: Online, x: f32) -> Online {
-    if a.s == 0.0 {
-        return Online(x, 1.0, 0.0);
+    if a.s < 0.0 {
+        return Online(x, 0.0, 0.0);
     }
     if x > a.m {
-        // New maximum: rescale the old sums by e^{m_old − x} (≤ 1) and shift t to the new m.
+        // New maximum: the old maximum and its sum become ordinary terms scaled by
+        // c = e^{m_old − x} ≤ 1, and t shifts to the new m.
         let d = a.m - x;
         let c = exp(d);
-        return Online(x, fma(a.s, c, 1.0), c * fma(d, a.s, a.t));
+        return Online(x, fma(c, a.s, c), c * fma(d, a.s + 1.0, a.t));
     }
     let d = x - a.m;
     let e = exp(d);
@@ -68,14 +73,14 @@ fn online_push(a: Online, x: f32) -> Online {
 fn online_absorb(hi: Online, lo: Online) -> Online {
     let d = lo.m - hi.m;
     let c = exp(d);
-    return Online(hi.m, fma(lo.s, c, hi.s), fma(c, fma(d, lo.s, lo.t), hi.t));
+    return Online(hi.m, hi.s + fma(c, lo.s, c), fma(c, fma(d, lo.s + 1.0, lo.t), hi.t));
 }
 
 fn online_merge(a: Online, b: Online) -> Online {
-    if b.s == 0.0 {
+    if b.s < 0.0 {
         return a;
     }
-    if a.s == 0.0 {
+    if a.s < 0.0 {
         return b;
     }
     if b.m > a.m {
@@ -139,11 +144,11 @@ struct RowStats {
 }
 
 fn row_stats(row: u32, r: Online) -> RowStats {
-    // s ≥ 1 for a non-empty row (its maximum contributes e^0), so max(s, 1) only matters when
-    // the row is empty, where it avoids ln 0.
-    let ln_s = log(rmax(r.s, 1.0));
-    var out = RowStats(r.m + ln_s, ln_s, ln_s - r.t / rmax(r.s, 1.0), 0.0, 0u);
-    if r.s == 0.0 {
+    // 1 + s ≥ 1 for a non-empty row; the empty state (s = −1) is mapped to 1 to avoid ln 0.
+    let s1 = rmax(r.s + 1.0, 1.0);
+    let ln_s = log(s1);
+    var out = RowStats(r.m + ln_s, ln_s, ln_s - r.t / s1, 0.0, 0u);
+    if r.s < 0.0 {
         out.flags = FLAG_EMPTY_ROW;
         out.lse = NEG_BIG;
         out.entropy = 0.0;
@@ -248,8 +253,9 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         atomicStore(&wflags, 0u);
     }
     workgroupBarrier();
+    // Student state (m_p, s_p, u) with s_p excluding the maximum's 1 (−1 = empty), like Online.
     var mp = NEG_BIG;
-    var sp = 0.0;
+    var sp = -1.0;
     var u = 0.0;
     var q = online_empty();
     if row_ok {
@@ -275,13 +281,13 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
             }
             let xp = zp * params.inv_temp;
             let diff = xp - zq * params.inv_temp;
-            if sp == 0.0 {
+            if sp < 0.0 {
                 mp = xp;
-                sp = 1.0;
+                sp = 0.0;
                 u = diff;
             } else if xp > mp {
                 let c = exp(mp - xp);
-                sp = fma(sp, c, 1.0);
+                sp = fma(c, sp, c);
                 u = fma(u, c, diff);
                 mp = xp;
             } else {
@@ -302,23 +308,24 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         if lid < stride {
             let o = lid + stride;
             // Student: merge (m, s, u) — u rescales like s.
-            if ws[o] != 0.0 {
-                if ws[lid] == 0.0 {
+            if ws[o] >= 0.0 {
+                if ws[lid] < 0.0 {
                     wm[lid] = wm[o];
                     ws[lid] = ws[o];
                     wu[lid] = wu[o];
                 } else if wm[o] > wm[lid] {
                     let c = exp(wm[lid] - wm[o]);
-                    ws[lid] = fma(ws[lid], c, ws[o]);
+                    ws[lid] = ws[o] + fma(c, ws[lid], c);
                     wu[lid] = fma(wu[lid], c, wu[o]);
                     wm[lid] = wm[o];
                 } else {
                     let c = exp(wm[o] - wm[lid]);
-                    ws[lid] = fma(ws[o], c, ws[lid]);
+                    ws[lid] = ws[lid] + fma(c, ws[o], c);
                     wu[lid] = fma(wu[o], c, wu[lid]);
                 }
             }
-            let mq = online_merge(Online(wmq[lid], wsq[lid], 0.0), Online(wmq[o], wsq[o], 0.0));
+            let mq = online_merge(Online(wmq[lid], wsq[lid], 0.0),
+                                  Online(wmq[o], wsq[o], 0.0));
             wmq[lid] = mq.m;
             wsq[lid] = mq.s;
         }
@@ -329,13 +336,15 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
     if row_ok && lid == 0u {
         var flags = flags_in;
         var value = 0.0;
-        if ws[0] == 0.0 || wsq[0] == 0.0 {
+        let sp1 = rmax(ws[0] + 1.0, 1.0);
+        let sq1 = rmax(wsq[0] + 1.0, 1.0);
+        if ws[0] < 0.0 || wsq[0] < 0.0 {
             flags = flags | FLAG_EMPTY_ROW;
         } else {
-            value = wu[0] / ws[0] - log(ws[0]) + log(wsq[0]) + (wmq[0] - wm[0]);
+            value = wu[0] / sp1 - log(sp1) + log(sq1) + (wmq[0] - wm[0]);
         }
-        stats[row * 4u] = wm[0] + log(rmax(ws[0], 1.0));
-        stats[row * 4u + 1u] = wmq[0] + log(rmax(wsq[0], 1.0));
+        stats[row * 4u] = wm[0] + log(sp1);
+        stats[row * 4u + 1u] = wmq[0] + log(sq1);
         stats[row * 4u + 2u] = 0.0;
         stats[row * 4u + 3u] = value;
         status[row * 2u] = bad;
