@@ -72,3 +72,22 @@ impl<T: Real> Diagnostics<T> {
         self
     }
 }
+
+// z-score family (MATH.md §2): GRPO and its configurations, RLOO, pass@k, OPO, GPG, and the
+// multi-reward estimators (GDPO, reward combination, DVAO).
+pub mod gpg;
+mod group_scan;
+pub mod multi_reward;
+pub mod opo;
+pub mod passk;
+pub mod rloo;
+pub mod zscore;
+
+pub use gpg::{GpgConfig, gpg};
+pub use multi_reward::{
+    DvaoConfig, GdpoConfig, dvao, dvao_scratch_len, gdpo, gdpo_scratch_len, reward_combination,
+};
+pub use opo::{OpoConfig, opo};
+pub use passk::{PassKConfig, pass_at_k};
+pub use rloo::{RlooConfig, rloo};
+pub use zscore::{Scale, ZScoreConfig, zscore};
