@@ -20,12 +20,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advantage;
+pub mod control;
 pub mod divergence;
 pub mod error;
+pub mod is_correction;
 pub mod layout;
 pub mod loss;
 pub mod presets;
 pub mod real;
+pub mod selection;
 pub mod stats;
 pub mod vocab;
 
