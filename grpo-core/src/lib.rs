@@ -20,7 +20,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advantage;
+<<<<<<< HEAD
 pub mod control;
+=======
+pub mod aggregate;
+>>>>>>> loss
 pub mod divergence;
 pub mod error;
 pub mod is_correction;
