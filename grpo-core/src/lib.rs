@@ -20,11 +20,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advantage;
-<<<<<<< HEAD
-pub mod control;
-=======
 pub mod aggregate;
->>>>>>> loss
+pub mod control;
 pub mod divergence;
 pub mod error;
 pub mod is_correction;
