@@ -43,6 +43,7 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
             (4, Uniform),
             (5, Read),
             (6, ReadWrite),
+            (7, Read),
         ],
         ShaderId::Loss => &[
             (0, Read),

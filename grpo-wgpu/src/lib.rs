@@ -36,6 +36,6 @@ mod vocab;
 pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use shaders::{LogitDtype, ShaderId};
-pub use advantage::{AdvantageKernel, ZScoreConfig};
+pub use advantage::AdvantageKernel;
 pub use loss::{IsCorrection, KlEstimator, LossDiagnostics, LossKernel, PolicyLoss};
 pub use vocab::{ForwardOut, LogitStorage, VocabKernel};
