@@ -1,89 +1,227 @@
-// loss.wgsl — per-token policy losses with their gradient ∂L/∂lp, KL penalties, IS weights and
-// the reductions aggregation needs (MATH.md §3, §4), f32, the same per-element formulas as
-// grpo-core. Masked tokens (mask == 0) may hold garbage: they are never read into arithmetic and
-// get value 0 and gradient 0.
+// loss.wgsl — per-token policy losses with their gradient ∂L/∂lp and KL-to-reference penalties
+// (MATH.md §3–4) in f32, the same per-element operations as grpo-core (loss/ppo.rs, loss/pg.rs,
+// divergence/kl_penalty.rs). Masked tokens (flags == 0 on input) may hold garbage: they are never
+// read into arithmetic and get value 0 and gradient 0.
 //
-// Bindings: 0 a (lp; old for IS), 1 b (old; ref for KL; roll for IS), 2 adv (per token),
-// 3 mask (u32 per token), 4 params, 5 value out, 6 grad out, 7 counters / reduction out,
-// 8 segment offsets (packed sequences, seqs + 1 entries).
-//
-// Entry points: seq_mean (per sequence: masked mean of a − b, for GSPO), reduce (one workgroup:
-// Σw and Σw² of ρ over valid tokens, for P3O's ESS), per_token (the loss itself).
+// Bindings: 0 lp, 1 old (reference for KL; REINFORCE's optional weights), 2 adv, 3 flags (in: 1
+// for a valid token; out: 1 | event bits << 1), 4 params, 5 value out, 6 grad out.
+// The host validates every input (grpo-core's order and errors) and checks the outputs'
+// finiteness after readback; the shader sees only valid tokens.
 
 const KIND_PPO: u32 = 0u;
-const KIND_CISPO_VERL: u32 = 1u;
-const KIND_CISPO_TRL: u32 = 2u;
+const KIND_CISPO_CLAMP: u32 = 1u;
+const KIND_CISPO_CAP: u32 = 2u;
 const KIND_SAPO: u32 = 3u;
 const KIND_REINFORCE: u32 = 4u;
-const KIND_P3O: u32 = 5u;
-const KIND_GSPO_TOKEN: u32 = 6u;
-const KIND_GSPO_SEQ: u32 = 7u;
 const KIND_K1: u32 = 8u;
 const KIND_ABS: u32 = 9u;
 const KIND_K2: u32 = 10u;
 const KIND_K3: u32 = 11u;
-const KIND_IS_TRUNCATE: u32 = 12u;
-const KIND_IS_MASK: u32 = 13u;
 
 const FLAG_CLAMP_LOG_RATIO: u32 = 1u;
 const FLAG_DUAL_CLIP: u32 = 2u;
 const FLAG_DELTA_CAP: u32 = 4u;
 const FLAG_KL_OUT_CLAMP: u32 = 8u;
+const FLAG_WEIGHTS: u32 = 16u;
 
-const WG: u32 = 256u;
+// Event bits (grpo-core's TokenOut flags), shifted left by one in the flags word.
+const EV_CLAMPED: u32 = 1u;
+const EV_CLIP_LOW: u32 = 2u;
+const EV_CLIP_HIGH: u32 = 4u;
+const EV_DUAL: u32 = 8u;
+const EV_CAPPED: u32 = 16u;
+const EV_OUT_CLAMPED: u32 = 32u;
+
+// divergence::measures guards in f32: exp_guard = ln(f32::MAX)/2 − 1, poly_guard = sqrt(MAX).
+// (Bit patterns; naga cannot evaluate bitcast in a const expression, so they are cast at use.)
+const EXP_GUARD_BITS: u32 = 0x422d7218u;
+const POLY_GUARD_BITS: u32 = 0x5f7fffffu;
 
 struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    seqs: u32,
-    // Ratio bounds [lo, hi] (clip region; CISPO-verl's clamp; IS mask interval / truncate cap).
+    _pad0: u32,
+    // Ratio bounds [lo, hi] (clip region; CISPO's clamp); CISPO's cap in hi.
     lo: f32,
     hi: f32,
-    // Log-ratio clamp C: x ∈ [−C, C] before exp (20 by default).
+    // Log-ratio clamp C (PPO-family), or the KL input clamp.
     clamp: f32,
     // Dual-clip constant c > 1.
     dual_c: f32,
-    // Two-sided δ cap: ρ ← min(ρ, δ).
+    // δ cap of the unclipped branch.
     delta: f32,
     tau_pos: f32,
     tau_neg: f32,
-    // KL output clamp (±10 in the verl/OpenRLHF presets); GSPO-token's log-ratio cap (10).
+    // KL output clamp.
     out_clamp: f32,
 }
 
-@group(0) @binding(0) var<storage, read> in_a: array<f32>;
-@group(0) @binding(1) var<storage, read> in_b: array<f32>;
+@group(0) @binding(0) var<storage, read> lp: array<f32>;
+@group(0) @binding(1) var<storage, read> old: array<f32>;
 @group(0) @binding(2) var<storage, read> adv: array<f32>;
-@group(0) @binding(3) var<storage, read> mask: array<u32>;
+@group(0) @binding(3) var<storage, read_write> flags: array<u32>;
 @group(0) @binding(4) var<uniform> params: LossParams;
 @group(0) @binding(5) var<storage, read_write> value: array<f32>;
 @group(0) @binding(6) var<storage, read_write> grad: array<f32>;
-// counters: [0] clipped low, [1] clipped high, [2] dual-clipped, [3] valid tokens,
-// then (as f32 bits) [4] Σw, [5] Σw² (P3O), then per sequence [6 + s] masked mean (GSPO).
-@group(0) @binding(7) var<storage, read_write> counters: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read> seg: array<u32>;
 
-// ρ = exp(clamp(x)) and dρ/dx (0 where the clamp saturates).
-struct Ratio {
-    rho: f32,
-    drho: f32,
+struct Out {
+    v: f32,
+    g: f32,
+    ev: u32,
 }
 
-fn ratio(x: f32) -> Ratio {
-    var xc = x;
-    var live = 1.0;
-    if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
-        if x > params.clamp || x < -params.clamp {
-            live = 0.0;
-        }
-        xc = rclamp(x, -params.clamp, params.clamp);
+// loss::mul0: 0 when either factor is 0 (so 0·∞ never appears), else a·b.
+fn mul0(a: f32, b: f32) -> f32 {
+    if a == 0.0 || b == 0.0 {
+        return 0.0;
     }
-    let rho = exp(xc);
-    return Ratio(rho, rho * live);
+    return a * b;
 }
 
-// Numerically stable logistic, the same two branches as grpo-core's Real::sigmoid.
+// loss::ppo_core.
+fn ppo_core(rho: f32, drho: f32, a: f32) -> Out {
+    var o = Out(0.0, 0.0, 0u);
+    if a == 0.0 {
+        return o;
+    }
+    var r1 = rho;
+    var dr1 = drho;
+    var capped = false;
+    if (params.flags & FLAG_DELTA_CAP) != 0u && rho > params.delta {
+        r1 = params.delta;
+        dr1 = 0.0;
+        capped = true;
+    }
+    let v1 = -(a * r1);
+    let g1 = -mul0(a, dr1);
+    var r2 = rho;
+    var dr2 = drho;
+    if rho < params.lo {
+        r2 = params.lo;
+        dr2 = 0.0;
+    } else if rho > params.hi {
+        r2 = params.hi;
+        dr2 = 0.0;
+    }
+    let v2 = -(a * r2);
+    let g2 = -mul0(a, dr2);
+    var v = v1;
+    var g = g1;
+    if v2 > v1 {
+        v = v2;
+        g = g2;
+    }
+    if capped && a < 0.0 && v1 >= v2 {
+        o.ev |= EV_CAPPED;
+    }
+    if a > 0.0 && rho > params.hi {
+        o.ev |= EV_CLIP_HIGH;
+    }
+    if a < 0.0 && rho < params.lo {
+        o.ev |= EV_CLIP_LOW;
+    }
+    if (params.flags & FLAG_DUAL_CLIP) != 0u && a < 0.0 {
+        let v3 = -(params.dual_c * a);
+        if v3 < v {
+            v = v3;
+            g = 0.0;
+            o.ev |= EV_DUAL;
+        }
+    }
+    o.v = v;
+    o.g = g;
+    return o;
+}
+
+// 1/k! for k = 2..=17 (divergence::measures::EXPM1_MINUS_X rounded to f32), as bit patterns so
+// no abstract-float conversion rule is involved.
+const EXPM1_MINUS_X_BITS = array<u32, 16>(
+    0x3f000000u, // 1/2!
+    0x3e2aaaabu, // 1/3!
+    0x3d2aaaabu, // 1/4!
+    0x3c088889u, // 1/5!
+    0x3ab60b61u, // 1/6!
+    0x39500d01u, // 1/7!
+    0x37d00d01u, // 1/8!
+    0x3638ef1du, // 1/9!
+    0x3493f27eu, // 1/10!
+    0x32d7322bu, // 1/11!
+    0x310f76c7u, // 1/12!
+    0x2f309231u, // 1/13!
+    0x2d49cba5u, // 1/14!
+    0x2b573f9fu, // 1/15!
+    0x29573f9fu, // 1/16!
+    0x274a963cu, // 1/17!
+);
+
+// e^x − 1 − x without cancellation (divergence::measures::expm1_minus_x). grpo-core switches
+// to libm's expm1(x) − x at |x| = ½; WGSL has no expm1 and exp(x) − 1 − x would lose up to
+// 11× exp's error there (e^½/(e^½ − 1.5)), so the series runs to |x| < 2 here (the first
+// omitted term is 2^16/18! ≈ 1e-11 of x²/2), where the direct form loses at most 1.7×.
+fn expm1_minus_x(x: f32) -> f32 {
+    if abs(x) < 2.0 {
+        let coef = EXPM1_MINUS_X_BITS;
+        var acc = 0.0;
+        for (var k = 15i; k >= 0i; k--) {
+            acc = acc * x + bitcast<f32>(coef[k]);
+        }
+        return acc * x * x;
+    }
+    return (exp(x) - 1.0) - x;
+}
+
+// e^x − 1 (WGSL has no expm1): x + expm1_minus_x(x), accurate for small x.
+fn expm1(x: f32) -> f32 {
+    if abs(x) < 2.0 {
+        return x + expm1_minus_x(x);
+    }
+    return exp(x) - 1.0;
+}
+
+// divergence::measures::limit (inputs here are finite, so its NaN branch cannot occur).
+fn limit_hit(x: f32, lim: f32) -> bool {
+    return x > lim || x < -lim;
+}
+
+// KL-to-reference penalty (divergence::kl_penalty::eval_flagged) for k1, abs, k2, k3.
+fn kl_token(d_raw: f32) -> Out {
+    var guard = bitcast<f32>(POLY_GUARD_BITS);
+    if params.kind == KIND_K3 {
+        guard = bitcast<f32>(EXP_GUARD_BITS);
+    }
+    var lim = guard;
+    if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+        lim = rmin(params.clamp, guard);
+    }
+    let hit = limit_hit(d_raw, lim);
+    let d = rclamp(d_raw, -lim, lim);
+    var o = Out(0.0, 0.0, 0u);
+    if params.kind == KIND_K1 {
+        o = Out(d, 1.0, 0u);
+    } else if params.kind == KIND_ABS {
+        o = Out(abs(d), select(select(0.0, -1.0, d < 0.0), 1.0, d > 0.0), 0u);
+    } else if params.kind == KIND_K2 {
+        o = Out(d * d * 0.5, d, 0u);
+    } else {
+        o = Out(expm1_minus_x(-d), -expm1(-d), 0u);
+    }
+    if hit {
+        o.g = 0.0;
+        o.ev |= EV_CLAMPED;
+    }
+    if (params.flags & FLAG_KL_OUT_CLAMP) != 0u {
+        let c = params.out_clamp;
+        if limit_hit(o.v, c) {
+            o.v = rclamp(o.v, -c, c);
+            o.g = 0.0;
+            o.ev |= EV_OUT_CLAMPED;
+        }
+    }
+    return o;
+}
+
+// The numerically stable logistic of grpo-core's Real::sigmoid.
 fn sigmoid(z: f32) -> f32 {
     if z >= 0.0 {
         return 1.0 / (1.0 + exp(-z));
@@ -92,49 +230,11 @@ fn sigmoid(z: f32) -> f32 {
     return e / (1.0 + e);
 }
 
-struct LossGrad {
-    l: f32,
-    g: f32,
-}
-
-// Unified clipped objective (MATH.md §3): L = −min(ρA, clip(ρ)A) [dual-clip for A < 0:
-// min(L, −cA)]; the gradient is −A·∂ρ/∂lp unless the clipped branch is active.
-fn clipped(r: Ratio, a: f32, i: u32) -> LossGrad {
-    var rho = r.rho;
-    var drho = r.drho;
-    if (params.flags & FLAG_DELTA_CAP) != 0u && rho > params.delta {
-        rho = params.delta;
-        drho = 0.0;
-    }
-    let rc = rclamp(rho, params.lo, params.hi);
-    let l1 = -(rho * a);
-    let l2 = -(rc * a);
-    var out = LossGrad(rmax(l1, l2), -(a * drho));
-    // The clipped term wins strictly: ρ is beyond the bound in the direction A pushes it.
-    if l2 > l1 {
-        out.g = 0.0;
-        if rho < params.lo {
-            atomicAdd(&counters[0], 1u);
-        } else {
-            atomicAdd(&counters[1], 1u);
-        }
-    }
-    if (params.flags & FLAG_DUAL_CLIP) != 0u && a < 0.0 {
-        let l3 = -(params.dual_c * a);
-        if l3 < out.l {
-            out = LossGrad(l3, 0.0);
-            atomicAdd(&counters[2], 1u);
-        }
-    }
-    return out;
-}
-
-fn sum_w() -> f32 {
-    return bitcast<f32>(atomicLoad(&counters[4]));
-}
-
-fn sum_w2() -> f32 {
-    return bitcast<f32>(atomicLoad(&counters[5]));
+// σ'(z) = e^{−|z|}/(1 + e^{−|z|})² (loss::pg::sigmoid_slope).
+fn sigmoid_slope(z: f32) -> f32 {
+    let e = exp(-abs(z));
+    let d = 1.0 + e;
+    return e / (d * d);
 }
 
 @compute @workgroup_size(256)
@@ -143,173 +243,72 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
     if i >= params.n {
         return;
     }
-    if mask[i] == 0u {
+    if flags[i] == 0u {
         value[i] = 0.0;
         grad[i] = 0.0;
         return;
     }
-    atomicAdd(&counters[3], 1u);
-    let a_in = in_a[i];
-    let b_in = in_b[i];
     let kind = params.kind;
-    var o = LossGrad(0.0, 0.0);
-    if kind == KIND_PPO {
-        o = clipped(ratio(a_in - b_in), adv[i], i);
-    } else if kind == KIND_CISPO_VERL {
-        // −sg(clamp(ρ, lo, hi))·A·lp.
-        let w = rclamp(ratio(a_in - b_in).rho, params.lo, params.hi);
-        let a = adv[i];
-        o = LossGrad(-(w * a) * a_in, -(w * a));
-    } else if kind == KIND_CISPO_TRL {
-        // −sg(min(ρ, ε_max))·A·lp, ε_max in `hi`.
-        let w = rmin(ratio(a_in - b_in).rho, params.hi);
-        let a = adv[i];
-        o = LossGrad(-(w * a) * a_in, -(w * a));
-    } else if kind == KIND_SAPO {
-        // L = −σ(τ(ρ − 1))·(4/τ)·A; ∂L/∂lp = −4A·σ(1 − σ)·∂ρ/∂lp.
-        let a = adv[i];
-        let tau = select(params.tau_neg, params.tau_pos, a > 0.0);
-        let r = ratio(a_in - b_in);
-        let s = sigmoid(tau * (r.rho - 1.0));
-        o = LossGrad(-(s * (4.0 / tau) * a), -(4.0 * a * s * (1.0 - s) * r.drho));
+    var o = Out(0.0, 0.0, 0u);
+    if kind >= KIND_K1 {
+        o = kl_token(lp[i] - old[i]);
     } else if kind == KIND_REINFORCE {
-        let a = adv[i];
-        o = LossGrad(-(a * a_in), -a);
-    } else if kind == KIND_P3O {
-        // ESS = (Σw)²/(n(Σw² + 1e-8)) over valid tokens (from `reduce`);
-        // L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^{−x} − 1 + x).
-        // The host passes the valid-token count in `seqs` for P3O.
-        let nv = f32(params.seqs);
-        var ess = 1.0;
-        if nv > 0.0 {
-            let sw = sum_w();
-            ess = (sw * sw) / (nv * (sum_w2() + 1e-8));
+        var w = 1.0;
+        if (params.flags & FLAG_WEIGHTS) != 0u {
+            w = old[i];
         }
-        let a = adv[i];
-        let x = a_in - b_in;
-        let r = ratio(x);
-        let w = rmin(r.rho, ess);
-        let em = exp(-x);
-        o = LossGrad(-(w * a) * a_in + (1.0 - ess) * ((em - 1.0) + x), -(w * a) + (1.0 - ess) * (1.0 - em));
-    } else if kind == KIND_GSPO_TOKEN || kind == KIND_GSPO_SEQ {
-        // The sequence holding token i: the largest s with seg[s] ≤ i (binary search).
-        var s = 0u;
-        var hi_s = params.seqs;
-        while hi_s - s > 1u {
-            let mid = (s + hi_s) / 2u;
-            if seg[mid] <= i {
-                s = mid;
-            } else {
-                hi_s = mid;
+        let wa = mul0(w, adv[i]);
+        o = Out(-mul0(wa, lp[i]), -wa, 0u);
+    } else {
+        // Log-ratio clamp (loss::clamp_log_ratio), then ρ = e^x; the gradient of a clamped
+        // ratio is 0.
+        var x = lp[i] - old[i];
+        var clamped = false;
+        if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+            if x > params.clamp {
+                x = params.clamp;
+                clamped = true;
+            } else if x < -params.clamp {
+                x = -params.clamp;
+                clamped = true;
             }
         }
-        let mean_x = bitcast<f32>(atomicLoad(&counters[6u + s]));
+        let rho = exp(x);
         let a = adv[i];
-        if kind == KIND_GSPO_TOKEN {
-            // log r_t = lp − sg(lp) + sg(mean x), capped at `out_clamp` (10): value e^{min(mean, cap)},
-            // ∂r_t/∂lp_t = r_t (0 where the cap binds).
-            let capped = mean_x > params.out_clamp;
-            let r = exp(rmin(mean_x, params.out_clamp));
-            o = clipped(Ratio(r, select(r, 0.0, capped)), a, i);
-        } else {
-            // s_i = exp(mean x) per sequence; ∂s_i/∂lp_t = s_i/|y_i|.
-            let cnt = f32(atomicLoad(&counters[6u + params.seqs + s]));
-            let r = ratio(mean_x);
-            o = clipped(Ratio(r.rho, r.drho / cnt), a, i);
-        }
-    } else if kind == KIND_K1 || kind == KIND_ABS || kind == KIND_K2 || kind == KIND_K3 {
-        // KL to the reference (b = ref): k1 = lp − ref, abs = |lp − ref|, k2 = (lp − ref)²/2,
-        // k3 = e^{ref − lp} − (ref − lp) − 1 (input clamp ±C when FLAG_CLAMP_LOG_RATIO).
-        var d = a_in - b_in;
-        var live = 1.0;
-        if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u && kind == KIND_K3 {
-            if d > params.clamp || d < -params.clamp {
-                live = 0.0;
+        if kind == KIND_PPO {
+            o = ppo_core(rho, select(rho, 0.0, clamped), a);
+        } else if kind == KIND_CISPO_CLAMP || kind == KIND_CISPO_CAP {
+            // −sg(w)·A·lp with w = clamp(ρ, lo, hi) (verl) or min(ρ, cap) (TRL).
+            var w = rho;
+            var ev = 0u;
+            if kind == KIND_CISPO_CLAMP && rho < params.lo {
+                w = params.lo;
+                ev = EV_CLIP_LOW;
+            } else if rho > params.hi {
+                w = params.hi;
+                ev = EV_CLIP_HIGH;
             }
-            d = rclamp(d, -params.clamp, params.clamp);
-        }
-        if kind == KIND_K1 {
-            o = LossGrad(d, 1.0);
-        } else if kind == KIND_ABS {
-            o = LossGrad(abs(d), select(select(0.0, -1.0, d < 0.0), 1.0, d > 0.0));
-        } else if kind == KIND_K2 {
-            o = LossGrad(0.5 * (d * d), d);
-        } else {
-            let e = exp(-d);
-            o = LossGrad((e + d) - 1.0, (1.0 - e) * live);
-        }
-        if (params.flags & FLAG_KL_OUT_CLAMP) != 0u {
-            let c = params.out_clamp;
-            if o.l > c || o.l < -c {
-                o.g = 0.0;
+            let wa = mul0(w, a);
+            o = Out(-mul0(wa, lp[i]), -wa, ev);
+        } else if kind == KIND_SAPO {
+            // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4A·σ'(z)·ρ.
+            var tau = params.tau_neg;
+            if a > 0.0 {
+                tau = params.tau_pos;
             }
-            o.l = rclamp(o.l, -c, c);
+            let z = tau * (rho - 1.0);
+            let s = sigmoid(z);
+            var g = 0.0;
+            if !clamped {
+                g = -mul0(4.0 * a, mul0(sigmoid_slope(z), rho));
+            }
+            o = Out(-mul0(s * 4.0 / tau, a), g, 0u);
         }
-    } else if kind == KIND_IS_TRUNCATE || kind == KIND_IS_MASK {
-        // a = old, b = roll: w = e^{old − roll}; truncate: min(w, hi); mask: 0 outside [lo, hi].
-        let w = ratio(a_in - b_in).rho;
-        if kind == KIND_IS_TRUNCATE {
-            o = LossGrad(rmin(w, params.hi), 0.0);
-        } else {
-            o = LossGrad(select(0.0, w, w >= params.lo && w <= params.hi), 0.0);
+        if clamped {
+            o.ev |= EV_CLAMPED;
         }
     }
-    value[i] = o.l;
+    value[i] = o.v;
     grad[i] = o.g;
-}
-
-// Per sequence (one invocation each): masked mean of a − b in token order, for GSPO, stored as
-// f32 bits in counters[6 + s], and the valid count in counters[6 + seqs + s].
-@compute @workgroup_size(64)
-fn seq_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let s = gid.x;
-    if s >= params.seqs {
-        return;
-    }
-    var sum = 0.0;
-    var cnt = 0u;
-    for (var t = seg[s]; t < seg[s + 1u]; t++) {
-        if mask[t] != 0u {
-            sum = sum + (in_a[t] - in_b[t]);
-            cnt++;
-        }
-    }
-    var mean = 0.0;
-    if cnt > 0u {
-        mean = sum / f32(cnt);
-    }
-    atomicStore(&counters[6u + s], bitcast<u32>(mean));
-    atomicStore(&counters[6u + params.seqs + s], cnt);
-}
-
-var<workgroup> red_w: array<f32, WG>;
-var<workgroup> red_w2: array<f32, WG>;
-
-// One workgroup: Σρ and Σρ² over valid tokens (strided lanes, then a fixed pairwise tree), for
-// P3O's ESS; stored as f32 bits in counters[4], counters[5].
-@compute @workgroup_size(256)
-fn reduce(@builtin(local_invocation_index) lid: u32) {
-    var w = 0.0;
-    var w2 = 0.0;
-    for (var i = lid; i < params.n; i += WG) {
-        if mask[i] != 0u {
-            let r = ratio(in_a[i] - in_b[i]).rho;
-            w = w + r;
-            w2 = fma(r, r, w2);
-        }
-    }
-    red_w[lid] = w;
-    red_w2[lid] = w2;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
-        if lid < stride {
-            red_w[lid] = red_w[lid] + red_w[lid + stride];
-            red_w2[lid] = red_w2[lid] + red_w2[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    if lid == 0u {
-        atomicStore(&counters[4], bitcast<u32>(red_w[0]));
-        atomicStore(&counters[5], bitcast<u32>(red_w2[0]));
-    }
+    flags[i] = 1u | (o.ev << 1u);
 }

@@ -49,12 +49,10 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
             (0, Read),
             (1, Read),
             (2, Read),
-            (3, Read),
+            (3, ReadWrite),
             (4, Uniform),
             (5, ReadWrite),
             (6, ReadWrite),
-            (7, ReadWrite),
-            (8, Read),
         ],
     }
 }
@@ -65,6 +63,8 @@ pub(crate) enum Arg<'a> {
     In(&'a [u8]),
     /// Output of this many bytes (read back).
     Out(u64),
+    /// Input that the shader rewrites (read back).
+    InOut(&'a [u8]),
     /// Uniform parameters.
     Uniform(&'a [u8]),
 }
@@ -359,6 +359,7 @@ impl GpuContext {
                 (Some(Arg::Uniform(d)), _) => (UNIFORM, d.len() as u64, Some(d)),
                 (Some(Arg::In(d)), _) => (STORAGE, d.len() as u64, Some(d)),
                 (Some(Arg::Out(n)), _) => (STORAGE, *n, None),
+                (Some(Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
                 (None, Slot::Uniform) => (UNIFORM, 16, None),
                 (None, _) => (STORAGE, 16, None),
             };
@@ -380,7 +381,7 @@ impl GpuContext {
                     self.queue.write_buffer(&buf, 0, &padded);
                 }
             }
-            if matches!(arg, Some(Arg::Out(_))) {
+            if matches!(arg, Some(Arg::Out(_) | Arg::InOut(_))) {
                 outs.push((held.len(), bytes));
             }
             bound.push((binding, held.len(), bytes));

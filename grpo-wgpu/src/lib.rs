@@ -9,7 +9,7 @@
 //!   (f32, f16, bf16 storage).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
-//!   SAPO, REINFORCE, P3O, GSPO and GSPO-token; KL penalties k1/abs/k2/k3; IS truncate/mask.
+//!   SAPO, REINFORCE; KL penalties k1/abs/k2/k3.
 //! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
 //!
 //! Validation happens on the host before anything is written; data-dependent checks (non-finite
@@ -37,5 +37,5 @@ pub use context::GpuContext;
 pub use error::{GpuError, Result};
 pub use shaders::{LogitDtype, ShaderId};
 pub use advantage::AdvantageKernel;
-pub use loss::{IsCorrection, KlEstimator, LossDiagnostics, LossKernel, PolicyLoss};
+pub use loss::LossKernel;
 pub use vocab::{ForwardOut, LogitStorage, VocabKernel};

@@ -1,10 +1,21 @@
-//! [`LossKernel`]: per-token policy losses with ∂L/∂lp, KL-to-reference penalties and IS
-//! weights (MATH.md §3–4) on the GPU, the same per-element f32 formulas as grpo-core
-//! (`shaders/loss.wgsl`).
+//! [`LossKernel`]: per-token policy losses with ∂L/∂lp and KL-to-reference penalties
+//! (MATH.md §3–4) on the GPU, the same per-element f32 operations as grpo-core
+//! (`shaders/loss.wgsl`), configured by grpo-core's own config structs.
+//!
+//! Validation runs on the host in grpo-core's order with its error variants; after readback the
+//! outputs are checked for finiteness as grpo-core's driver does (`"loss value"`,
+//! `"loss gradient"`), and the diagnostics are assembled in grpo-core's token order (the
+//! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
 
 use bytemuck::{Pod, Zeroable};
+use grpo_core::divergence::measures::TokenDiagnostics;
+use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::divergence::RatioBounds;
-use grpo_core::{Error, Tokens};
+use grpo_core::loss::{
+    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig,
+    SapoConfig,
+};
+use grpo_core::{Error, Real, Tokens};
 
 use crate::context::{Arg, GpuContext};
 use crate::error::{Result, check_len, ensure};
@@ -16,7 +27,7 @@ struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    seqs: u32,
+    _pad0: u32,
     lo: f32,
     hi: f32,
     clamp: f32,
@@ -27,104 +38,26 @@ struct LossParams {
     out_clamp: f32,
 }
 
+const KIND_PPO: u32 = 0;
+const KIND_CISPO_CLAMP: u32 = 1;
+const KIND_CISPO_CAP: u32 = 2;
+const KIND_SAPO: u32 = 3;
+const KIND_REINFORCE: u32 = 4;
+const KIND_K1: u32 = 8;
+const KIND_ABS: u32 = 9;
+const KIND_K2: u32 = 10;
+const KIND_K3: u32 = 11;
 const FLAG_CLAMP_LOG_RATIO: u32 = 1;
 const FLAG_DUAL_CLIP: u32 = 2;
 const FLAG_DELTA_CAP: u32 = 4;
 const FLAG_KL_OUT_CLAMP: u32 = 8;
-
-/// A per-token policy loss (MATH.md §4). `x = lp − old`, `ρ = e^x` (after the log-ratio clamp).
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum PolicyLoss {
-    /// PPO-clip / GRPO / DAPO / ATR-GRPO: `L = −min(ρA, clip(ρ)A)` with `bounds` (symmetric,
-    /// asymmetric or KL3 from [`RatioBounds`]); optional dual-clip `c` (for A < 0:
-    /// `min(L, −cA)`) and two-sided δ cap (`ρ ← min(ρ, δ)`).
-    PpoClip {
-        /// Clip region.
-        bounds: RatioBounds<f32>,
-        /// Dual-clip constant c > 1 [verl, OpenRLHF].
-        dual_clip: Option<f32>,
-        /// δ cap [TRL delta, INTELLECT-2].
-        delta_cap: Option<f32>,
-    },
-    /// CISPO, verl: `L = −sg(clamp(ρ, lo, hi))·A·lp`.
-    CispoVerl {
-        /// The clamp interval.
-        bounds: RatioBounds<f32>,
-    },
-    /// CISPO, TRL: `L = −sg(min(ρ, ε_max))·A·lp`.
-    CispoTrl {
-        /// The absolute cap ε_max.
-        eps_max: f32,
-    },
-    /// SAPO: `L = −σ(τ(ρ − 1))·(4/τ)·A`, τ = τ_pos if A > 0 else τ_neg (1.0 / 1.05).
-    Sapo {
-        /// τ for A > 0.
-        tau_pos: f32,
-        /// τ for A ≤ 0.
-        tau_neg: f32,
-    },
-    /// REINFORCE / GPG / RGRA: `L = −A·lp`.
-    Reinforce,
-    /// P3O / ESS-adaptive [2605.12380]: `ESS = (Σρ)²/(n(Σρ² + 1e-8))` over all valid tokens,
-    /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^{−x} − 1 + x)`; ESS = 1 with no token.
-    P3o,
-    /// GSPO-token [verl]: `log r_t = lp − sg(lp) + sg(mean_t x)` capped at 10, token-level clip.
-    GspoToken {
-        /// Clip region.
-        bounds: RatioBounds<f32>,
-    },
-    /// GSPO (sequence) [TRL, OpenRLHF]: `s_i = exp(mean_t x)`, `L = −min(s_i A, clip(s_i)A)`
-    /// reported on every valid token of the sequence; the gradient flows through the mean
-    /// (`∂s_i/∂lp_t = s_i/|y_i|`).
-    Gspo {
-        /// Clip region.
-        bounds: RatioBounds<f32>,
-    },
-}
-
-/// A KL-to-reference penalty estimator (MATH.md §3), `d = lp − ref`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KlEstimator {
-    /// `k1 = d`.
-    K1,
-    /// `|d|`.
-    Abs,
-    /// `k2 = d²/2`.
-    K2,
-    /// `k3 = e^{−d} + d − 1` (input clamped to ±C when a log-ratio clamp is set).
-    K3,
-}
-
-/// An importance-sampling correction (rollout engine ≠ trainer): `w = e^{old − roll}`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum IsCorrection {
-    /// `min(w, cap)`.
-    Truncate {
-        /// The cap.
-        cap: f32,
-    },
-    /// `w` inside `[lo, hi]`, 0 outside.
-    Mask {
-        /// Lower bound.
-        lo: f32,
-        /// Upper bound.
-        hi: f32,
-    },
-}
-
-/// What a policy-loss dispatch reports besides values and gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LossDiagnostics {
-    /// Valid tokens.
-    pub valid: usize,
-    /// Tokens whose clipped branch won with ρ below the lower bound.
-    pub clipped_low: usize,
-    /// Tokens whose clipped branch won with ρ above the upper bound.
-    pub clipped_high: usize,
-    /// Tokens where the dual-clip bound won.
-    pub dual_clipped: usize,
-}
+const FLAG_WEIGHTS: u32 = 16;
+const EV_CLAMPED: u32 = 1;
+const EV_CLIP_LOW: u32 = 2;
+const EV_CLIP_HIGH: u32 = 4;
+const EV_DUAL: u32 = 8;
+const EV_CAPPED: u32 = 16;
+const EV_OUT_CLAMPED: u32 = 32;
 
 /// The loss kernels (`shaders/loss.wgsl`) on one [`GpuContext`].
 #[derive(Debug, Clone, Copy)]
@@ -132,11 +65,69 @@ pub struct LossKernel<'c> {
     ctx: &'c GpuContext,
 }
 
-struct Layout {
-    seqs: usize,
-    offsets: Vec<u32>,
-    mask: Vec<u32>,
-    valid: usize,
+/// loss::check_clamp.
+fn check_clamp(c: Option<f32>, name: &'static str) -> Result<()> {
+    match c {
+        Some(c) => ensure(c > 0.0, name, "must be > 0"),
+        None => Ok(()),
+    }
+}
+
+fn for_each_valid(tokens: &Tokens<'_>, mut f: impl FnMut(usize) -> Result<()>) -> Result<()> {
+    for i in 0..tokens.num_sequences() {
+        for t in tokens.valid_positions(i) {
+            f(t)?;
+        }
+    }
+    Ok(())
+}
+
+/// loss::validate_inputs.
+fn validate_inputs(inp: &PolicyInputs<'_, f32>, value_len: usize, grad_len: usize) -> Result<()> {
+    let n = inp.lp.len();
+    inp.tokens.validate(n)?;
+    check_len("old", n, inp.old.len())?;
+    check_len("adv", n, inp.adv.len())?;
+    check_len("value", n, value_len)?;
+    check_len("grad", n, grad_len)?;
+    for_each_valid(&inp.tokens, |t| {
+        let bad = |what| Err(Error::NonFinite { what, index: t }.into());
+        if !inp.lp[t].is_finite() {
+            return bad("lp");
+        }
+        if !inp.old[t].is_finite() {
+            return bad("old");
+        }
+        if !inp.adv[t].is_finite() {
+            return bad("adv");
+        }
+        if !(inp.lp[t] - inp.old[t]).is_finite() {
+            return bad("lp - old");
+        }
+        Ok(())
+    })
+}
+
+/// loss::validate_aux.
+fn validate_aux(tokens: &Tokens<'_>, what: &'static str, n: usize, v: &[f32]) -> Result<()> {
+    check_len(what, n, v.len())?;
+    for_each_valid(tokens, |t| {
+        if v[t].is_finite() {
+            Ok(())
+        } else {
+            Err(Error::NonFinite { what, index: t }.into())
+        }
+    })
+}
+
+fn clamp_flag(c: Option<f32>) -> (u32, f32) {
+    c.map_or((0, 0.0), |c| (FLAG_CLAMP_LOG_RATIO, c))
+}
+
+struct Outputs {
+    value: Vec<f32>,
+    grad: Vec<f32>,
+    events: Vec<u32>,
 }
 
 impl<'c> LossKernel<'c> {
@@ -145,286 +136,308 @@ impl<'c> LossKernel<'c> {
         LossKernel { ctx }
     }
 
-    fn layout(tokens: &Tokens<'_>, n: usize) -> Result<Layout> {
-        let seqs = tokens.validate(n)?;
-        let mut offsets = Vec::with_capacity(seqs + 1);
-        offsets.push(0u32);
-        for i in 0..seqs {
-            offsets.push(tokens.span(i).end as u32);
-        }
-        let mask: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
-        let valid = mask.iter().filter(|&&m| m != 0).count();
-        Ok(Layout {
-            seqs,
-            offsets,
-            mask,
-            valid,
-        })
-    }
-
-    fn check_finite(tokens: &Tokens<'_>, what: &'static str, v: &[f32]) -> Result<()> {
-        match tokens.first_non_finite(v) {
-            Some(index) => Err(Error::NonFinite { what, index }.into()),
-            None => Ok(()),
-        }
-    }
-
-    fn clamp_flags(clamp: Option<f32>) -> Result<(u32, f32)> {
-        match clamp {
-            Some(c) => {
-                ensure(c.is_finite() && c > 0.0, "log_ratio_clamp", "must be finite and > 0")?;
-                Ok((FLAG_CLAMP_LOG_RATIO, c))
-            }
-            None => Ok((0, 0.0)),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
-        a: &[f32],
+        lp: &[f32],
         b: &[f32],
         adv: &[f32],
-        lay: &Layout,
+        tokens: &Tokens<'_>,
         params: LossParams,
-        passes: &[(&'static str, [u32; 3])],
-        value: &mut [f32],
-        grad: &mut [f32],
-    ) -> Result<LossDiagnostics> {
-        let n = a.len();
-        let counters = (6 + 2 * lay.seqs) * 4;
+    ) -> Result<Outputs> {
+        let n = lp.len();
+        let mask: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
         let res = self.ctx.run(
             ShaderId::Loss,
             &[
-                (0, Arg::In(bytemuck::cast_slice(a))),
+                (0, Arg::In(bytemuck::cast_slice(lp))),
                 (1, Arg::In(bytemuck::cast_slice(b))),
                 (2, Arg::In(bytemuck::cast_slice(adv))),
-                (3, Arg::In(bytemuck::cast_slice(&lay.mask))),
+                (3, Arg::InOut(bytemuck::cast_slice(&mask))),
                 (4, Arg::Uniform(bytemuck::bytes_of(&params))),
                 (5, Arg::Out((n * 4) as u64)),
                 (6, Arg::Out((n * 4) as u64)),
-                (7, Arg::Out(counters as u64)),
-                (8, Arg::In(bytemuck::cast_slice(&lay.offsets))),
             ],
-            passes,
+            &[("per_token", [(n as u32).div_ceil(256), 1, 1])],
         )?;
-        let v: &[f32] = bytemuck::cast_slice(&res[0]);
-        let g: &[f32] = bytemuck::cast_slice(&res[1]);
-        let c: &[u32] = bytemuck::cast_slice(&res[2]);
-        value.copy_from_slice(&v[..n]);
-        grad.copy_from_slice(&g[..n]);
-        Ok(LossDiagnostics {
-            valid: c[3] as usize,
-            clipped_low: c[0] as usize,
-            clipped_high: c[1] as usize,
-            dual_clipped: c[2] as usize,
+        let flags: &[u32] = bytemuck::cast_slice(&res[0]);
+        let value: &[f32] = bytemuck::cast_slice(&res[1]);
+        let grad: &[f32] = bytemuck::cast_slice(&res[2]);
+        Ok(Outputs {
+            value: value[..n].to_vec(),
+            grad: grad[..n].to_vec(),
+            events: flags[..n].iter().map(|f| f >> 1).collect(),
         })
     }
 
-    fn per_token_groups(n: usize) -> [u32; 3] {
-        [(n as u32).div_ceil(256), 1, 1]
-    }
-
-    /// Per-token value and ∂L/∂lp of a policy loss. Masked tokens get 0 and 0 (and may hold
-    /// garbage). `log_ratio_clamp`: `Some(20.0)` for verl/OpenRLHF, `None` for TRL.
-    ///
-    /// # Errors
-    /// grpo-core's: lengths, layout, non-finite valid `lp`/`old`/`adv`, bad parameters.
-    #[allow(clippy::too_many_arguments)]
-    pub fn policy(
-        &self,
-        loss: &PolicyLoss,
-        log_ratio_clamp: Option<f32>,
-        lp: &[f32],
-        old: &[f32],
-        adv: &[f32],
+    /// loss::drive's second half: finiteness in token order, diagnostics, then the writes.
+    fn finish(
+        o: Outputs,
         tokens: &Tokens<'_>,
+        ratio_of: Option<&dyn Fn(usize) -> (f32, f32)>,
         value: &mut [f32],
         grad: &mut [f32],
-    ) -> Result<LossDiagnostics> {
-        let n = lp.len();
-        check_len("old", n, old.len())?;
-        check_len("adv", n, adv.len())?;
-        check_len("value", n, value.len())?;
-        check_len("grad", n, grad.len())?;
-        let lay = Self::layout(tokens, n)?;
-        Self::check_finite(tokens, "lp", lp)?;
-        Self::check_finite(tokens, "old", old)?;
-        Self::check_finite(tokens, "adv", adv)?;
-        let (flags, clamp) = Self::clamp_flags(log_ratio_clamp)?;
-        let mut p = LossParams {
-            n: n as u32,
-            flags,
-            clamp,
-            seqs: lay.seqs as u32,
-            ..Default::default()
-        };
-        let mut passes: Vec<(&'static str, [u32; 3])> = Vec::new();
-        match *loss {
-            PolicyLoss::PpoClip {
-                bounds,
-                dual_clip,
-                delta_cap,
-            } => {
-                p.kind = 0;
-                (p.lo, p.hi) = (bounds.lo, bounds.hi);
-                if let Some(c) = dual_clip {
-                    ensure(c > 1.0 && c.is_finite(), "dual_clip", "must be finite and > 1")?;
-                    p.flags |= FLAG_DUAL_CLIP;
-                    p.dual_c = c;
-                }
-                if let Some(d) = delta_cap {
-                    ensure(d > 1.0 && d.is_finite(), "delta_cap", "must be finite and > 1")?;
-                    p.flags |= FLAG_DELTA_CAP;
-                    p.delta = d;
-                }
+    ) -> Result<LossDiagnostics<f32>> {
+        let mut d = LossDiagnostics::empty(LossLevel::Token);
+        for_each_valid(tokens, |t| {
+            if !o.value[t].is_finite() {
+                return Err(Error::NonFinite { what: "loss value", index: t }.into());
             }
-            PolicyLoss::CispoVerl { bounds } => {
-                p.kind = 1;
-                (p.lo, p.hi) = (bounds.lo, bounds.hi);
+            if !o.grad[t].is_finite() {
+                return Err(Error::NonFinite { what: "loss gradient", index: t }.into());
             }
-            PolicyLoss::CispoTrl { eps_max } => {
-                ensure(eps_max.is_finite() && eps_max > 0.0, "eps_max", "must be finite and > 0")?;
-                p.kind = 2;
-                p.hi = eps_max;
+            let ev = o.events[t];
+            d.tokens += 1;
+            d.clipped_low += (ev & EV_CLIP_LOW != 0) as usize;
+            d.clipped_high += (ev & EV_CLIP_HIGH != 0) as usize;
+            d.dual_clipped += (ev & EV_DUAL != 0) as usize;
+            d.delta_capped += (ev & EV_CAPPED != 0) as usize;
+            d.clamped += (ev & EV_CLAMPED != 0) as usize;
+            if let Some(f) = ratio_of {
+                let (x, rho) = f(t);
+                d.kl_sum -= x;
+                d.ratio_min = Real::min(d.ratio_min, rho);
+                d.ratio_max = Real::max(d.ratio_max, rho);
             }
-            PolicyLoss::Sapo { tau_pos, tau_neg } => {
-                ensure(tau_pos.is_finite() && tau_pos > 0.0, "tau_pos", "must be finite and > 0")?;
-                ensure(tau_neg.is_finite() && tau_neg > 0.0, "tau_neg", "must be finite and > 0")?;
-                p.kind = 3;
-                p.tau_pos = tau_pos;
-                p.tau_neg = tau_neg;
-            }
-            PolicyLoss::Reinforce => p.kind = 4,
-            PolicyLoss::P3o => {
-                p.kind = 5;
-                p.seqs = lay.valid as u32;
-                passes.push(("reduce", [1, 1, 1]));
-            }
-            PolicyLoss::GspoToken { bounds } => {
-                p.kind = 6;
-                (p.lo, p.hi) = (bounds.lo, bounds.hi);
-                p.out_clamp = 10.0;
-                passes.push(("seq_mean", [(lay.seqs as u32).div_ceil(64), 1, 1]));
-            }
-            PolicyLoss::Gspo { bounds } => {
-                p.kind = 7;
-                (p.lo, p.hi) = (bounds.lo, bounds.hi);
-                for i in 0..lay.seqs {
-                    if tokens.valid_count(i) == 0 {
-                        return Err(Error::EmptySegment { segment: i }.into());
-                    }
-                }
-                passes.push(("seq_mean", [(lay.seqs as u32).div_ceil(64), 1, 1]));
-            }
-        }
-        passes.push(("per_token", Self::per_token_groups(n)));
-        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
-        let d = self.dispatch(lp, old, adv, &lay, p, &passes, &mut v, &mut g)?;
-        value.copy_from_slice(&v);
-        grad.copy_from_slice(&g);
+            Ok(())
+        })?;
+        value.copy_from_slice(&o.value);
+        grad.copy_from_slice(&o.grad);
         Ok(d)
     }
 
-    /// Per-token KL-to-reference penalty and its gradient w.r.t. lp (MATH.md §3).
-    /// `input_clamp` (±20 in verl) applies to k3's exponent; `output_clamp` (±10 in
-    /// verl/OpenRLHF) clamps the value (gradient 0 where it binds).
+    fn ratio_loss(
+        &self,
+        p: LossParams,
+        clamp: Option<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let o = self.dispatch(inp.lp, inp.old, inp.adv, &inp.tokens, p)?;
+        // x after the clamp and ρ = e^x exactly as grpo-core computes them (its diagnostics).
+        let ratio = |t: usize| {
+            let mut x = inp.lp[t] - inp.old[t];
+            if let Some(c) = clamp {
+                if x > c {
+                    x = c;
+                } else if x < -c {
+                    x = -c;
+                }
+            }
+            (x, Real::exp(x))
+        };
+        Self::finish(o, &inp.tokens, Some(&ratio), value, grad)
+    }
+
+    /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with [`RatioBounds`]`::kl3`, dual-clip, δ cap),
+    /// grpo-core's [`grpo_core::loss::ppo_clip`]: `L = −min(ρA, clip(ρ)A)`.
     ///
     /// # Errors
-    /// grpo-core's: lengths, layout, non-finite valid `lp`/`reference`, bad clamps.
-    #[allow(clippy::too_many_arguments)]
+    /// Exactly grpo-core's for the same input.
+    pub fn ppo_clip(
+        &self,
+        cfg: &PpoClipConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        RatioBounds::new(cfg.bounds.lo, cfg.bounds.hi)?;
+        if let Some(c) = cfg.dual_clip {
+            ensure(c > 1.0 && c.is_finite(), "dual_clip", "must be finite and > 1")?;
+        }
+        if let Some(d) = cfg.delta_cap {
+            ensure(d > 1.0, "delta_cap", "must be > 1")?;
+        }
+        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let mut p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_PPO,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        if let Some(c) = cfg.dual_clip {
+            flags |= FLAG_DUAL_CLIP;
+            p.dual_c = c;
+        }
+        if let Some(d) = cfg.delta_cap {
+            flags |= FLAG_DELTA_CAP;
+            p.delta = d;
+        }
+        p.flags = flags;
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// CISPO, grpo-core's [`grpo_core::loss::cispo`]: `L = −sg(w)·A·lp` with
+    /// `w = clamp(ρ, lo, hi)` (verl) or `min(ρ, ε_max)` (TRL).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn cispo(
+        &self,
+        cfg: &CispoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let (kind, lo, hi) = match cfg.weight {
+            CispoWeight::Clamp(b) => {
+                RatioBounds::new(b.lo, b.hi)?;
+                (KIND_CISPO_CLAMP, b.lo, b.hi)
+            }
+            CispoWeight::Cap(c) => {
+                ensure(c > 0.0 && c.is_finite(), "eps_max", "must be finite and > 0")?;
+                (KIND_CISPO_CAP, 0.0, c)
+            }
+        };
+        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind,
+            flags,
+            lo,
+            hi,
+            clamp,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// SAPO, grpo-core's [`grpo_core::loss::sapo`]: `L = −σ(τ(ρ − 1))·(4/τ)·A`.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn sapo(
+        &self,
+        cfg: &SapoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        ensure(cfg.tau_pos > 0.0 && cfg.tau_pos.is_finite(), "tau_pos", "must be finite and > 0")?;
+        ensure(cfg.tau_neg > 0.0 && cfg.tau_neg.is_finite(), "tau_neg", "must be finite and > 0")?;
+        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_SAPO,
+            flags,
+            clamp,
+            tau_pos: cfg.tau_pos,
+            tau_neg: cfg.tau_neg,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// REINFORCE / GPG / RGRA, grpo-core's [`grpo_core::loss::reinforce`]:
+    /// `L = −sg(w)·A·lp` (`w = 1` without weights).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn reinforce(
+        &self,
+        lp: &[f32],
+        adv: &[f32],
+        weights: Option<&[f32]>,
+        tokens: Tokens<'_>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let n = lp.len();
+        tokens.validate(n)?;
+        validate_aux(&tokens, "lp", n, lp)?;
+        validate_aux(&tokens, "adv", n, adv)?;
+        if let Some(w) = weights {
+            validate_aux(&tokens, "weights", n, w)?;
+        }
+        check_len("value", n, value.len())?;
+        check_len("grad", n, grad.len())?;
+        let p = LossParams {
+            n: n as u32,
+            kind: KIND_REINFORCE,
+            flags: if weights.is_some() { FLAG_WEIGHTS } else { 0 },
+            ..Default::default()
+        };
+        let o = self.dispatch(lp, weights.unwrap_or(lp), adv, &tokens, p)?;
+        Self::finish(o, &tokens, None, value, grad)
+    }
+
+    /// KL-to-reference penalty and its gradient w.r.t. lp, grpo-core's
+    /// [`grpo_core::divergence::kl_penalty::kl_penalty`] for the estimators k1, abs, k2 and k3
+    /// (the importance-corrected and straight-through variants are not on the GPU yet:
+    /// `InvalidParam { name: "estimator" }`).
+    ///
+    /// # Errors
+    /// grpo-core's for the same input.
     pub fn kl_penalty(
         &self,
-        estimator: KlEstimator,
-        input_clamp: Option<f32>,
-        output_clamp: Option<f32>,
+        cfg: &KlPenaltyConfig<f32>,
         lp: &[f32],
         reference: &[f32],
         tokens: &Tokens<'_>,
         value: &mut [f32],
         grad: &mut [f32],
-    ) -> Result<()> {
+    ) -> Result<TokenDiagnostics<f32>> {
+        check_clamp(cfg.input_clamp, "input_clamp")?;
+        check_clamp(cfg.output_clamp, "output_clamp")?;
+        let kind = match cfg.estimator {
+            KlEstimator::K1 => KIND_K1,
+            KlEstimator::Abs => KIND_ABS,
+            KlEstimator::K2 => KIND_K2,
+            KlEstimator::K3 => KIND_K3,
+            _ => {
+                return Err(Error::InvalidParam {
+                    name: "estimator",
+                    reason: "grpo-wgpu supports k1, abs, k2 and k3",
+                }
+                .into());
+            }
+        };
         let n = lp.len();
         check_len("reference", n, reference.len())?;
         check_len("value", n, value.len())?;
         check_len("grad", n, grad.len())?;
-        let lay = Self::layout(tokens, n)?;
-        Self::check_finite(tokens, "lp", lp)?;
-        Self::check_finite(tokens, "reference", reference)?;
-        let (mut flags, clamp) = Self::clamp_flags(input_clamp)?;
-        let mut out_clamp = 0.0;
-        if let Some(c) = output_clamp {
-            ensure(c.is_finite() && c > 0.0, "output_clamp", "must be finite and > 0")?;
-            flags |= FLAG_KL_OUT_CLAMP;
-            out_clamp = c;
+        tokens.validate(n)?;
+        for (what, s) in [("lp", lp), ("reference", reference)] {
+            if let Some(index) = tokens.first_non_finite(s) {
+                return Err(Error::NonFinite { what, index }.into());
+            }
         }
-        let p = LossParams {
-            n: n as u32,
-            kind: match estimator {
-                KlEstimator::K1 => 8,
-                KlEstimator::Abs => 9,
-                KlEstimator::K2 => 10,
-                KlEstimator::K3 => 11,
-            },
-            flags,
-            clamp,
-            out_clamp,
-            seqs: lay.seqs as u32,
-            ..Default::default()
-        };
-        let zeros = vec![0f32; n];
-        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
-        self.dispatch(lp, reference, &zeros, &lay, p, &[("per_token", Self::per_token_groups(n))], &mut v, &mut g)?;
-        value.copy_from_slice(&v);
-        grad.copy_from_slice(&g);
-        Ok(())
-    }
-
-    /// Token-level IS weights `w = e^{old − roll}` (log-ratio clamp applied first when given),
-    /// truncated or masked (MATH.md §4). Masked tokens get 0.
-    ///
-    /// # Errors
-    /// grpo-core's: lengths, layout, non-finite valid inputs, bad bounds.
-    pub fn is_weights(
-        &self,
-        correction: IsCorrection,
-        log_ratio_clamp: Option<f32>,
-        old: &[f32],
-        roll: &[f32],
-        tokens: &Tokens<'_>,
-        weights: &mut [f32],
-    ) -> Result<()> {
-        let n = old.len();
-        check_len("roll", n, roll.len())?;
-        check_len("weights", n, weights.len())?;
-        let lay = Self::layout(tokens, n)?;
-        Self::check_finite(tokens, "old", old)?;
-        Self::check_finite(tokens, "roll", roll)?;
-        let (flags, clamp) = Self::clamp_flags(log_ratio_clamp)?;
+        // grpo-core ignores a clamp that is not finite and > 0 (validated above: > 0).
+        let mut flags = 0;
         let mut p = LossParams {
             n: n as u32,
-            flags,
-            clamp,
-            seqs: lay.seqs as u32,
+            kind,
             ..Default::default()
         };
-        match correction {
-            IsCorrection::Truncate { cap } => {
-                ensure(cap.is_finite() && cap > 0.0, "cap", "must be finite and > 0")?;
-                p.kind = 12;
-                p.hi = cap;
-            }
-            IsCorrection::Mask { lo, hi } => {
-                ensure(lo.is_finite() && hi.is_finite() && lo >= 0.0 && lo <= hi, "lo", "need 0 <= lo <= hi, finite")?;
-                p.kind = 13;
-                p.lo = lo;
-                p.hi = hi;
-            }
+        if let Some(c) = cfg.input_clamp.filter(|c| c.is_finite()) {
+            flags |= FLAG_CLAMP_LOG_RATIO;
+            p.clamp = c;
         }
+        if let Some(c) = cfg.output_clamp.filter(|c| c.is_finite()) {
+            flags |= FLAG_KL_OUT_CLAMP;
+            p.out_clamp = c;
+        }
+        p.flags = flags;
         let zeros = vec![0f32; n];
-        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
-        self.dispatch(old, roll, &zeros, &lay, p, &[("per_token", Self::per_token_groups(n))], &mut v, &mut g)?;
-        weights.copy_from_slice(&v);
-        Ok(())
+        let o = self.dispatch(lp, reference, &zeros, tokens, p)?;
+        let mut d = TokenDiagnostics::default();
+        for_each_valid(tokens, |t| {
+            d.tokens += 1;
+            d.input_clamped += (o.events[t] & EV_CLAMPED != 0) as usize;
+            d.output_clamped += (o.events[t] & EV_OUT_CLAMPED != 0) as usize;
+            d.mean += (o.value[t] - d.mean) / d.tokens as f32;
+            Ok(())
+        })?;
+        value.copy_from_slice(&o.value);
+        grad.copy_from_slice(&o.grad);
+        Ok(d)
     }
 }

@@ -84,7 +84,7 @@ impl ShaderId {
                 "finish",
                 "gdpo_sum",
             ],
-            ShaderId::Loss => &["per_token", "seq_mean", "reduce"],
+            ShaderId::Loss => &["per_token"],
         }
     }
 

@@ -42,6 +42,12 @@ impl Tol {
         (got as f64 - want).abs() <= self.abs + self.rel * want.abs()
     }
 
+    /// The same tolerance with `extra` more ULPs.
+    pub fn plus_ulp(mut self, extra: u32) -> Tol {
+        self.ulp += extra;
+        self
+    }
+
     /// The same tolerance with `abs` scaled (for errors proportional to an input's magnitude).
     pub fn with_abs(mut self, abs: f64) -> Tol {
         self.abs = abs;
@@ -159,11 +165,16 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
         },
         // Only + − × and one ÷: the 4 ULP budget of the GPU issue.
         (LossAlgebraic, _) => Tol::ulp(4),
-        // exp(x) has 3 + 2|x| ULP in WGSL, |x| ≤ 20 after the log-ratio clamp ⇒ ≤ 43 ULP of ρ;
-        // the loss ρ·A inherits it. (lavapipe's exp is ~1 ULP; real GPUs use exp2 approximations.)
+        // Products/quotients of a few correctly rounded operations around exp: 8 ULP, *plus*
+        // WGSL's exp allowance of 3 + 2|x| ULP for every exp the formula evaluates, which the
+        // caller adds with `exp_ulps` (it depends on the token: |x| ≤ 20 after the verl clamp,
+        // up to 88 without it — TRL). Measured on lavapipe: 53 ULP at x = 58.4, i.e. lavapipe
+        // uses most of the allowance (exp2 of a rounded x·log2 e). `abs` = the smallest normal
+        // f32: WGSL may flush subnormal results to zero (lavapipe does, e.g. SAPO's gradient at
+        // 8.7e-39).
         (LossExp, _) => Tol {
-            ulp: 48,
-            abs: 1e-30,
+            ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
         // Pairwise/strided sums in a different order than a sequential f64 sum: n·ε bound with
@@ -182,4 +193,10 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
 pub fn zscore_abs(max_abs_score: f64, divisor: f64) -> f64 {
     let ulp = f32::EPSILON as f64 * max_abs_score.max(f32::MIN_POSITIVE as f64);
     2.0 * ulp / divisor
+}
+
+/// WGSL's accuracy allowance for exp, summed over the arguments of every exp a formula evaluates:
+/// Σ (3 + 2·⌈|x|⌉) ULP (WGSL spec, "Floating Point Accuracy": exp is 3 + 2|x| ULP).
+pub fn exp_ulps(args: &[f64]) -> u32 {
+    args.iter().map(|x| 3 + 2 * x.abs().ceil().min(200.0) as u32).sum()
 }
