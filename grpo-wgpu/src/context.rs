@@ -58,7 +58,8 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
 }
 
 /// One argument of a dispatch: bytes to upload, an output to read back, or the uniform block.
-pub(crate) enum Arg<'a> {
+#[doc(hidden)]
+pub enum Arg<'a> {
     /// Read-only input.
     In(&'a [u8]),
     /// Output of this many bytes (read back).
@@ -450,6 +451,132 @@ impl GpuContext {
             index,
             state,
         })
+    }
+
+    /// Benchmark hook: uploads `args` once, then times `iters` rounds of (record `passes`, submit,
+    /// wait) with inputs resident on the device; returns each round's wall time in ms. The
+    /// matching roofline is [`GpuContext::bench_copy`].
+    #[doc(hidden)]
+    pub fn bench_resident(
+        &self,
+        id: ShaderId,
+        args: &[(u32, Arg<'_>)],
+        passes: &[(&'static str, [u32; 3])],
+        iters: usize,
+    ) -> Result<Vec<f64>> {
+        let mut pipelines = Vec::new();
+        let mut bgl = None;
+        for &(entry, groups) in passes {
+            let (p, l) = self.pipeline(id, entry)?;
+            pipelines.push((p, groups));
+            bgl = Some(l);
+        }
+        let Some(bgl) = bgl else {
+            return Ok(Vec::new());
+        };
+        let mut bufs = Vec::new();
+        for &(binding, slot) in slots(id) {
+            let arg = args.iter().find(|(b, _)| *b == binding).map(|(_, a)| a);
+            let (usage, bytes, data): (_, u64, Option<&[u8]>) = match (arg, slot) {
+                (Some(Arg::Uniform(d)), _) => (UNIFORM, d.len() as u64, Some(d)),
+                (Some(Arg::In(d) | Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
+                (Some(Arg::Out(n)), _) => (STORAGE, *n, None),
+                (None, Slot::Uniform) => (UNIFORM, 16, None),
+                (None, _) => (STORAGE, 16, None),
+            };
+            let bytes = bytes.max(4).next_multiple_of(4);
+            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("grpo-wgpu bench"),
+                size: bytes.next_multiple_of(16),
+                usage,
+                mapped_at_creation: false,
+            });
+            if let Some(d) = data {
+                let mut padded = d.to_vec();
+                padded.resize(d.len().next_multiple_of(4), 0);
+                self.queue.write_buffer(&buf, 0, &padded);
+            }
+            bufs.push((binding, buf, bytes));
+        }
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = bufs
+            .iter()
+            .map(|(binding, buf, bytes)| wgpu::BindGroupEntry {
+                binding: *binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: buf,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(*bytes),
+                }),
+            })
+            .collect();
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("bench"),
+            layout: &bgl,
+            entries: &entries,
+        });
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters + 1 {
+            let t = std::time::Instant::now();
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_bind_group(0, &bind_group, &[]);
+                for (p, g) in &pipelines {
+                    pass.set_pipeline(p);
+                    pass.dispatch_workgroups(g[0], g[1], g[2]);
+                }
+            }
+            let index = self.queue.submit(Some(encoder.finish()));
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(index),
+                    timeout: None,
+                })
+                .map_err(|e| GpuError::Device {
+                    message: e.to_string(),
+                })?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.remove(0);
+        Ok(times)
+    }
+
+    /// Roofline for [`GpuContext::bench_resident`]: times `iters` device-side copies of `bytes`
+    /// bytes between two storage buffers (submit + wait each), in ms.
+    #[doc(hidden)]
+    pub fn bench_copy(&self, bytes: u64, iters: usize) -> Result<Vec<f64>> {
+        let bytes = bytes.max(4).next_multiple_of(4);
+        let mk = || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench copy"),
+                size: bytes,
+                usage: STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let (a, b) = (mk(), mk());
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters + 1 {
+            let t = std::time::Instant::now();
+            let mut encoder = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            encoder.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
+            let index = self.queue.submit(Some(encoder.finish()));
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: Some(index),
+                    timeout: None,
+                })
+                .map_err(|e| GpuError::Device {
+                    message: e.to_string(),
+                })?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.remove(0);
+        Ok(times)
     }
 
     /// [`GpuContext::submit`], then block until the outputs are read back.

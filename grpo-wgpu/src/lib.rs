@@ -33,7 +33,7 @@ mod loss;
 pub mod shaders;
 mod vocab;
 
-pub use context::GpuContext;
+pub use context::{Arg, GpuContext};
 pub use error::{GpuError, Result};
 pub use shaders::{LogitDtype, ShaderId};
 pub use advantage::AdvantageKernel;

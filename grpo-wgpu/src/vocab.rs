@@ -188,6 +188,43 @@ impl<'c> VocabKernel<'c> {
         (bytemuck::cast_slice(&logits[lo..end]), base)
     }
 
+    /// Benchmark hook: median-free per-iteration times (ms) of the fused forward (`backward =
+    /// false`) or fused backward on device-resident logits (`rows × vocab`, one chunk), without
+    /// upload or readback.
+    #[doc(hidden)]
+    pub fn bench_resident<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        backward: bool,
+        iters: usize,
+    ) -> Result<Vec<f64>> {
+        let rows = logits.len() / vocab.max(1);
+        self.validate(logits, vocab, rows, 1.0)?;
+        let targets = vec![0u32; rows];
+        let upstream = vec![1.0f32; rows * 2];
+        let params = VocabParams {
+            rows: rows as u32,
+            vocab: vocab as u32,
+            base: 0,
+            inv_temp: 1.0,
+        };
+        let mut args = vec![
+            (0, Arg::In(bytemuck::cast_slice(logits))),
+            (1, Arg::In(bytemuck::cast_slice(&targets))),
+            (2, Arg::Out((rows * 16) as u64)),
+            (3, Arg::Out((rows * 8) as u64)),
+            (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+        ];
+        if backward {
+            args.push((6, Arg::Out((rows * vocab * 4) as u64)));
+            args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
+        }
+        let entry = if backward { "backward" } else { "forward" };
+        self.ctx
+            .bench_resident(ShaderId::Vocab(L::DTYPE), &args, &[(entry, [rows as u32, 1, 1])], iters)
+    }
+
     /// Fused forward: lse, logp(target) and entropy of every row in one pass.
     ///
     /// `targets` has one token id per row (ignored, and may be empty, when `out.logp` is
