@@ -239,7 +239,12 @@ impl<'c> AdvantageKernel<'c> {
         Ok(())
     }
 
-    fn diagnostics(words: &[u32], g: &Gathered, nan_excluded: usize, out: &[f32]) -> Diagnostics<f32> {
+    fn diagnostics(
+        words: &[u32],
+        g: &Gathered,
+        nan_excluded: usize,
+        out: &[f32],
+    ) -> Diagnostics<f32> {
         let mut d = Diagnostics {
             groups: g.groups,
             nan_excluded,
@@ -252,7 +257,7 @@ impl<'c> AdvantageKernel<'c> {
         d.summarize(out)
     }
 
-    /// GRPO z-score family, grpo-core's [`grpo_core::advantage::zscore`]:
+    /// GRPO z-score family, grpo-core's [`grpo_core::advantage::zscore()`]:
     /// `A = (s − μ_g)/(σ + ε)^γ` with σ of the group (`Scale::Group`), of the batch
     /// (`Scale::Batch`, TRL scale_rewards="batch"), or no division (`Scale::None`, Dr.GRPO);
     /// singleton rule, NaN policy, Bessel choice and variance floor as configured.
@@ -311,7 +316,7 @@ impl<'c> AdvantageKernel<'c> {
         Ok(Self::diagnostics(&words, &g, nans, out))
     }
 
-    /// RLOO, grpo-core's [`grpo_core::advantage::rloo`]:
+    /// RLOO, grpo-core's [`grpo_core::advantage::rloo()`]:
     /// `A_i = s_i − mean_{j≠i} s_j = (s_i − μ)·n/(n − 1)`; singleton per the config (verl loop:
     /// `A = s`).
     ///
@@ -367,8 +372,13 @@ impl<'c> AdvantageKernel<'c> {
         let num_groups = groups.validate(n)?;
         check_len("out", n, out.len())?;
         for (index, s) in scores.iter().enumerate() {
-            if !s.is_finite() && !(nan == NanPolicy::Exclude && s.is_nan()) {
-                return Err(Error::NonFinite { what: "scores", index }.into());
+            let excluded_nan = nan == NanPolicy::Exclude && s.is_nan();
+            if !s.is_finite() && !excluded_nan {
+                return Err(Error::NonFinite {
+                    what: "scores",
+                    index,
+                }
+                .into());
             }
         }
         for k in 0..num_groups {
@@ -404,7 +414,11 @@ impl<'c> AdvantageKernel<'c> {
             groups: num_groups as u32,
             n: n as u32,
             kind,
-            flags: if ties == TiePolicy::Average { FLAG_TIE_AVERAGE } else { 0 },
+            flags: if ties == TiePolicy::Average {
+                FLAG_TIE_AVERAGE
+            } else {
+                0
+            },
             gamma: 1.0,
             k: 1,
             ..Zeroable::zeroed()
@@ -459,10 +473,17 @@ impl<'c> AdvantageKernel<'c> {
         out: &mut [f32],
     ) -> Result<Diagnostics<f32>> {
         let num_groups = Self::rank_validate(scores, &groups, cfg.nan, out, 1)?;
-        self.rank_like(KIND_G2RPO, TiePolicy::Average, scores, groups, num_groups, out)
+        self.rank_like(
+            KIND_G2RPO,
+            TiePolicy::Average,
+            scores,
+            groups,
+            num_groups,
+            out,
+        )
     }
 
-    /// GDPO [2601.05242], grpo-core's [`grpo_core::advantage::gdpo`]: `rewards` is `n × k`
+    /// GDPO [2601.05242], grpo-core's [`grpo_core::advantage::gdpo()`]: `rewards` is `n × k`
     /// sample-major; per reward `z_k = (r_k − μ_{k,g})/(σ_{k,g} + ε_r)` (NaN → 0 first),
     /// `S = Σ_k w_k z_k`, `A = (S − μ_batch)/(σ_batch + ε_b)`.
     ///
@@ -487,21 +508,25 @@ impl<'c> AdvantageKernel<'c> {
         check_len("rewards", total, rewards.len())?;
         check_len("weights", kk, weights.len())?;
         if let Some(index) = weights.iter().position(|w| !w.is_finite()) {
-            return Err(Error::NonFinite { what: "weights", index }.into());
+            return Err(Error::NonFinite {
+                what: "weights",
+                index,
+            }
+            .into());
         }
         nonneg("reward_eps", cfg.reward_eps)?;
         nonneg("batch_eps", cfg.batch_eps)?;
         let num_groups = validate_groups(&groups, n)?;
         let nans = check_values("rewards", rewards, cfg.nan)?;
-        if cfg.singleton == SingletonRule::Reject {
-            if let Some(group) = (0..num_groups).find(|&k| groups.size(k) == 1) {
-                return Err(Error::GroupTooSmall {
-                    group,
-                    needed: 2,
-                    found: 1,
-                }
-                .into());
+        if cfg.singleton == SingletonRule::Reject
+            && let Some(group) = (0..num_groups).find(|&k| groups.size(k) == 1)
+        {
+            return Err(Error::GroupTooSmall {
+                group,
+                needed: 2,
+                found: 1,
             }
+            .into());
         }
         let g = Gathered::new(&groups, num_groups);
         let gathered = g.values(rewards, kk);
@@ -509,7 +534,11 @@ impl<'c> AdvantageKernel<'c> {
             groups: num_groups as u32,
             n: n as u32,
             kind: KIND_GDPO,
-            flags: if cfg.bessel == Bessel::Unbiased { FLAG_UNBIASED } else { 0 },
+            flags: if cfg.bessel == Bessel::Unbiased {
+                FLAG_UNBIASED
+            } else {
+                0
+            },
             eps: cfg.reward_eps as f32,
             gamma: 1.0,
             singleton: (cfg.singleton == SingletonRule::VerlLoop) as u32,

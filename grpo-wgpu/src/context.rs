@@ -74,7 +74,8 @@ const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST)
     .union(wgpu::BufferUsages::COPY_SRC);
 const UNIFORM: wgpu::BufferUsages = wgpu::BufferUsages::UNIFORM.union(wgpu::BufferUsages::COPY_DST);
-const STAGING: wgpu::BufferUsages = wgpu::BufferUsages::MAP_READ.union(wgpu::BufferUsages::COPY_DST);
+const STAGING: wgpu::BufferUsages =
+    wgpu::BufferUsages::MAP_READ.union(wgpu::BufferUsages::COPY_DST);
 
 /// A wgpu device and queue with everything grpo-wgpu's operations reuse across calls: compiled
 /// pipelines (one per shader entry point, built on first use) and a pool of buffers (bucketed by
@@ -408,7 +409,9 @@ impl GpuContext {
         let (staging_bucket, staging) = self.take(STAGING, total);
         let mut encoder = self
             .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(id.name()) });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some(id.name()),
+            });
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(id.name()),
@@ -659,11 +662,7 @@ impl Future for Readback<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let done = this
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let done = this.state.lock().unwrap_or_else(|p| p.into_inner()).take();
         match done {
             Some(Ok(())) => Poll::Ready(this.finish()),
             Some(Err(e)) => Poll::Ready(Err(GpuError::Device {

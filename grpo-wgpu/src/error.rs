@@ -92,6 +92,9 @@ pub(crate) fn ensure(ok: bool, name: &'static str, reason: &'static str) -> Resu
     if ok {
         Ok(())
     } else {
-        Err(GpuError::Core(grpo_core::Error::InvalidParam { name, reason }))
+        Err(GpuError::Core(grpo_core::Error::InvalidParam {
+            name,
+            reason,
+        }))
     }
 }

@@ -33,9 +33,9 @@ mod loss;
 pub mod shaders;
 mod vocab;
 
+pub use advantage::AdvantageKernel;
 pub use context::{Arg, GpuContext};
 pub use error::{GpuError, Result};
-pub use shaders::{LogitDtype, ShaderId};
-pub use advantage::AdvantageKernel;
 pub use loss::LossKernel;
+pub use shaders::{LogitDtype, ShaderId};
 pub use vocab::{ForwardOut, LogitStorage, VocabKernel};

@@ -8,12 +8,11 @@
 //! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
 
 use bytemuck::{Pod, Zeroable};
+use grpo_core::divergence::RatioBounds;
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
-use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::{
-    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig,
-    SapoConfig,
+    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig, SapoConfig,
 };
 use grpo_core::{Error, Real, Tokens};
 
@@ -180,10 +179,18 @@ impl<'c> LossKernel<'c> {
         let mut d = LossDiagnostics::empty(LossLevel::Token);
         for_each_valid(tokens, |t| {
             if !o.value[t].is_finite() {
-                return Err(Error::NonFinite { what: "loss value", index: t }.into());
+                return Err(Error::NonFinite {
+                    what: "loss value",
+                    index: t,
+                }
+                .into());
             }
             if !o.grad[t].is_finite() {
-                return Err(Error::NonFinite { what: "loss gradient", index: t }.into());
+                return Err(Error::NonFinite {
+                    what: "loss gradient",
+                    index: t,
+                }
+                .into());
             }
             let ev = o.events[t];
             d.tokens += 1;
@@ -243,7 +250,11 @@ impl<'c> LossKernel<'c> {
     ) -> Result<LossDiagnostics<f32>> {
         RatioBounds::new(cfg.bounds.lo, cfg.bounds.hi)?;
         if let Some(c) = cfg.dual_clip {
-            ensure(c > 1.0 && c.is_finite(), "dual_clip", "must be finite and > 1")?;
+            ensure(
+                c > 1.0 && c.is_finite(),
+                "dual_clip",
+                "must be finite and > 1",
+            )?;
         }
         if let Some(d) = cfg.delta_cap {
             ensure(d > 1.0, "delta_cap", "must be > 1")?;
@@ -289,7 +300,11 @@ impl<'c> LossKernel<'c> {
                 (KIND_CISPO_CLAMP, b.lo, b.hi)
             }
             CispoWeight::Cap(c) => {
-                ensure(c > 0.0 && c.is_finite(), "eps_max", "must be finite and > 0")?;
+                ensure(
+                    c > 0.0 && c.is_finite(),
+                    "eps_max",
+                    "must be finite and > 0",
+                )?;
                 (KIND_CISPO_CAP, 0.0, c)
             }
         };
@@ -319,8 +334,16 @@ impl<'c> LossKernel<'c> {
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
-        ensure(cfg.tau_pos > 0.0 && cfg.tau_pos.is_finite(), "tau_pos", "must be finite and > 0")?;
-        ensure(cfg.tau_neg > 0.0 && cfg.tau_neg.is_finite(), "tau_neg", "must be finite and > 0")?;
+        ensure(
+            cfg.tau_pos > 0.0 && cfg.tau_pos.is_finite(),
+            "tau_pos",
+            "must be finite and > 0",
+        )?;
+        ensure(
+            cfg.tau_neg > 0.0 && cfg.tau_neg.is_finite(),
+            "tau_neg",
+            "must be finite and > 0",
+        )?;
         check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
         validate_inputs(inp, value.len(), grad.len())?;
         let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);

@@ -105,7 +105,8 @@ impl ShaderId {
             ShaderId::Advantage => ("", "", ADVANTAGE),
             ShaderId::Loss => ("", "", LOSS),
         };
-        let mut s = String::with_capacity(directive.len() + COMMON.len() + prelude.len() + body.len() + 2);
+        let mut s =
+            String::with_capacity(directive.len() + COMMON.len() + prelude.len() + body.len() + 2);
         s.push_str(directive);
         s.push_str(COMMON);
         s.push('\n');

@@ -221,8 +221,12 @@ impl<'c> VocabKernel<'c> {
             args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
         }
         let entry = if backward { "backward" } else { "forward" };
-        self.ctx
-            .bench_resident(ShaderId::Vocab(L::DTYPE), &args, &[(entry, [rows as u32, 1, 1])], iters)
+        self.ctx.bench_resident(
+            ShaderId::Vocab(L::DTYPE),
+            &args,
+            &[(entry, [rows as u32, 1, 1])],
+            iters,
+        )
     }
 
     /// Fused forward: lse, logp(target) and entropy of every row in one pass.
@@ -296,7 +300,10 @@ impl<'c> VocabKernel<'c> {
                     ShaderId::Vocab(L::DTYPE),
                     &[
                         (0, Arg::In(bytes)),
-                        (1, Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows]))),
+                        (
+                            1,
+                            Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
+                        ),
                         (2, Arg::Out((c.rows * 16) as u64)),
                         (3, Arg::Out((c.rows * 8) as u64)),
                         (4, Arg::Uniform(bytemuck::bytes_of(&params))),
@@ -484,7 +491,10 @@ impl<'c> VocabKernel<'c> {
                 ShaderId::Vocab(L::DTYPE),
                 &[
                     (0, Arg::In(bytes)),
-                    (1, Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows]))),
+                    (
+                        1,
+                        Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
+                    ),
                     (2, Arg::Out((c.rows * 16) as u64)),
                     (3, Arg::Out((c.rows * 8) as u64)),
                     (4, Arg::Uniform(bytemuck::bytes_of(&params))),

@@ -198,5 +198,7 @@ pub fn zscore_abs(max_abs_score: f64, divisor: f64) -> f64 {
 /// WGSL's accuracy allowance for exp, summed over the arguments of every exp a formula evaluates:
 /// Σ (3 + 2·⌈|x|⌉) ULP (WGSL spec, "Floating Point Accuracy": exp is 3 + 2|x| ULP).
 pub fn exp_ulps(args: &[f64]) -> u32 {
-    args.iter().map(|x| 3 + 2 * x.abs().ceil().min(200.0) as u32).sum()
+    args.iter()
+        .map(|x| 3 + 2 * x.abs().ceil().min(200.0) as u32)
+        .sum()
 }

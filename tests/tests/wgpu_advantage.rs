@@ -3,10 +3,10 @@
 //! identical errors with `out` untouched. Skips without an adapter unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::Groups;
-use grpo_core::advantage::rank::{G2rpoConfig, GopoConfig, gopo, g2rpo, rank_scratch_len};
+use grpo_core::advantage::rank::{G2rpoConfig, GopoConfig, g2rpo, gopo, rank_scratch_len};
 use grpo_core::advantage::{
-    GdpoConfig, NanPolicy, RlooConfig, Scale, SingletonRule, ZScoreConfig, gdpo,
-    gdpo_scratch_len, rloo, zscore,
+    GdpoConfig, NanPolicy, RlooConfig, Scale, SingletonRule, ZScoreConfig, gdpo, gdpo_scratch_len,
+    rloo, zscore,
 };
 use grpo_core::stats::{Bessel, TiePolicy};
 use grpo_core::{Error, Preset};
@@ -56,40 +56,47 @@ impl Batch {
 
 fn batch(min_group: usize, nan: bool) -> impl Strategy<Value = Batch> {
     let sizes = prop::collection::vec(min_group..10usize, 1..12);
-    (sizes, any::<bool>(), any::<u64>()).prop_flat_map(move |(sizes, uniform, seed)| {
-        let sizes = if uniform { vec![sizes[0]; sizes.len()] } else { sizes };
-        let n: usize = sizes.iter().sum();
-        let s = if nan {
-            prop::collection::vec(prop_oneof![9 => score(), 1 => Just(f32::NAN)], n).boxed()
-        } else {
-            prop::collection::vec(score(), n).boxed()
-        };
-        (s, Just(sizes), Just(uniform), Just(seed))
-    })
-    .prop_map(|(mut scores, sizes, uniform, seed)| {
-        let mut offsets = vec![0];
-        for s in &sizes {
-            offsets.push(offsets.last().unwrap() + s);
-        }
-        // Sometimes make a group all-equal (the zero-variance path).
-        if seed % 3 == 0 {
-            let (a, b) = (offsets[0], offsets[1]);
-            let v = scores[a];
-            scores[a..b].fill(v);
-        }
-        Batch {
-            scores,
-            offsets,
-            uniform: uniform.then_some(sizes[0]),
-        }
-    })
+    (sizes, any::<bool>(), any::<u64>())
+        .prop_flat_map(move |(sizes, uniform, seed)| {
+            let sizes = if uniform {
+                vec![sizes[0]; sizes.len()]
+            } else {
+                sizes
+            };
+            let n: usize = sizes.iter().sum();
+            let s = if nan {
+                prop::collection::vec(prop_oneof![9 => score(), 1 => Just(f32::NAN)], n).boxed()
+            } else {
+                prop::collection::vec(score(), n).boxed()
+            };
+            (s, Just(sizes), Just(uniform), Just(seed))
+        })
+        .prop_map(|(mut scores, sizes, uniform, seed)| {
+            let mut offsets = vec![0];
+            for s in &sizes {
+                offsets.push(offsets.last().unwrap() + s);
+            }
+            // Sometimes make a group all-equal (the zero-variance path).
+            if seed % 3 == 0 {
+                let (a, b) = (offsets[0], offsets[1]);
+                let v = scores[a];
+                scores[a..b].fill(v);
+            }
+            Batch {
+                scores,
+                offsets,
+                uniform: uniform.then_some(sizes[0]),
+            }
+        })
 }
 
 /// The per-element tolerance of a z-score-like result: table ULPs, plus the cancellation slack
 /// of a last-bit difference in μ (ulp(max|s|)/(σ + ε) of the group, in f64).
 fn check_close(got: &[f32], want: &[f32], tol: Tol, slack: &[f64]) -> Result<(), TestCaseError> {
     for i in 0..got.len() {
-        let ok = tol.with_abs(tol.abs + slack[i]).accepts(got[i], want[i] as f64);
+        let ok = tol
+            .with_abs(tol.abs + slack[i])
+            .accepts(got[i], want[i] as f64);
         prop_assert!(
             ok,
             "index {i}: gpu {} vs core {} ({} ulp)",
@@ -104,7 +111,12 @@ fn check_close(got: &[f32], want: &[f32], tol: Tol, slack: &[f64]) -> Result<(),
 /// `2·ulp(max|s| of the group)/(σ_g + ε)` per sample (σ in f64, population or unbiased).
 fn zscore_slack(b: &Batch, eps: f64, scale: Scale) -> Vec<f64> {
     let mut slack = vec![0.0; b.scores.len()];
-    let all: Vec<f64> = b.scores.iter().filter(|s| !s.is_nan()).map(|&s| s as f64).collect();
+    let all: Vec<f64> = b
+        .scores
+        .iter()
+        .filter(|s| !s.is_nan())
+        .map(|&s| s as f64)
+        .collect();
     let sd = |v: &[f64]| {
         if v.len() < 2 {
             return 0.0;
@@ -115,7 +127,11 @@ fn zscore_slack(b: &Batch, eps: f64, scale: Scale) -> Vec<f64> {
     let batch_sd = sd(&all);
     for k in 0..b.offsets.len() - 1 {
         let r = b.offsets[k]..b.offsets[k + 1];
-        let v: Vec<f64> = b.scores[r.clone()].iter().filter(|s| !s.is_nan()).map(|&s| s as f64).collect();
+        let v: Vec<f64> = b.scores[r.clone()]
+            .iter()
+            .filter(|s| !s.is_nan())
+            .map(|&s| s as f64)
+            .collect();
         let max = v.iter().fold(0.0f64, |a, x| a.max(x.abs()));
         let den = match scale {
             Scale::Group => sd(&v) + eps,
@@ -131,7 +147,13 @@ fn zscore_slack(b: &Batch, eps: f64, scale: Scale) -> Vec<f64> {
 
 fn zscore_configs() -> Vec<ZScoreConfig> {
     let mut v = vec![];
-    for p in [Preset::Paper, Preset::Verl, Preset::VerlVectorized, Preset::Trl, Preset::OpenRlhf] {
+    for p in [
+        Preset::Paper,
+        Preset::Verl,
+        Preset::VerlVectorized,
+        Preset::Trl,
+        Preset::OpenRlhf,
+    ] {
         v.push(ZScoreConfig::from_preset(p));
     }
     v.push(ZScoreConfig::dr_grpo());
@@ -146,11 +168,17 @@ fn zscore_configs() -> Vec<ZScoreConfig> {
 
 #[test]
 fn zscore_family_matches_grpo_core() {
-    let Some(ctx) = gpu::context("zscore_family_matches_grpo_core") else { return };
+    let Some(ctx) = gpu::context("zscore_family_matches_grpo_core") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     for cfg in zscore_configs() {
         let nan = cfg.nan == NanPolicy::Exclude;
-        let min = if cfg.singleton == SingletonRule::Reject { 2 } else { 1 };
+        let min = if cfg.singleton == SingletonRule::Reject {
+            2
+        } else {
+            1
+        };
         runner()
             .run(&batch(min, nan), |b| {
                 let mut want = vec![0f32; b.scores.len()];
@@ -172,12 +200,18 @@ fn zscore_family_matches_grpo_core() {
             })
             .unwrap();
     }
-    eprintln!("zscore family: {} configs × {} cases", zscore_configs().len(), gpu::cases());
+    eprintln!(
+        "zscore family: {} configs × {} cases",
+        zscore_configs().len(),
+        gpu::cases()
+    );
 }
 
 #[test]
 fn dial_gamma_matches_grpo_core() {
-    let Some(ctx) = gpu::context("dial_gamma_matches_grpo_core") else { return };
+    let Some(ctx) = gpu::context("dial_gamma_matches_grpo_core") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     runner()
         .run(&(batch(1, false), 0.0f64..=1.0), |(b, gamma)| {
@@ -194,7 +228,9 @@ fn dial_gamma_matches_grpo_core() {
 
 #[test]
 fn rloo_matches_grpo_core() {
-    let Some(ctx) = gpu::context("rloo_matches_grpo_core") else { return };
+    let Some(ctx) = gpu::context("rloo_matches_grpo_core") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     for p in [Preset::Paper, Preset::Verl, Preset::Trl, Preset::OpenRlhf] {
         let cfg = RlooConfig::from_preset(p);
@@ -223,10 +259,15 @@ fn rloo_matches_grpo_core() {
 
 #[test]
 fn gopo_and_g2rpo_match_grpo_core() {
-    let Some(ctx) = gpu::context("gopo_and_g2rpo_match_grpo_core") else { return };
+    let Some(ctx) = gpu::context("gopo_and_g2rpo_match_grpo_core") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     for ties in [TiePolicy::Ordinal, TiePolicy::Average] {
-        let cfg = GopoConfig { ties, nan: NanPolicy::Exclude };
+        let cfg = GopoConfig {
+            ties,
+            nan: NanPolicy::Exclude,
+        };
         runner()
             .run(&batch(2, true), |b| {
                 let n = b.scores.len();
@@ -235,11 +276,18 @@ fn gopo_and_g2rpo_match_grpo_core() {
                 gopo(&b.scores, b.groups(), &cfg, &mut scratch, &mut want).unwrap();
                 let mut got = vec![0f32; n];
                 k.gopo(&b.scores, b.groups(), &cfg, &mut got).unwrap();
-                check_close(&got, &want, tolerance(Op::AdvGopo, Dtype::F32), &vec![0.0; n])
+                check_close(
+                    &got,
+                    &want,
+                    tolerance(Op::AdvGopo, Dtype::F32),
+                    &vec![0.0; n],
+                )
             })
             .unwrap();
     }
-    let cfg = G2rpoConfig { nan: NanPolicy::Exclude };
+    let cfg = G2rpoConfig {
+        nan: NanPolicy::Exclude,
+    };
     runner()
         .run(&batch(1, true), |b| {
             let n = b.scores.len();
@@ -248,7 +296,12 @@ fn gopo_and_g2rpo_match_grpo_core() {
             g2rpo(&b.scores, b.groups(), &cfg, &mut scratch, &mut want).unwrap();
             let mut got = vec![0f32; n];
             k.g2rpo(&b.scores, b.groups(), &cfg, &mut got).unwrap();
-            check_close(&got, &want, tolerance(Op::AdvG2rpo, Dtype::F32), &vec![0.0; n])?;
+            check_close(
+                &got,
+                &want,
+                tolerance(Op::AdvG2rpo, Dtype::F32),
+                &vec![0.0; n],
+            )?;
             // Mean 0 per group (mirrored normal scores cancel; tie blocks average them).
             for w in b.offsets.windows(2) {
                 let sum: f64 = got[w[0]..w[1]].iter().map(|&x| x as f64).sum();
@@ -261,7 +314,9 @@ fn gopo_and_g2rpo_match_grpo_core() {
 
 #[test]
 fn gdpo_matches_grpo_core() {
-    let Some(ctx) = gpu::context("gdpo_matches_grpo_core") else { return };
+    let Some(ctx) = gpu::context("gdpo_matches_grpo_core") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     let strat = (batch(1, false), 1usize..4).prop_flat_map(|(b, kk)| {
         let n = b.scores.len();
@@ -278,7 +333,15 @@ fn gdpo_matches_grpo_core() {
             let n = b.scores.len();
             let mut want = vec![0f32; n];
             let mut scratch = vec![0f32; gdpo_scratch_len(kk)];
-            let core = gdpo(&rewards, kk, &weights, b.groups(), &cfg, &mut scratch, &mut want);
+            let core = gdpo(
+                &rewards,
+                kk,
+                &weights,
+                b.groups(),
+                &cfg,
+                &mut scratch,
+                &mut want,
+            );
             let mut got = vec![0f32; n];
             let gpu = k.gdpo(&rewards, kk, &weights, b.groups(), &cfg, &mut got);
             match (core, gpu) {
@@ -299,48 +362,106 @@ fn gdpo_matches_grpo_core() {
 
 #[test]
 fn hand_computed_and_invariants() {
-    let Some(ctx) = gpu::context("hand_computed_and_invariants") else { return };
+    let Some(ctx) = gpu::context("hand_computed_and_invariants") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     // s = 3, 1, 0, 0: μ = 1, var_unb = 6/3 = 2, A = (2, 0, −1, −1)/(√2 + 1e-6).
     let mut a = [0f32; 4];
-    k.zscore(&[3.0, 1.0, 0.0, 0.0], Groups::Uniform(4), &ZScoreConfig::default(), &mut a)
-        .unwrap();
+    k.zscore(
+        &[3.0, 1.0, 0.0, 0.0],
+        Groups::Uniform(4),
+        &ZScoreConfig::default(),
+        &mut a,
+    )
+    .unwrap();
     let den = 2f32.sqrt() + 1e-6;
     // (Welford's f32 mean of 3, 1, 0, 0 is 1 − 2^-24·…, so the middle one is ~4e-8, not 0.)
     for (x, w) in a.iter().zip([2.0 / den, 0.0, -1.0 / den, -1.0 / den]) {
-        assert!((x - w).abs() <= 2.0 * f32::EPSILON * w.abs() + 1e-7, "{x} vs {w}");
+        assert!(
+            (x - w).abs() <= 2.0 * f32::EPSILON * w.abs() + 1e-7,
+            "{x} vs {w}"
+        );
     }
     // 2-GRPO: a pair gives exactly ±c.
     let mut a = [0f32; 2];
-    k.zscore(&[0.1, 0.7], Groups::Uniform(2), &ZScoreConfig::default(), &mut a).unwrap();
+    k.zscore(
+        &[0.1, 0.7],
+        Groups::Uniform(2),
+        &ZScoreConfig::default(),
+        &mut a,
+    )
+    .unwrap();
     assert_eq!(a[0], -a[1]);
     // Identical non-dyadic rewards give exactly 0 (Welford, never E[x²] − E[x]²).
     let mut a = [1f32; 5];
     let d = k
-        .zscore(&[0.1; 5], Groups::Uniform(5), &ZScoreConfig::default(), &mut a)
+        .zscore(
+            &[0.1; 5],
+            Groups::Uniform(5),
+            &ZScoreConfig::default(),
+            &mut a,
+        )
         .unwrap();
     assert_eq!(a, [0.0; 5]);
     assert_eq!(d.zero_variance_groups, 1);
     // GOPO, ordinal: (5, 3, 3, 1) → ranks 1, 2, 3, 4 → 2, 2/3, −2/3, −2.
     let mut a = [0f32; 4];
-    k.gopo(&[5.0, 3.0, 3.0, 1.0], Groups::Uniform(4), &GopoConfig::default(), &mut a).unwrap();
+    k.gopo(
+        &[5.0, 3.0, 3.0, 1.0],
+        Groups::Uniform(4),
+        &GopoConfig::default(),
+        &mut a,
+    )
+    .unwrap();
     assert_eq!(a, [2.0, 2.0 - 4.0 / 3.0, 2.0 - 8.0 / 3.0, -2.0]);
     // RLOO: (1, 0, 0): μ = 1/3, A_0 = 1 − 0 = 1, A_1 = 0 − 1/2 = −0.5.
     let mut a = [0f32; 3];
-    k.rloo(&[1.0, 0.0, 0.0], Groups::Uniform(3), &RlooConfig::default(), &mut a).unwrap();
-    assert!((a[0] - 1.0).abs() < 1e-6 && (a[1] + 0.5).abs() < 1e-6, "{a:?}");
+    k.rloo(
+        &[1.0, 0.0, 0.0],
+        Groups::Uniform(3),
+        &RlooConfig::default(),
+        &mut a,
+    )
+    .unwrap();
+    assert!(
+        (a[0] - 1.0).abs() < 1e-6 && (a[1] + 0.5).abs() < 1e-6,
+        "{a:?}"
+    );
 }
 
 #[test]
 fn errors_match_grpo_core_and_leave_out_untouched() {
-    let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_out_untouched") else { return };
+    let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_out_untouched") else {
+        return;
+    };
     let k = AdvantageKernel::new(ctx);
     let cases: Vec<(Vec<f32>, Vec<usize>, ZScoreConfig)> = vec![
-        (vec![1.0, f32::NAN, 0.0, 1.0], vec![0, 2, 4], ZScoreConfig::default()),
-        (vec![1.0, f32::INFINITY, 0.0, 1.0], vec![0, 2, 4], ZScoreConfig::from_preset(Preset::Trl)),
-        (vec![1.0, 0.0, 0.0], vec![0, 2, 2, 3], ZScoreConfig::default()),
-        (vec![1.0, 0.0, 0.0], vec![0, 2, 3], ZScoreConfig::from_preset(Preset::OpenRlhf)),
-        (vec![1.0, 0.0, 0.0], vec![0, 2, 3], ZScoreConfig::default().with_gamma(2.0)),
+        (
+            vec![1.0, f32::NAN, 0.0, 1.0],
+            vec![0, 2, 4],
+            ZScoreConfig::default(),
+        ),
+        (
+            vec![1.0, f32::INFINITY, 0.0, 1.0],
+            vec![0, 2, 4],
+            ZScoreConfig::from_preset(Preset::Trl),
+        ),
+        (
+            vec![1.0, 0.0, 0.0],
+            vec![0, 2, 2, 3],
+            ZScoreConfig::default(),
+        ),
+        (
+            vec![1.0, 0.0, 0.0],
+            vec![0, 2, 3],
+            ZScoreConfig::from_preset(Preset::OpenRlhf),
+        ),
+        (
+            vec![1.0, 0.0, 0.0],
+            vec![0, 2, 3],
+            ZScoreConfig::default().with_gamma(2.0),
+        ),
         (vec![1.0, 0.0, 0.0], vec![0, 2, 4], ZScoreConfig::default()),
         (vec![3e38, -3e38, 0.0], vec![0, 3], ZScoreConfig::dr_grpo()),
     ];
@@ -356,7 +477,16 @@ fn errors_match_grpo_core_and_leave_out_untouched() {
     }
     let mut out = [5f32; 2];
     assert_eq!(
-        k.zscore(&[1.0, 2.0, 3.0], Groups::Uniform(3), &ZScoreConfig::default(), &mut out),
-        Err(GpuError::Core(Error::LengthMismatch { what: "out", expected: 3, found: 2 }))
+        k.zscore(
+            &[1.0, 2.0, 3.0],
+            Groups::Uniform(3),
+            &ZScoreConfig::default(),
+            &mut out
+        ),
+        Err(GpuError::Core(Error::LengthMismatch {
+            what: "out",
+            expected: 3,
+            found: 2
+        }))
     );
 }

@@ -28,7 +28,11 @@ fn every_module_parses_and_validates() {
         };
         let info = Validator::new(ValidationFlags::all(), capabilities(id)).validate(&module);
         if let Err(e) = info {
-            panic!("{}: validation error\n{}", id.name(), e.emit_to_string(&src));
+            panic!(
+                "{}: validation error\n{}",
+                id.name(),
+                e.emit_to_string(&src)
+            );
         }
         for entry in id.entry_points() {
             assert!(
@@ -43,7 +47,11 @@ fn every_module_parses_and_validates() {
             "{}: entry point list out of date",
             id.name()
         );
-        eprintln!("{}: {} entry points validated", id.name(), id.entry_points().len());
+        eprintln!(
+            "{}: {} entry points validated",
+            id.name(),
+            id.entry_points().len()
+        );
     }
 }
 

@@ -65,7 +65,11 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (vocab_len(), 1usize..4, prop::sample::select(vec![1.0f32, 0.7, 2.0]))
+    (
+        vocab_len(),
+        1usize..4,
+        prop::sample::select(vec![1.0f32, 0.7, 2.0]),
+    )
         .prop_flat_map(|(vocab, rows, temp)| {
             (
                 prop::collection::vec(logit(), vocab * rows),
@@ -125,9 +129,21 @@ fn check_forward<L: LogitStorage>(
             continue;
         }
         let (rl, rp, rh, _) = reference(row, c.targets[r] as usize, c.temp as f64);
-        prop_assert!(tolerance(Op::Lse, dtype).accepts(lse[r], rl), "lse {} vs {rl} ({c:?})", lse[r]);
-        prop_assert!(tolerance(Op::Logp, dtype).accepts(logp[r], rp), "logp {} vs {rp}", logp[r]);
-        prop_assert!(tolerance(Op::Entropy, dtype).accepts(h[r], rh), "H {} vs {rh}", h[r]);
+        prop_assert!(
+            tolerance(Op::Lse, dtype).accepts(lse[r], rl),
+            "lse {} vs {rl} ({c:?})",
+            lse[r]
+        );
+        prop_assert!(
+            tolerance(Op::Logp, dtype).accepts(logp[r], rp),
+            "logp {} vs {rp}",
+            logp[r]
+        );
+        prop_assert!(
+            tolerance(Op::Entropy, dtype).accepts(h[r], rh),
+            "H {} vs {rh}",
+            h[r]
+        );
     }
     Ok(())
 }
@@ -141,12 +157,18 @@ fn runner() -> TestRunner {
 }
 
 fn has_finite_rows(c: &Case, wide: &[f64]) -> bool {
-    (0..c.rows).all(|r| wide[r * c.vocab..(r + 1) * c.vocab].iter().any(|v| v.is_finite()))
+    (0..c.rows).all(|r| {
+        wide[r * c.vocab..(r + 1) * c.vocab]
+            .iter()
+            .any(|v| v.is_finite())
+    })
 }
 
 #[test]
 fn forward_f32_matches_f64_reference() {
-    let Some(ctx) = gpu::context("forward_f32_matches_f64_reference") else { return };
+    let Some(ctx) = gpu::context("forward_f32_matches_f64_reference") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     runner()
         .run(&case(), |c| check_forward(&k, &c, Dtype::F32, |x| x, |x| x))
@@ -156,11 +178,19 @@ fn forward_f32_matches_f64_reference() {
 
 #[test]
 fn forward_bf16_matches_f64_reference() {
-    let Some(ctx) = gpu::context("forward_bf16_matches_f64_reference") else { return };
+    let Some(ctx) = gpu::context("forward_bf16_matches_f64_reference") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     runner()
         .run(&case(), |c| {
-            check_forward(&k, &c, Dtype::Bf16, half::bf16::from_f32, half::bf16::to_f32)
+            check_forward(
+                &k,
+                &c,
+                Dtype::Bf16,
+                half::bf16::from_f32,
+                half::bf16::to_f32,
+            )
         })
         .unwrap();
     eprintln!("forward bf16: {} cases", gpu::cases());
@@ -168,11 +198,18 @@ fn forward_bf16_matches_f64_reference() {
 
 #[test]
 fn forward_f16_matches_f64_reference() {
-    let Some(ctx) = gpu::context("forward_f16_matches_f64_reference") else { return };
+    let Some(ctx) = gpu::context("forward_f16_matches_f64_reference") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     if !ctx.supports_f16() {
         let r = k.log_sum_exp(&[half::f16::ZERO], 1, 1.0, &mut [0.0]);
-        assert_eq!(r, Err(GpuError::MissingFeature { feature: "SHADER_F16" }));
+        assert_eq!(
+            r,
+            Err(GpuError::MissingFeature {
+                feature: "SHADER_F16"
+            })
+        );
         eprintln!("forward f16: adapter lacks SHADER_F16; checked the error instead");
         return;
     }
@@ -187,7 +224,9 @@ fn forward_f16_matches_f64_reference() {
 #[test]
 fn long_rows_meet_the_accuracy_contract() {
     // MATH.md §5: V up to 262144 in f32; Qwen's 151936 and a row past 2^18 to exercise blocking.
-    let Some(ctx) = gpu::context("long_rows_meet_the_accuracy_contract") else { return };
+    let Some(ctx) = gpu::context("long_rows_meet_the_accuracy_contract") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     for &vocab in &[151_936usize, 262_144] {
         let rows = 2;
@@ -203,7 +242,13 @@ fn long_rows_meet_the_accuracy_contract() {
             .collect();
         logits[17] = 25.0;
         let targets = vec![17u32, (vocab - 1) as u32];
-        let c = Case { vocab, rows, logits, targets, temp: 1.0 };
+        let c = Case {
+            vocab,
+            rows,
+            logits,
+            targets,
+            temp: 1.0,
+        };
         check_forward(&k, &c, Dtype::F32, |x| x, |x| x).unwrap();
         eprintln!("long row V={vocab}: ok");
     }
@@ -211,7 +256,9 @@ fn long_rows_meet_the_accuracy_contract() {
 
 #[test]
 fn kl_matches_f64_reference() {
-    let Some(ctx) = gpu::context("kl_matches_f64_reference") else { return };
+    let Some(ctx) = gpu::context("kl_matches_f64_reference") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     let strat = case().prop_flat_map(|c| {
         let n = c.logits.len();
@@ -226,9 +273,16 @@ fn kl_matches_f64_reference() {
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
             for r in 0..c.rows {
                 let a = &wide[r * c.vocab..(r + 1) * c.vocab];
-                let b: Vec<f64> = teacher[r * c.vocab..(r + 1) * c.vocab].iter().map(|&x| x as f64).collect();
+                let b: Vec<f64> = teacher[r * c.vocab..(r + 1) * c.vocab]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
                 let want = kl_reference(a, &b, c.temp as f64);
-                prop_assert!(tolerance(Op::Kl, Dtype::F32).accepts(kl[r], want), "kl {} vs {want}", kl[r]);
+                prop_assert!(
+                    tolerance(Op::Kl, Dtype::F32).accepts(kl[r], want),
+                    "kl {} vs {want}",
+                    kl[r]
+                );
                 prop_assert!(kl[r] >= -3e-5, "KL must be ≥ 0 up to rounding: {}", kl[r]);
             }
             Ok(())
@@ -239,7 +293,9 @@ fn kl_matches_f64_reference() {
 
 #[test]
 fn backward_matches_f64_reference() {
-    let Some(ctx) = gpu::context("backward_matches_f64_reference") else { return };
+    let Some(ctx) = gpu::context("backward_matches_f64_reference") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     let strat = (case(), -2.0f32..2.0, -2.0f32..2.0);
     runner()
@@ -247,15 +303,24 @@ fn backward_matches_f64_reference() {
             let g_lp = vec![g_lp; c.rows];
             let g_h = vec![g_h; c.rows];
             let mut grad = vec![0f32; c.rows * c.vocab];
-            k.backward(&c.logits, c.vocab, &c.targets, c.temp, &g_lp, &g_h, &mut grad)
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            k.backward(
+                &c.logits, c.vocab, &c.targets, c.temp, &g_lp, &g_h, &mut grad,
+            )
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
             let t = c.temp as f64;
             for r in 0..c.rows {
-                let row: Vec<f64> = c.logits[r * c.vocab..(r + 1) * c.vocab].iter().map(|&x| x as f64).collect();
+                let row: Vec<f64> = c.logits[r * c.vocab..(r + 1) * c.vocab]
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect();
                 let y = c.targets[r] as usize;
                 let (lse, _, h, p) = reference(&row, y, t);
                 let (a, b) = (g_lp[r] as f64, g_h[r] as f64);
-                let min_logp = row.iter().filter(|z| z.is_finite()).map(|z| z / t - lse).fold(0.0, f64::min);
+                let min_logp = row
+                    .iter()
+                    .filter(|z| z.is_finite())
+                    .map(|z| z / t - lse)
+                    .fold(0.0, f64::min);
                 let scale = (a.abs() + b.abs() * (1.0 + h + min_logp.abs())) / t;
                 let tol = tolerance(Op::VocabGrad, Dtype::F32);
                 let tol = tol.with_abs(tol.abs * scale);
@@ -279,13 +344,23 @@ fn backward_matches_f64_reference() {
 #[test]
 fn backward_agrees_with_central_differences() {
     // d/dz of (g·logp + h·H) by central differences of the f64 reference (MATH.md §0).
-    let Some(ctx) = gpu::context("backward_agrees_with_central_differences") else { return };
+    let Some(ctx) = gpu::context("backward_agrees_with_central_differences") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     let row = [0.3f32, -1.2, 2.5, 0.0, 1.1, -0.4, 0.9];
     let (g, hw, t, y) = (0.7f64, -1.3f64, 0.8f64, 2usize);
     let mut grad = [0f32; 7];
-    k.backward(&row, 7, &[y as u32], t as f32, &[g as f32], &[hw as f32], &mut grad)
-        .unwrap();
+    k.backward(
+        &row,
+        7,
+        &[y as u32],
+        t as f32,
+        &[g as f32],
+        &[hw as f32],
+        &mut grad,
+    )
+    .unwrap();
     let f = |z: &[f64]| {
         let (_, lp, h, _) = reference(z, y, t);
         g * lp + hw * h
@@ -298,13 +373,19 @@ fn backward_agrees_with_central_differences() {
         a[v] += e;
         b[v] -= e;
         let fd = (f(&a) - f(&b)) / (2.0 * e);
-        assert!((grad[v] as f64 - fd).abs() < 1e-5, "v={v}: {} vs {fd}", grad[v]);
+        assert!(
+            (grad[v] as f64 - fd).abs() < 1e-5,
+            "v={v}: {} vs {fd}",
+            grad[v]
+        );
     }
 }
 
 #[test]
 fn errors_match_grpo_core_and_leave_outputs_untouched() {
-    let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_outputs_untouched") else { return };
+    let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_outputs_untouched") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     let sentinel = 12345.0f32;
     // NaN at flat index 5 (row 1, column 1) and +∞ at 7: the first one is reported.
@@ -314,7 +395,10 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     let mut out = [sentinel; 3];
     assert_eq!(
         k.log_sum_exp(&logits, 4, 1.0, &mut out),
-        Err(GpuError::Core(Error::NonFinite { what: "logits", index: 5 }))
+        Err(GpuError::Core(Error::NonFinite {
+            what: "logits",
+            index: 5
+        }))
     );
     assert_eq!(out, [sentinel; 3]);
     // A row of only −∞ (row 2).
@@ -329,47 +413,92 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     let logits = vec![0.5f32; 12];
     assert_eq!(
         k.token_logprob(&logits, 4, &[0, 4, 1], 1.0, &mut out),
-        Err(GpuError::Core(Error::TokenOutOfRange { index: 1, token: 4, vocab: 4 }))
+        Err(GpuError::Core(Error::TokenOutOfRange {
+            index: 1,
+            token: 4,
+            vocab: 4
+        }))
     );
     assert_eq!(
         k.log_sum_exp(&logits, 5, 1.0, &mut out),
-        Err(GpuError::Core(Error::LengthMismatch { what: "logits", expected: 15, found: 12 }))
+        Err(GpuError::Core(Error::LengthMismatch {
+            what: "logits",
+            expected: 15,
+            found: 12
+        }))
     );
     assert!(matches!(
         k.log_sum_exp(&logits, 4, 0.0, &mut out),
-        Err(GpuError::Core(Error::InvalidParam { name: "temperature", .. }))
+        Err(GpuError::Core(Error::InvalidParam {
+            name: "temperature",
+            ..
+        }))
     ));
     assert_eq!(out, [sentinel; 3]);
     let mut grad = [sentinel; 12];
     assert_eq!(
-        k.backward(&logits, 4, &[0, 1, 2], 1.0, &[1.0, f32::NAN, 0.0], &[0.0; 3], &mut grad),
-        Err(GpuError::Core(Error::NonFinite { what: "g_logp", index: 1 }))
+        k.backward(
+            &logits,
+            4,
+            &[0, 1, 2],
+            1.0,
+            &[1.0, f32::NAN, 0.0],
+            &[0.0; 3],
+            &mut grad
+        ),
+        Err(GpuError::Core(Error::NonFinite {
+            what: "g_logp",
+            index: 1
+        }))
     );
     assert_eq!(grad, [sentinel; 12]);
 }
 
 #[test]
 fn hand_computed_values() {
-    let Some(ctx) = gpu::context("hand_computed_values") else { return };
+    let Some(ctx) = gpu::context("hand_computed_values") else {
+        return;
+    };
     let k = VocabKernel::new(ctx);
     // Row [0, ln 3]: lse = ln(1 + 3) = ln 4 = 1.3862944; logp(1) = ln3 − ln4 = ln 0.75
     // = −0.2876821; H = −(0.25 ln 0.25 + 0.75 ln 0.75) = 0.5623351.
     let row = [0.0f32, 3f32.ln()];
     let (mut lse, mut lp, mut h) = ([0f32], [0f32], [0f32]);
-    k.forward(&row, 2, &[1], 1.0, ForwardOut { lse: Some(&mut lse), logp: Some(&mut lp), entropy: Some(&mut h) })
-        .unwrap();
+    k.forward(
+        &row,
+        2,
+        &[1],
+        1.0,
+        ForwardOut {
+            lse: Some(&mut lse),
+            logp: Some(&mut lp),
+            entropy: Some(&mut h),
+        },
+    )
+    .unwrap();
     assert!((lse[0] - 1.3862944).abs() < 2e-6, "{}", lse[0]);
     assert!((lp[0] + 0.2876821).abs() < 2e-6, "{}", lp[0]);
     assert!((h[0] - 0.5623351).abs() < 2e-6, "{}", h[0]);
     // A masked (−∞) entry contributes nothing: [0, ln 3, −∞] gives the same numbers; its
     // log-prob is −∞.
     let row = [0.0f32, 3f32.ln(), f32::NEG_INFINITY];
-    k.forward(&row, 3, &[2], 1.0, ForwardOut { lse: Some(&mut lse), logp: Some(&mut lp), entropy: Some(&mut h) })
-        .unwrap();
+    k.forward(
+        &row,
+        3,
+        &[2],
+        1.0,
+        ForwardOut {
+            lse: Some(&mut lse),
+            logp: Some(&mut lp),
+            entropy: Some(&mut h),
+        },
+    )
+    .unwrap();
     assert!((lse[0] - 1.3862944).abs() < 2e-6);
     assert_eq!(lp[0], f32::NEG_INFINITY);
     // KL(p‖q) with p = (1/4, 3/4), q = (1/2, 1/2): 0.25 ln 0.5 + 0.75 ln 1.5 = 0.1308121.
     let mut kl = [0f32];
-    k.kl(&[0.0f32, 3f32.ln()], &[0.0f32, 0.0], 2, 1.0, &mut kl).unwrap();
+    k.kl(&[0.0f32, 3f32.ln()], &[0.0f32, 0.0], 2, 1.0, &mut kl)
+        .unwrap();
     assert!((kl[0] - 0.1308121).abs() < 3e-6, "{}", kl[0]);
 }

@@ -602,7 +602,10 @@ fn merges_across_blocks_with_distant_maxima() {
             (KlDirection::Reverse, kl64(&w, &z, t64)),
         ] {
             let got = kl_divergence(&z, &w, t, dir).unwrap() as f64;
-            assert!((got - want).abs() <= 1e-5 + 1e-6 * want, "{dir:?} T={t}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-5 + 1e-6 * want,
+                "{dir:?} T={t}: {got} vs {want}"
+            );
         }
         let st = row_stats(&z, t).unwrap();
         assert!((st.entropy as f64 - entropy64(&z, t64)).abs() <= 1e-5);
