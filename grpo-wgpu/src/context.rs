@@ -94,6 +94,7 @@ pub struct GpuContext {
     layouts: Mutex<HashMap<ShaderId, (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
     pipelines: Mutex<HashMap<(ShaderId, &'static str), wgpu::ComputePipeline>>,
     pool: Mutex<HashMap<(u32, u64), Vec<wgpu::Buffer>>>,
+    binding_cap: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -160,6 +161,7 @@ impl GpuContext {
             layouts: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
+            binding_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -193,6 +195,15 @@ impl GpuContext {
         self.limits
             .max_storage_buffer_binding_size
             .min(self.limits.max_buffer_size)
+            .min(self.binding_cap.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Test hook: pretend one storage binding may hold at most `bytes` bytes, so the chunking
+    /// paths run on small inputs (`u64::MAX` restores the device limit).
+    #[doc(hidden)]
+    pub fn set_binding_cap(&self, bytes: u64) {
+        self.binding_cap
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Largest number of workgroups in one dispatch dimension.

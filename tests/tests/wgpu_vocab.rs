@@ -502,3 +502,59 @@ fn hand_computed_values() {
         .unwrap();
     assert!((kl[0] - 0.1308121).abs() < 3e-6, "{}", kl[0]);
 }
+
+#[test]
+fn chunked_rows_give_the_same_bits() {
+    // A private context whose binding cap forces chunks of 1–3 rows (bf16 with an odd vocab puts
+    // chunk starts mid-word), against the same context uncapped.
+    if gpu::context("chunked_rows_give_the_same_bits").is_none() {
+        return;
+    }
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    let k = VocabKernel::new(&ctx);
+    let (rows, vocab) = (7usize, 301usize);
+    let logits: Vec<half::bf16> = (0..rows * vocab)
+        .map(|i| half::bf16::from_f32(((i * 37 % 101) as f32) * 0.11 - 5.0))
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 13 % vocab as u32).collect();
+    let run = |k: &VocabKernel<'_>| {
+        let (mut lse, mut lp, mut h) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
+        k.forward(
+            &logits,
+            vocab,
+            &targets,
+            0.9,
+            ForwardOut {
+                lse: Some(&mut lse),
+                logp: Some(&mut lp),
+                entropy: Some(&mut h),
+            },
+        )
+        .unwrap();
+        let mut grad = vec![0f32; rows * vocab];
+        k.backward(
+            &logits,
+            vocab,
+            &targets,
+            0.9,
+            &vec![1.0; rows],
+            &vec![0.5; rows],
+            &mut grad,
+        )
+        .unwrap();
+        (lse, lp, h, grad)
+    };
+    let whole = run(&k);
+    // The backward's gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
+    ctx.set_binding_cap(2500);
+    let chunked = run(&k);
+    ctx.set_binding_cap(u64::MAX);
+    assert_eq!(whole, chunked);
+    // A row larger than the cap (301·2 + 4 bytes > 500) is TooLarge, not a wrong answer.
+    ctx.set_binding_cap(500);
+    let mut lse = vec![0f32; rows];
+    assert!(matches!(
+        k.log_sum_exp(&logits, vocab, 1.0, &mut lse),
+        Err(GpuError::TooLarge { .. })
+    ));
+}
