@@ -98,3 +98,48 @@ pub(crate) fn ensure(ok: bool, name: &'static str, reason: &'static str) -> Resu
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_errors_are_wrapped_unchanged() {
+        let e = grpo_core::Error::NonFinite {
+            what: "logits",
+            index: 5,
+        };
+        let g: GpuError = e.into();
+        assert_eq!(g, GpuError::Core(e));
+        assert_eq!(g.to_string(), e.to_string());
+        assert!(std::error::Error::source(&g).is_some());
+    }
+
+    #[test]
+    fn messages_name_the_problem() {
+        let e = GpuError::TooLarge {
+            what: "logits row",
+            bytes: 10,
+            limit: 8,
+        };
+        assert_eq!(
+            e.to_string(),
+            "`logits row` needs 10 bytes in one buffer binding; the device allows 8"
+        );
+        assert_eq!(
+            GpuError::MissingFeature {
+                feature: "SHADER_F16"
+            }
+            .to_string(),
+            "the GPU adapter lacks the `SHADER_F16` feature"
+        );
+        assert_eq!(
+            check_len("out", 3, 2),
+            Err(GpuError::Core(grpo_core::Error::LengthMismatch {
+                what: "out",
+                expected: 3,
+                found: 2
+            }))
+        );
+    }
+}

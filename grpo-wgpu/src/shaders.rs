@@ -119,3 +119,30 @@ impl ShaderId {
 
 /// Re-export of `wgpu::Features` so tests can name the features without depending on wgpu.
 pub use wgpu::Features as WgpuFeatures;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directives_come_first_and_only_where_needed() {
+        for id in ShaderId::ALL {
+            let src = id.source();
+            let f16 = id == ShaderId::Vocab(LogitDtype::F16);
+            assert_eq!(src.starts_with("enable f16;"), f16, "{}", id.name());
+            let directives = src.lines().filter(|l| l.starts_with("enable ")).count();
+            assert_eq!(directives, usize::from(f16), "{}", id.name());
+            assert_eq!(
+                id.required_features().contains(wgpu::Features::SHADER_F16),
+                f16
+            );
+        }
+    }
+
+    #[test]
+    fn dtype_sizes() {
+        assert_eq!(LogitDtype::F32.size(), 4);
+        assert_eq!(LogitDtype::F16.size(), 2);
+        assert_eq!(LogitDtype::Bf16.size(), 2);
+    }
+}
