@@ -3,7 +3,9 @@
 #   1. builds and runs the GPU test suite with GRPO_REQUIRE_GPU=1 (no adapter = failure) and more
 #      proptest cases than CI (GRPO_GPU_CASES, default 256);
 #   2. runs the wgpu benchmark rows (grpo-wgpu/examples/bench.rs, grpo-bench's JSON format, roofline
-#      = a device buffer copy timed in the same run).
+#      = a device buffer copy timed in the same run). It is built with the test profile
+#      (opt-level 1), reusing step 1's wgpu build: the timed work is on the GPU, the host only
+#      records and submits, and a second (release) wgpu build would cost minutes.
 # Output: $OUT_DIR/tests.log, $OUT_DIR/bench.jsonl (one JSON object per line) and
 # $OUT_DIR/summary.jsonl (adapter, test result, timings). OUT_DIR defaults to $OUT (the device
 # tool's output folder) or target/device-check.
@@ -39,7 +41,7 @@ fi
 bench_status=0
 # shellcheck disable=SC2086
 timeout $((450 - (t1 - t0) > 60 ? 450 - (t1 - t0) : 60)) \
-    cargo run $CARGO_FLAGS --release -p grpo-wgpu --example bench -- \
+    cargo run $CARGO_FLAGS --profile test -p grpo-wgpu --example bench -- \
     --rows "${BENCH_ROWS:-512}" --vocab "${BENCH_VOCAB:-151936}" --iters "${BENCH_ITERS:-20}" \
     >"$OUT_DIR/bench.jsonl" 2>"$OUT_DIR/bench.log" || bench_status=$?
 t2=$(date +%s)
