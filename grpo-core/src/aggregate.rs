@@ -98,7 +98,10 @@ pub enum Denominator<T> {
 /// | Paper | `Strict` | as given |
 /// | Verl, VerlVectorized | `Strict` | forced `false` (verl divides the batch sum by L_max only) |
 /// | Trl | `ClampOne` | forced `true` |
-/// | OpenRlhf | `PlusEps(1e-8)` (its `masked_mean`) | as given |
+/// | OpenRlhf | `Strict` | as given |
+///
+/// `PlusEps(1e-8)` is never a preset's aggregation (verl's `agg_loss` token-mean divides by the
+/// exact count, MATH.md §6); it reproduces verl's `masked_mean` helper where a caller wants that.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AggConfig<T> {
     /// The formula.
@@ -137,10 +140,6 @@ impl<T: Real> AggConfig<T> {
             Preset::Trl => AggConfig {
                 mode: force(true),
                 denominator: Denominator::ClampOne,
-            },
-            Preset::OpenRlhf => AggConfig {
-                mode,
-                denominator: Denominator::PlusEps(T::from_f64(1e-8)),
             },
             _ => AggConfig {
                 mode,

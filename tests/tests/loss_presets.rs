@@ -299,13 +299,13 @@ fn aggregation_denominator_presets() {
     let trl = AggConfig::from_preset(Preset::Trl, AggMode::SeqMeanTokenMean);
     assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(1.0));
     assert_eq!(w, [0.25, 0.25, 0.0, 0.0]);
-    // OpenRLHF masked_mean: 4/(2 + 1e-8).
-    let orl = AggConfig::from_preset(
-        Preset::OpenRlhf,
-        AggMode::TokenMean {
+    // verl's masked_mean helper: 4/(2 + 1e-8).
+    let orl = AggConfig {
+        mode: AggMode::TokenMean {
             global_tokens: None,
         },
-    );
+        denominator: Denominator::PlusEps(1e-8),
+    };
     let loss = aggregate(&orl, tok, &v, &mut w).unwrap();
     assert!(close(loss, 4.0 / (2.0 + 1e-8)));
     // token-mean with a global count of 8: 4/8.

@@ -284,7 +284,8 @@ pub const fn kl_cov_scratch_len(n: usize) -> usize {
 ///
 /// # Errors
 /// `ratio` not finite and > 0, `coef` not finite, clamp ≤ 0,
-/// [`Error::ScratchTooSmall`] (needs [`kl_cov_scratch_len`]`(n)`); otherwise as
+/// [`Error::ScratchTooSmall`] (needs [`kl_cov_scratch_len`]`(n)`; its contents afterwards are
+/// unspecified); otherwise as
 /// [`ppo_clip`](super::ppo_clip).
 ///
 /// # Example

@@ -47,9 +47,9 @@ pub mod validate {
 
 pub use canon::Logit;
 pub use ops::{
-    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, RowStats, TokenId, backward_rows,
-    backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows, log_sum_exp,
-    logprob_entropy, logprob_entropy_rows, row_stats, stats_rows, token_logprob,
+    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
+    backward_rows, backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows,
+    log_sum_exp, logprob_entropy, logprob_entropy_rows, row_stats, stats_rows, token_logprob,
 };
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use super::canon::{
     self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
 };
-use super::exp_ln::{fma, max_r};
+use super::exp_ln::max_r;
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -124,7 +124,7 @@ pub fn row<S: super::Logit>(
 ///
 /// # Errors
 /// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
-/// index: base + y}` when `fma(z_y, τ, −M)` is not finite (a −∞ target logit).
+/// index: base + y}` when `(z_y − max)·τ` is not finite (a −∞ target logit).
 ///
 /// ```
 /// use grpo_core::vocab::validate::target;
@@ -150,8 +150,7 @@ pub fn target<S: super::Logit>(
             });
         }
     };
-    let m = canon::scaled_max(raw_max, tau);
-    if !fma(zy, tau, -m).is_finite() {
+    if !((zy - raw_max) * tau).is_finite() {
         return Err(Error::NonFinite {
             what: "logits[target]",
             index: base + y,
@@ -202,16 +201,22 @@ pub fn support<S: super::Logit, U: super::Logit>(
 /// The merged [`LseState`] of a validated row.
 #[inline]
 fn row_state<S: super::Logit>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(z.len(), LseState::merge, |a, b| lse_block(&z[a..b], tau))
-        .unwrap_or(LseState::EMPTY)
+    fold_blocks(
+        z.len(),
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap_or(LseState::EMPTY)
 }
 
 /// The merged [`PairState`] of a validated row pair.
 #[inline]
 fn pair_state<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    fold_blocks(z.len(), PairState::merge, |a, b| {
-        pair_block(&z[a..b], &w[a..b], tau)
-    })
+    fold_blocks(
+        z.len(),
+        |a: PairState, b| a.merge(b, tau),
+        |a, b| pair_block(&z[a..b], &w[a..b], tau),
+    )
     .unwrap_or(PairState {
         zmax: f32::NEG_INFINITY,
         sz: 0.0,
@@ -255,7 +260,7 @@ pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowS
     let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
     row(logits, "logits", 0, 0, tau)?;
-    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau));
+    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau), tau);
     Ok(RowStats { lse, entropy })
 }
 
@@ -286,8 +291,8 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 
 /// Token log-probability and entropy of one row in one pass \[ours\].
 ///
-/// Formula: `logp(y) = z_y/T − lse` (computed as `(z_y/T − M) − ln s` from the same row state),
-/// `H` as in [`row_stats`].
+/// Formula: `logp(y) = z_y/T − lse`, computed as `fma(z_y − m, τ, −ln s)` from the same row
+/// state (`m` = row max), and `H` as in [`row_stats`].
 ///
 /// # Errors
 /// Those of [`row_stats`], plus `TokenOutOfRange{index: 0, ..}` when `target ≥ V` and
@@ -318,7 +323,7 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     let m = row(logits, "logits", 0, 0, tau)?;
     target(logits, y, m, tau, 0, 0)?;
     let st = row_state(logits, tau);
-    let (_, _, h) = canon::finish_lse(&st);
+    let (_, _, h) = canon::finish_lse(&st, tau);
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
 }
 
@@ -359,7 +364,8 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
 /// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
 /// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
-/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result is finite for finite input.
+/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result
+/// is finite for finite input.
 ///
 /// # Errors
 /// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
@@ -447,11 +453,10 @@ fn jsd_row<S: super::Logit, U: super::Logit>(
     omb: f32,
 ) -> f32 {
     let st = pair_state(z, w, tau);
-    let (lz, _, _) = canon::finish_lse(&st.student());
-    let (lw, _, _) = canon::finish_lse(&st.teacher());
-    let (nlz, nlw) = (-lz, -lw);
+    let lz = canon::LogSoftmax::of(&st.student());
+    let lw = canon::LogSoftmax::of(&st.teacher());
     let s = canon::canonical_sum(z.len(), |i| {
-        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, nlz, nlw, beta, omb)
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, &lz, &lw, beta, omb)
     });
     max_r(0.0, s)
 }
@@ -525,7 +530,7 @@ pub fn stats_rows<S: super::Logit>(
         row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
     }
     for r in 0..rows {
-        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau));
+        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau), tau);
         lse_out[r] = lse;
         entropy_out[r] = h;
     }
@@ -582,7 +587,7 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
         let st = row_state(z, tau);
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
-            h[r] = canon::finish_lse(&st).2;
+            h[r] = canon::finish_lse(&st, tau).2;
         }
     }
     Ok(())
@@ -677,9 +682,15 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-/// Largest accepted magnitude of an upstream gradient weight: keeps every gradient finite
-/// (a weight times a floored log-ratio stays below f32::MAX).
+/// Largest accepted magnitude of an upstream gradient weight. With [`MIN_GRAD_TEMPERATURE`]
+/// it keeps every gradient finite: per element `|∂loss/∂z| ≤ τ·|w|·(4 + 2·133 + 2·2^65)`
+/// (entropy term ≤ 88 + ln V, log-ratios floored at 2^64), i.e. ≤ 1e6·1e9·7.4e19 < f32::MAX.
 pub const MAX_GRAD_WEIGHT: f32 = 1.0e9;
+
+/// Smallest temperature the backward accepts: the gradient scales with 1/T, and below this
+/// bound it could overflow f32 (see [`MAX_GRAD_WEIGHT`]). The forward operations accept any
+/// `T > 0` with a finite `1/T`.
+pub const MIN_GRAD_TEMPERATURE: f32 = 1.0e-6;
 
 /// The KL term of a fused backward: teacher logits, per-row weights `∂loss/∂KL_r`, direction.
 #[derive(Debug, Clone, Copy)]
@@ -740,6 +751,11 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
 ) -> Result<f32> {
     let tau = check_rows(logits, vocab, rows, temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
         weights("grad_logp", g, rows)?;
@@ -810,14 +826,15 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 /// # Errors
 /// As [`logprob_entropy_rows`] and [`kl_rows`] for the terms present, plus
 /// `LengthMismatch{what: "out" | "targets" | "grad_logp" | "grad_entropy" | "grad_kl"}`,
-/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight and `InvalidParam` for
-/// |weight| > [`MAX_GRAD_WEIGHT`]. On `Err`, `out` is untouched.
+/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight, `InvalidParam` for
+/// |weight| > [`MAX_GRAD_WEIGHT`] and for `T <` [`MIN_GRAD_TEMPERATURE`]. On `Err`, `out` is untouched.
 ///
 /// ```
 /// use grpo_core::vocab::{backward_rows, GradTerms};
 /// // one row [0, 0], target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
 /// let mut g = [0.0f32; 2];
-/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
 /// backward_rows(&[0.0f32, 0.0], 2, 1.0, &terms, &mut g).unwrap();
 /// assert!((g[0] - 0.5).abs() < 1e-7 && (g[1] + 0.5).abs() < 1e-7);
 /// ```
