@@ -8,7 +8,6 @@
 //! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
 
 use bytemuck::{Pod, Zeroable};
-use grpo_core::divergence::RatioBounds;
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::loss::{
@@ -17,7 +16,7 @@ use grpo_core::loss::{
 use grpo_core::{Error, Real, Tokens};
 
 use crate::context::{Arg, GpuContext};
-use crate::error::{Result, check_len, ensure};
+use crate::error::{Result, check_len};
 use crate::shaders::ShaderId;
 
 #[repr(C)]
@@ -64,11 +63,17 @@ pub struct LossKernel<'c> {
     ctx: &'c GpuContext,
 }
 
-/// loss::check_clamp.
-fn check_clamp(c: Option<f32>, name: &'static str) -> Result<()> {
-    match c {
-        Some(c) => ensure(c > 0.0, name, "must be > 0"),
-        None => Ok(()),
+/// An empty batch: grpo-core's loss functions validate their config before their inputs, so
+/// calling them on it returns exactly grpo-core's config error (or `Ok` with nothing computed).
+/// This keeps config validation identical to grpo-core's by construction.
+const EMPTY_CU: [usize; 1] = [0];
+
+fn empty_inputs() -> PolicyInputs<'static, f32> {
+    PolicyInputs {
+        lp: &[],
+        old: &[],
+        adv: &[],
+        tokens: Tokens::packed(&EMPTY_CU, None),
     }
 }
 
@@ -236,7 +241,7 @@ impl<'c> LossKernel<'c> {
         Self::finish(o, &inp.tokens, Some(&ratio), value, grad)
     }
 
-    /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with [`RatioBounds`]`::kl3`, dual-clip, δ cap),
+    /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with `RatioBounds::kl3`, dual-clip, δ cap),
     /// grpo-core's [`grpo_core::loss::ppo_clip`]: `L = −min(ρA, clip(ρ)A)`.
     ///
     /// # Errors
@@ -248,18 +253,7 @@ impl<'c> LossKernel<'c> {
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
-        RatioBounds::new(cfg.bounds.lo, cfg.bounds.hi)?;
-        if let Some(c) = cfg.dual_clip {
-            ensure(
-                c > 1.0 && c.is_finite(),
-                "dual_clip",
-                "must be finite and > 1",
-            )?;
-        }
-        if let Some(d) = cfg.delta_cap {
-            ensure(d > 1.0, "delta_cap", "must be > 1")?;
-        }
-        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
+        grpo_core::loss::ppo_clip(cfg, &empty_inputs(), &mut [], &mut [])?;
         validate_inputs(inp, value.len(), grad.len())?;
         let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
         let mut p = LossParams {
@@ -294,21 +288,11 @@ impl<'c> LossKernel<'c> {
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::cispo(cfg, &empty_inputs(), &mut [], &mut [])?;
         let (kind, lo, hi) = match cfg.weight {
-            CispoWeight::Clamp(b) => {
-                RatioBounds::new(b.lo, b.hi)?;
-                (KIND_CISPO_CLAMP, b.lo, b.hi)
-            }
-            CispoWeight::Cap(c) => {
-                ensure(
-                    c > 0.0 && c.is_finite(),
-                    "eps_max",
-                    "must be finite and > 0",
-                )?;
-                (KIND_CISPO_CAP, 0.0, c)
-            }
+            CispoWeight::Clamp(b) => (KIND_CISPO_CLAMP, b.lo, b.hi),
+            CispoWeight::Cap(c) => (KIND_CISPO_CAP, 0.0, c),
         };
-        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
         validate_inputs(inp, value.len(), grad.len())?;
         let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
         let p = LossParams {
@@ -334,17 +318,7 @@ impl<'c> LossKernel<'c> {
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
-        ensure(
-            cfg.tau_pos > 0.0 && cfg.tau_pos.is_finite(),
-            "tau_pos",
-            "must be finite and > 0",
-        )?;
-        ensure(
-            cfg.tau_neg > 0.0 && cfg.tau_neg.is_finite(),
-            "tau_neg",
-            "must be finite and > 0",
-        )?;
-        check_clamp(cfg.log_ratio_clamp, "log_ratio_clamp")?;
+        grpo_core::loss::sapo(cfg, &empty_inputs(), &mut [], &mut [])?;
         validate_inputs(inp, value.len(), grad.len())?;
         let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
         let p = LossParams {
@@ -408,8 +382,22 @@ impl<'c> LossKernel<'c> {
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<TokenDiagnostics<f32>> {
-        check_clamp(cfg.input_clamp, "input_clamp")?;
-        check_clamp(cfg.output_clamp, "output_clamp")?;
+        grpo_core::divergence::kl_penalty::kl_penalty(
+            &KlPenaltyConfig {
+                // The importance-corrected form needs `old`; its config is checked like k3's.
+                estimator: match cfg.estimator {
+                    KlEstimator::K3Is => KlEstimator::K3,
+                    e => e,
+                },
+                ..*cfg
+            },
+            &[],
+            &[],
+            None,
+            &Tokens::packed(&EMPTY_CU, None),
+            &mut [],
+            &mut [],
+        )?;
         let kind = match cfg.estimator {
             KlEstimator::K1 => KIND_K1,
             KlEstimator::Abs => KIND_ABS,
