@@ -7,10 +7,11 @@
 // pairwise tree, so rows of any length work and the summation is blocked (≈ V/256 sequential adds
 // per lane, then log2(256) levels) as the accuracy contract requires.
 //
-// Status per row (host turns it into grpo_core::Error after readback, before any caller buffer is
-// written): word 0 = first column holding NaN or +∞ (NO_INDEX if none); word 1 = flags
-// (1: every logit is −∞; 2: the target's logit is −∞; 4: KL is +∞ because the teacher is −∞ where
-// the student has mass).
+// Status per row, 4 words (host turns it into grpo_core::Error after readback, in grpo-core's
+// order, before any caller buffer is written): word 0 = first column holding NaN or +∞ (NO_INDEX
+// if none); word 1 = flags (1: every logit is −∞; 2: the target's logit is −∞; 4: KL is +∞
+// because the teacher is −∞ where the student has mass); word 2 = first column whose z/T
+// overflows to +∞ (NO_INDEX if none); word 3 unused.
 
 
 const WG: u32 = 256u;
@@ -93,6 +94,7 @@ var<workgroup> wm: array<f32, WG>;
 var<workgroup> ws: array<f32, WG>;
 var<workgroup> wt: array<f32, WG>;
 var<workgroup> wbad: atomic<u32>;
+var<workgroup> wover: atomic<u32>;
 
 // Fixed pairwise tree over the 256 lane states. Called from uniform control flow by every
 // invocation (it contains barriers); every invocation gets the merged state.
@@ -129,7 +131,15 @@ fn scan_row(row_ok: bool, row: u32, lid: u32) -> Online {
                 atomicMin(&wbad, v);
                 continue;
             }
-            st = online_push(st, z * params.inv_temp);
+            let x = z * params.inv_temp;
+            if !is_finite_bits(x) {
+                // z/T overflowed: +∞ is an error (grpo-core reports it), −∞ contributes nothing.
+                if x > 0.0 {
+                    atomicMin(&wover, v);
+                }
+                continue;
+            }
+            st = online_push(st, x);
         }
     }
     return st;
@@ -173,19 +183,23 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
+        atomicStore(&wover, NO_INDEX);
     }
     workgroupBarrier();
     let st = scan_row(row_ok, row, lid);
     let r = workgroup_reduce(lid, st);
     let bad = atomicLoad(&wbad);
+    let over = atomicLoad(&wover);
     if row_ok && lid == 0u {
         let o = row_stats(row, r);
         stats[row * 4u] = o.lse;
         stats[row * 4u + 1u] = o.logp;
         stats[row * 4u + 2u] = o.entropy;
         stats[row * 4u + 3u] = 0.0;
-        status[row * 2u] = bad;
-        status[row * 2u + 1u] = o.flags;
+        status[row * 4u] = bad;
+        status[row * 4u + 1u] = o.flags;
+        status[row * 4u + 2u] = over;
+        status[row * 4u + 3u] = 0u;
     }
 }
 
@@ -200,11 +214,13 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
+        atomicStore(&wover, NO_INDEX);
     }
     workgroupBarrier();
     let st = scan_row(row_ok, row, lid);
     let r = workgroup_reduce(lid, st);
     let bad = atomicLoad(&wbad);
+    let over = atomicLoad(&wover);
     if row_ok {
         let o = row_stats(row, r);
         let g_lp = upstream[row * 2u];
@@ -214,9 +230,10 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
         let out0 = row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
             let z = load_logit(start + v);
+            let x = z * params.inv_temp;
             var g = 0.0;
-            if !is_neg_inf_bits(z) {
-                let lp = (z * params.inv_temp - r.m) - o.ln_s;
+            if !is_neg_inf_bits(z) && is_finite_bits(x) {
+                let lp = (x - r.m) - o.ln_s;
                 let p = exp(lp);
                 g = -g_lp * p - g_h * p * (lp + o.entropy);
                 if v == y {
@@ -230,8 +247,10 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
             stats[row * 4u + 1u] = o.logp;
             stats[row * 4u + 2u] = o.entropy;
             stats[row * 4u + 3u] = 0.0;
-            status[row * 2u] = bad;
-            status[row * 2u + 1u] = o.flags;
+            status[row * 4u] = bad;
+            status[row * 4u + 1u] = o.flags;
+            status[row * 4u + 2u] = over;
+            status[row * 4u + 3u] = 0u;
         }
     }
 }
@@ -347,7 +366,9 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         stats[row * 4u + 1u] = wmq[0] + log(sq1);
         stats[row * 4u + 2u] = 0.0;
         stats[row * 4u + 3u] = value;
-        status[row * 2u] = bad;
-        status[row * 2u + 1u] = flags;
+        status[row * 4u] = bad;
+        status[row * 4u + 1u] = flags;
+        status[row * 4u + 2u] = NO_INDEX;
+        status[row * 4u + 3u] = 0u;
     }
 }

@@ -12,6 +12,8 @@ use crate::shaders::{LogitDtype, ShaderId};
 pub trait LogitStorage: Pod + sealed::Sealed {
     /// Which shader prelude reads it.
     const DTYPE: LogitDtype;
+    /// Exact widening to f32 (what the shaders do).
+    fn widen(self) -> f32;
 }
 
 mod sealed {
@@ -23,12 +25,21 @@ mod sealed {
 
 impl LogitStorage for f32 {
     const DTYPE: LogitDtype = LogitDtype::F32;
+    fn widen(self) -> f32 {
+        self
+    }
 }
 impl LogitStorage for half::f16 {
     const DTYPE: LogitDtype = LogitDtype::F16;
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
 }
 impl LogitStorage for half::bf16 {
     const DTYPE: LogitDtype = LogitDtype::Bf16;
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
 }
 
 #[repr(C)]
@@ -51,7 +62,7 @@ const NO_INDEX: u32 = u32::MAX;
 pub struct ForwardOut<'a> {
     /// `lse = log Σ_v exp(z_v/T)`.
     pub lse: Option<&'a mut [f32]>,
-    /// `logp(y) = z_y/T − lse` (−∞ when the target's logit is −∞).
+    /// `logp(y) = z_y/T − lse` (a −∞ target logit is `NonFinite { what: "logits[target]" }`).
     pub logp: Option<&'a mut [f32]>,
     /// `H = lse − Σ_v p_v z_v/T`.
     pub entropy: Option<&'a mut [f32]>,
@@ -81,20 +92,22 @@ impl<'c> VocabKernel<'c> {
         VocabKernel { ctx }
     }
 
+    /// grpo-core's `check_rows` order: temperature (grpo-core's own `inverse_temperature`, which
+    /// also gives τ = 1/T), `vocab > 0`, then the logits' length; then this backend's limits.
     fn validate<L: LogitStorage>(
         &self,
         logits: &[L],
         vocab: usize,
         rows: usize,
         temperature: f32,
-    ) -> Result<()> {
+    ) -> Result<f32> {
+        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
         ensure(vocab > 0, "vocab", "must be > 0")?;
-        ensure(
-            temperature.is_finite() && temperature > 0.0,
-            "temperature",
-            "must be finite and > 0",
-        )?;
-        check_len("logits", rows.saturating_mul(vocab), logits.len())?;
+        let expected = rows.checked_mul(vocab).ok_or(Error::InvalidParam {
+            name: "vocab",
+            reason: "rows · vocab overflows usize",
+        })?;
+        check_len("logits", expected, logits.len())?;
         if vocab > u32::MAX as usize / 2 {
             return Err(GpuError::TooLarge {
                 what: "vocab",
@@ -107,7 +120,7 @@ impl<'c> VocabKernel<'c> {
                 feature: "SHADER_F16",
             });
         }
-        Ok(())
+        Ok(tau)
     }
 
     /// Splits the rows so each chunk's logits (and gradient, `bytes_per_out_elem` per logit)
@@ -157,10 +170,18 @@ impl<'c> VocabKernel<'c> {
         Ok(())
     }
 
-    /// Turns the per-row status words into grpo-core's error (first failing row wins, as a
-    /// sequential scan would report it).
-    fn check_status(status: &[u32], first_row: usize, vocab: usize, allow: u32) -> Result<()> {
-        for (r, w) in status.chunks_exact(2).enumerate() {
+    /// Turns the per-row status words into grpo-core's error, in grpo-core's order: row by row,
+    /// first NaN/+∞ (`NonFinite{"logits"}`), all −∞ (`EmptySegment`), z/T overflow
+    /// (`NonFinite{"logits / temperature"}` at the first maximum, found on the host as grpo-core
+    /// does), then, when `targets` is given, a −∞ target logit (`NonFinite{"logits[target]"}`).
+    fn check_status<L: LogitStorage>(
+        status: &[u32],
+        first_row: usize,
+        vocab: usize,
+        logits: &[L],
+        targets: Option<&[u32]>,
+    ) -> Result<()> {
+        for (r, w) in status.chunks_exact(4).enumerate() {
             let row = first_row + r;
             if w[0] != NO_INDEX {
                 return Err(Error::NonFinite {
@@ -169,8 +190,30 @@ impl<'c> VocabKernel<'c> {
                 }
                 .into());
             }
-            if w[1] & FLAG_EMPTY_ROW != 0 && allow & FLAG_EMPTY_ROW == 0 {
+            if w[1] & FLAG_EMPTY_ROW != 0 {
                 return Err(Error::EmptySegment { segment: row }.into());
+            }
+            if w[2] != NO_INDEX {
+                let zs = &logits[row * vocab..(row + 1) * vocab];
+                let m = zs
+                    .iter()
+                    .map(|z| z.widen())
+                    .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+                let v = zs.iter().position(|z| z.widen() == m).unwrap_or(0);
+                return Err(Error::NonFinite {
+                    what: "logits / temperature",
+                    index: row * vocab + v,
+                }
+                .into());
+            }
+            if let Some(t) = targets
+                && w[1] & FLAG_TARGET_NEG_INF != 0
+            {
+                return Err(Error::NonFinite {
+                    what: "logits[target]",
+                    index: row * vocab + t[row] as usize,
+                }
+                .into());
             }
         }
         Ok(())
@@ -213,7 +256,7 @@ impl<'c> VocabKernel<'c> {
             (0, Arg::In(bytemuck::cast_slice(logits))),
             (1, Arg::In(bytemuck::cast_slice(&targets))),
             (2, Arg::Out((rows * 16) as u64)),
-            (3, Arg::Out((rows * 8) as u64)),
+            (3, Arg::Out((rows * 16) as u64)),
             (4, Arg::Uniform(bytemuck::bytes_of(&params))),
         ];
         if backward {
@@ -275,7 +318,7 @@ impl<'c> VocabKernel<'c> {
         if let Some(s) = &entropy {
             check_len("entropy", rows, s.len())?;
         }
-        self.validate(logits, vocab, rows, temperature)?;
+        let tau = self.validate(logits, vocab, rows, temperature)?;
         let zeros;
         let targets = if logp.is_some() {
             check_len("targets", rows, targets.len())?;
@@ -292,7 +335,7 @@ impl<'c> VocabKernel<'c> {
                 rows: c.rows as u32,
                 vocab: vocab as u32,
                 base,
-                inv_temp: 1.0 / temperature,
+                inv_temp: tau,
             };
             let res = self
                 .ctx
@@ -305,23 +348,17 @@ impl<'c> VocabKernel<'c> {
                             Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
                         ),
                         (2, Arg::Out((c.rows * 16) as u64)),
-                        (3, Arg::Out((c.rows * 8) as u64)),
+                        (3, Arg::Out((c.rows * 16) as u64)),
                         (4, Arg::Uniform(bytemuck::bytes_of(&params))),
                     ],
                     &[("forward", [c.rows as u32, 1, 1])],
                 )?
                 .await?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(&status[..c.rows * 2], c.first, vocab, 0)?;
+            let t = logp.is_some().then_some(targets);
+            Self::check_status(&status[..c.rows * 4], c.first, vocab, logits, t)?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             stats[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&st[..c.rows * 4]);
-            if logp.is_some() {
-                for (r, w) in status[..c.rows * 2].chunks_exact(2).enumerate() {
-                    if w[1] & FLAG_TARGET_NEG_INF != 0 {
-                        stats[(c.first + r) * 4 + 1] = f32::NEG_INFINITY;
-                    }
-                }
-            }
         }
         // Everything validated: now write the caller's buffers.
         for (k, dst) in [lse, logp, entropy].into_iter().enumerate() {
@@ -405,7 +442,7 @@ impl<'c> VocabKernel<'c> {
         kl: &mut [f32],
     ) -> Result<()> {
         let rows = kl.len();
-        self.validate(student, vocab, rows, temperature)?;
+        let tau = self.validate(student, vocab, rows, temperature)?;
         check_len("teacher", rows * vocab, teacher.len())?;
         let mut vals = vec![0f32; rows];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
@@ -415,7 +452,7 @@ impl<'c> VocabKernel<'c> {
                 rows: c.rows as u32,
                 vocab: vocab as u32,
                 base,
-                inv_temp: 1.0 / temperature,
+                inv_temp: tau,
             };
             let res = self.ctx.run(
                 ShaderId::Vocab(L::DTYPE),
@@ -423,16 +460,16 @@ impl<'c> VocabKernel<'c> {
                     (0, Arg::In(bytes)),
                     (5, Arg::In(tbytes)),
                     (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 8) as u64)),
+                    (3, Arg::Out((c.rows * 16) as u64)),
                     (4, Arg::Uniform(bytemuck::bytes_of(&params))),
                 ],
                 &[("kl", [c.rows as u32, 1, 1])],
             )?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(&status[..c.rows * 2], c.first, vocab, 0)?;
+            Self::check_status(&status[..c.rows * 4], c.first, vocab, student, None)?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             for r in 0..c.rows {
-                vals[c.first + r] = if status[r * 2 + 1] & FLAG_KL_INFINITE != 0 {
+                vals[c.first + r] = if status[r * 4 + 1] & FLAG_KL_INFINITE != 0 {
                     f32::INFINITY
                 } else {
                     st[r * 4 + 3]
@@ -463,7 +500,7 @@ impl<'c> VocabKernel<'c> {
         grad: &mut [f32],
     ) -> Result<()> {
         let rows = targets.len();
-        self.validate(logits, vocab, rows, temperature)?;
+        let tau = self.validate(logits, vocab, rows, temperature)?;
         check_len("g_logp", rows, g_logp.len())?;
         check_len("g_entropy", rows, g_entropy.len())?;
         check_len("grad", rows * vocab, grad.len())?;
@@ -485,7 +522,7 @@ impl<'c> VocabKernel<'c> {
                 rows: c.rows as u32,
                 vocab: vocab as u32,
                 base,
-                inv_temp: 1.0 / temperature,
+                inv_temp: tau,
             };
             let mut res = self.ctx.run(
                 ShaderId::Vocab(L::DTYPE),
@@ -496,7 +533,7 @@ impl<'c> VocabKernel<'c> {
                         Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
                     ),
                     (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 8) as u64)),
+                    (3, Arg::Out((c.rows * 16) as u64)),
                     (4, Arg::Uniform(bytemuck::bytes_of(&params))),
                     (6, Arg::Out((c.rows * vocab * 4) as u64)),
                     (
@@ -509,7 +546,7 @@ impl<'c> VocabKernel<'c> {
                 &[("backward", [c.rows as u32, 1, 1])],
             )?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(&status[..c.rows * 2], c.first, vocab, 0)?;
+            Self::check_status(&status[..c.rows * 4], c.first, vocab, logits, Some(targets))?;
             chunks_out.push((c.first * vocab, std::mem::take(&mut res[2])));
         }
         for (start, bytes) in chunks_out {

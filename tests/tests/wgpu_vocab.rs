@@ -479,13 +479,13 @@ fn hand_computed_values() {
     assert!((lse[0] - 1.3862944).abs() < 2e-6, "{}", lse[0]);
     assert!((lp[0] + 0.2876821).abs() < 2e-6, "{}", lp[0]);
     assert!((h[0] - 0.5623351).abs() < 2e-6, "{}", h[0]);
-    // A masked (−∞) entry contributes nothing: [0, ln 3, −∞] gives the same numbers; its
-    // log-prob is −∞.
+    // A masked (−∞) entry contributes nothing: [0, ln 3, −∞] gives the same numbers; a −∞
+    // target is grpo-core's NonFinite { "logits[target]" }.
     let row = [0.0f32, 3f32.ln(), f32::NEG_INFINITY];
     k.forward(
         &row,
         3,
-        &[2],
+        &[1],
         1.0,
         ForwardOut {
             lse: Some(&mut lse),
@@ -495,7 +495,14 @@ fn hand_computed_values() {
     )
     .unwrap();
     assert!((lse[0] - 1.3862944).abs() < 2e-6);
-    assert_eq!(lp[0], f32::NEG_INFINITY);
+    assert!((lp[0] + 0.2876821).abs() < 2e-6, "{}", lp[0]);
+    assert_eq!(
+        k.token_logprob(&row, 3, &[2], 1.0, &mut lp),
+        Err(GpuError::Core(Error::NonFinite {
+            what: "logits[target]",
+            index: 2
+        }))
+    );
     // KL(p‖q) with p = (1/4, 3/4), q = (1/2, 1/2): 0.25 ln 0.5 + 0.75 ln 1.5 = 0.1308121.
     let mut kl = [0f32];
     k.kl(&[0.0f32, 3f32.ln()], &[0.0f32, 0.0], 2, 1.0, &mut kl)
@@ -557,4 +564,50 @@ fn chunked_rows_give_the_same_bits() {
         k.log_sum_exp(&logits, vocab, 1.0, &mut lse),
         Err(GpuError::TooLarge { .. })
     ));
+}
+
+#[test]
+fn errors_are_grpo_cores_for_the_same_rows() {
+    let Some(ctx) = gpu::context("errors_are_grpo_cores_for_the_same_rows") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let ninf = f32::NEG_INFINITY;
+    // (logits, vocab, targets, temperature): NaN, all −∞, overflow of z/T, −∞ target, bad T,
+    // bad target, bad length; several errors in one batch (the first row's wins).
+    let cases: Vec<(Vec<f32>, usize, Vec<u32>, f32)> = vec![
+        (vec![0.0, 1.0, 2.0, f32::NAN, 0.0, 1.0], 3, vec![0, 0], 1.0),
+        (vec![0.0, 1.0, 2.0, ninf, ninf, ninf], 3, vec![0, 0], 1.0),
+        (vec![0.0, 3e38, 3e38, 1.0, 1.0, 1.0], 3, vec![0, 0], 0.5),
+        (vec![0.0, 1.0, ninf, 1.0, 1.0, 1.0], 3, vec![2, 0], 1.0),
+        (
+            vec![0.0, 1.0, 2.0, f32::INFINITY, 1.0, ninf],
+            3,
+            vec![0, 2],
+            1.0,
+        ),
+        (vec![0.0; 6], 3, vec![0, 0], 1e-39),
+        (vec![0.0; 6], 3, vec![0, 3], 1.0),
+        (vec![0.0; 5], 3, vec![0, 0], 1.0),
+        (vec![0.0; 6], 0, vec![0, 0], 1.0),
+    ];
+    for (z, v, t, temp) in cases {
+        let (mut lp, mut h) = ([7f32; 2], [7f32; 2]);
+        let want = grpo_core::vocab::logprob_entropy_rows(&z, v, &t, temp, &mut lp, Some(&mut h))
+            .unwrap_err();
+        let (mut lp, mut h) = ([7f32; 2], [7f32; 2]);
+        let got = k.forward(
+            &z,
+            v,
+            &t,
+            temp,
+            ForwardOut {
+                logp: Some(&mut lp),
+                entropy: Some(&mut h),
+                lse: None,
+            },
+        );
+        assert_eq!(got, Err(GpuError::Core(want)), "{z:?} V={v} {t:?} T={temp}");
+        assert_eq!((lp, h), ([7f32; 2], [7f32; 2]));
+    }
 }
