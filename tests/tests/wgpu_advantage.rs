@@ -92,8 +92,15 @@ fn batch(min_group: usize, nan: bool) -> impl Strategy<Value = Batch> {
 
 /// The per-element tolerance of a z-score-like result: table ULPs, plus the cancellation slack
 /// of a last-bit difference in μ (ulp(max|s|)/(σ + ε) of the group, in f64).
+/// Largest ULP distance seen by `check_close` in this process (reported by the tests).
+static MAX_ULP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn check_close(got: &[f32], want: &[f32], tol: Tol, slack: &[f64]) -> Result<(), TestCaseError> {
     for i in 0..got.len() {
+        MAX_ULP.fetch_max(
+            ulp_distance(got[i], want[i]),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let ok = tol
             .with_abs(tol.abs + slack[i])
             .accepts(got[i], want[i] as f64);
@@ -201,9 +208,10 @@ fn zscore_family_matches_grpo_core() {
             .unwrap();
     }
     eprintln!(
-        "zscore family: {} configs × {} cases",
+        "zscore family: {} configs × {} cases; max distance to grpo-core so far: {} ULP",
         zscore_configs().len(),
-        gpu::cases()
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
     );
 }
 
@@ -224,6 +232,11 @@ fn dial_gamma_matches_grpo_core() {
             check_close(&got, &want, tolerance(Op::AdvDialPow, Dtype::F32), &slack)
         })
         .unwrap();
+    eprintln!(
+        "dial γ: {} cases; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 #[test]
@@ -255,6 +268,11 @@ fn rloo_matches_grpo_core() {
             })
             .unwrap();
     }
+    eprintln!(
+        "rloo: {} cases; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 #[test]
@@ -310,6 +328,11 @@ fn gopo_and_g2rpo_match_grpo_core() {
             Ok(())
         })
         .unwrap();
+    eprintln!(
+        "gopo+g2rpo: {} cases; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 #[test]
@@ -358,6 +381,11 @@ fn gdpo_matches_grpo_core() {
             Ok(())
         })
         .unwrap();
+    eprintln!(
+        "gdpo: {} cases; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 #[test]
