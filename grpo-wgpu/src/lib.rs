@@ -1,8 +1,41 @@
 //! # grpo-wgpu
 //!
-//! The GPU backend of grpo-kernels: WGSL compute shaders (in the workspace's `shaders/`) run
-//! through wgpu on Vulkan, Metal, DX12 or GL, equal to grpo-core within a documented tolerance.
+//! The GPU backend of grpo-kernels: WGSL compute shaders (the workspace's `shaders/`) run through
+//! wgpu on Vulkan, Metal or DX12, equal to grpo-core within the tolerances of the test suite's
+//! table (`tests/src/tolerance.rs`).
 //!
-//! Status: **not implemented yet.** This crate exposes no operation; the shaders, the
-//! `GpuContext` and the tolerance-checked test suite arrive with the GPU-backend issue. Use
-//! grpo-core (or grpo-cpu) meanwhile.
+//! - [`GpuContext`]: device, queue, cached pipelines, pooled buffers; blocking and async use.
+//! - [`VocabKernel`]: log-sum-exp, token log-prob, entropy, KL, fused backward over logit rows
+//!   (f32, f16, bf16 storage).
+//! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
+//! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
+//!   SAPO, REINFORCE; KL penalties k1/abs/k2/k3.
+//! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
+//!
+//! Validation happens on the host before anything is written; data-dependent checks (non-finite
+//! logits) are reported by the shaders in status words and turned into the same
+//! [`grpo_core::Error`] before any caller buffer is touched.
+//!
+//! ```no_run
+//! use grpo_wgpu::{GpuContext, VocabKernel};
+//! let ctx = GpuContext::new()?;
+//! let logits = [0.0f32, 1.0, 2.0, 3.0];
+//! let mut lse = [0.0f32; 1];
+//! VocabKernel::new(&ctx).log_sum_exp(&logits, 4, 1.0, &mut lse)?;
+//! assert!((lse[0] - 3.4401897).abs() < 1e-5);
+//! # Ok::<(), grpo_wgpu::GpuError>(())
+//! ```
+
+mod advantage;
+mod context;
+mod error;
+mod loss;
+pub mod shaders;
+mod vocab;
+
+pub use advantage::AdvantageKernel;
+pub use context::{Arg, GpuContext};
+pub use error::{GpuError, Result};
+pub use loss::LossKernel;
+pub use shaders::{LogitDtype, ShaderId};
+pub use vocab::{ForwardOut, LogitStorage, VocabKernel};

@@ -27,3 +27,6 @@ pub fn binary_reward() -> impl Strategy<Value = f64> {
 pub fn close(a: f64, b: f64, rel: f64, abs: f64) -> bool {
     (a - b).abs() <= abs + rel * a.abs().max(b.abs())
 }
+
+pub mod gpu;
+pub mod tolerance;

@@ -1,0 +1,454 @@
+//! [`LossKernel`]: per-token policy losses with ∂L/∂lp and KL-to-reference penalties
+//! (MATH.md §3–4) on the GPU, the same per-element f32 operations as grpo-core
+//! (`shaders/loss.wgsl`), configured by grpo-core's own config structs.
+//!
+//! Validation runs on the host in grpo-core's order with its error variants; after readback the
+//! outputs are checked for finiteness as grpo-core's driver does (`"loss value"`,
+//! `"loss gradient"`), and the diagnostics are assembled in grpo-core's token order (the
+//! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
+
+use bytemuck::{Pod, Zeroable};
+use grpo_core::divergence::measures::TokenDiagnostics;
+use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
+use grpo_core::loss::{
+    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig, SapoConfig,
+};
+use grpo_core::{Error, Real, Tokens};
+
+use crate::context::{Arg, GpuContext};
+use crate::error::{Result, check_len};
+use crate::shaders::ShaderId;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct LossParams {
+    n: u32,
+    kind: u32,
+    flags: u32,
+    _pad0: u32,
+    lo: f32,
+    hi: f32,
+    clamp: f32,
+    dual_c: f32,
+    delta: f32,
+    tau_pos: f32,
+    tau_neg: f32,
+    out_clamp: f32,
+}
+
+const KIND_PPO: u32 = 0;
+const KIND_CISPO_CLAMP: u32 = 1;
+const KIND_CISPO_CAP: u32 = 2;
+const KIND_SAPO: u32 = 3;
+const KIND_REINFORCE: u32 = 4;
+const KIND_K1: u32 = 8;
+const KIND_ABS: u32 = 9;
+const KIND_K2: u32 = 10;
+const KIND_K3: u32 = 11;
+const FLAG_CLAMP_LOG_RATIO: u32 = 1;
+const FLAG_DUAL_CLIP: u32 = 2;
+const FLAG_DELTA_CAP: u32 = 4;
+const FLAG_KL_OUT_CLAMP: u32 = 8;
+const FLAG_WEIGHTS: u32 = 16;
+const EV_CLAMPED: u32 = 1;
+const EV_CLIP_LOW: u32 = 2;
+const EV_CLIP_HIGH: u32 = 4;
+const EV_DUAL: u32 = 8;
+const EV_CAPPED: u32 = 16;
+const EV_OUT_CLAMPED: u32 = 32;
+
+/// The loss kernels (`shaders/loss.wgsl`) on one [`GpuContext`].
+#[derive(Debug, Clone, Copy)]
+pub struct LossKernel<'c> {
+    ctx: &'c GpuContext,
+}
+
+/// An empty batch: grpo-core's loss functions validate their config before their inputs, so
+/// calling them on it returns exactly grpo-core's config error (or `Ok` with nothing computed).
+/// This keeps config validation identical to grpo-core's by construction.
+const EMPTY_CU: [usize; 1] = [0];
+
+fn empty_inputs() -> PolicyInputs<'static, f32> {
+    PolicyInputs {
+        lp: &[],
+        old: &[],
+        adv: &[],
+        tokens: Tokens::packed(&EMPTY_CU, None),
+    }
+}
+
+fn for_each_valid(tokens: &Tokens<'_>, mut f: impl FnMut(usize) -> Result<()>) -> Result<()> {
+    for i in 0..tokens.num_sequences() {
+        for t in tokens.valid_positions(i) {
+            f(t)?;
+        }
+    }
+    Ok(())
+}
+
+/// loss::validate_inputs.
+fn validate_inputs(inp: &PolicyInputs<'_, f32>, value_len: usize, grad_len: usize) -> Result<()> {
+    let n = inp.lp.len();
+    inp.tokens.validate(n)?;
+    check_len("old", n, inp.old.len())?;
+    check_len("adv", n, inp.adv.len())?;
+    check_len("value", n, value_len)?;
+    check_len("grad", n, grad_len)?;
+    for_each_valid(&inp.tokens, |t| {
+        let bad = |what| Err(Error::NonFinite { what, index: t }.into());
+        if !inp.lp[t].is_finite() {
+            return bad("lp");
+        }
+        if !inp.old[t].is_finite() {
+            return bad("old");
+        }
+        if !inp.adv[t].is_finite() {
+            return bad("adv");
+        }
+        if !(inp.lp[t] - inp.old[t]).is_finite() {
+            return bad("lp - old");
+        }
+        Ok(())
+    })
+}
+
+/// loss::validate_aux.
+fn validate_aux(tokens: &Tokens<'_>, what: &'static str, n: usize, v: &[f32]) -> Result<()> {
+    check_len(what, n, v.len())?;
+    for_each_valid(tokens, |t| {
+        if v[t].is_finite() {
+            Ok(())
+        } else {
+            Err(Error::NonFinite { what, index: t }.into())
+        }
+    })
+}
+
+fn clamp_flag(c: Option<f32>) -> (u32, f32) {
+    c.map_or((0, 0.0), |c| (FLAG_CLAMP_LOG_RATIO, c))
+}
+
+struct Outputs {
+    value: Vec<f32>,
+    grad: Vec<f32>,
+    events: Vec<u32>,
+}
+
+impl<'c> LossKernel<'c> {
+    /// The kernels on `ctx`.
+    pub fn new(ctx: &'c GpuContext) -> Self {
+        LossKernel { ctx }
+    }
+
+    fn dispatch(
+        &self,
+        lp: &[f32],
+        b: &[f32],
+        adv: &[f32],
+        tokens: &Tokens<'_>,
+        params: LossParams,
+    ) -> Result<Outputs> {
+        let n = lp.len();
+        let mask: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(lp))),
+                (1, Arg::In(bytemuck::cast_slice(b))),
+                (2, Arg::In(bytemuck::cast_slice(adv))),
+                (3, Arg::InOut(bytemuck::cast_slice(&mask))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out((n * 4) as u64)),
+            ],
+            &[("per_token", [(n as u32).div_ceil(256), 1, 1])],
+        )?;
+        let flags: &[u32] = bytemuck::cast_slice(&res[0]);
+        let value: &[f32] = bytemuck::cast_slice(&res[1]);
+        let grad: &[f32] = bytemuck::cast_slice(&res[2]);
+        Ok(Outputs {
+            value: value[..n].to_vec(),
+            grad: grad[..n].to_vec(),
+            events: flags[..n].iter().map(|f| f >> 1).collect(),
+        })
+    }
+
+    /// loss::drive's second half: finiteness in token order, diagnostics, then the writes.
+    fn finish(
+        o: Outputs,
+        tokens: &Tokens<'_>,
+        ratio_of: Option<&dyn Fn(usize) -> (f32, f32)>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let mut d = LossDiagnostics::empty(LossLevel::Token);
+        for_each_valid(tokens, |t| {
+            if !o.value[t].is_finite() {
+                return Err(Error::NonFinite {
+                    what: "loss value",
+                    index: t,
+                }
+                .into());
+            }
+            if !o.grad[t].is_finite() {
+                return Err(Error::NonFinite {
+                    what: "loss gradient",
+                    index: t,
+                }
+                .into());
+            }
+            let ev = o.events[t];
+            d.tokens += 1;
+            d.clipped_low += (ev & EV_CLIP_LOW != 0) as usize;
+            d.clipped_high += (ev & EV_CLIP_HIGH != 0) as usize;
+            d.dual_clipped += (ev & EV_DUAL != 0) as usize;
+            d.delta_capped += (ev & EV_CAPPED != 0) as usize;
+            d.clamped += (ev & EV_CLAMPED != 0) as usize;
+            if let Some(f) = ratio_of {
+                let (x, rho) = f(t);
+                d.kl_sum -= x;
+                d.ratio_min = Real::min(d.ratio_min, rho);
+                d.ratio_max = Real::max(d.ratio_max, rho);
+            }
+            Ok(())
+        })?;
+        value.copy_from_slice(&o.value);
+        grad.copy_from_slice(&o.grad);
+        Ok(d)
+    }
+
+    fn ratio_loss(
+        &self,
+        p: LossParams,
+        clamp: Option<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let o = self.dispatch(inp.lp, inp.old, inp.adv, &inp.tokens, p)?;
+        // x after the clamp and ρ = e^x exactly as grpo-core computes them (its diagnostics).
+        let ratio = |t: usize| {
+            let mut x = inp.lp[t] - inp.old[t];
+            if let Some(c) = clamp {
+                if x > c {
+                    x = c;
+                } else if x < -c {
+                    x = -c;
+                }
+            }
+            (x, Real::exp(x))
+        };
+        Self::finish(o, &inp.tokens, Some(&ratio), value, grad)
+    }
+
+    /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with `RatioBounds::kl3`, dual-clip, δ cap),
+    /// grpo-core's [`grpo_core::loss::ppo_clip`]: `L = −min(ρA, clip(ρ)A)`.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn ppo_clip(
+        &self,
+        cfg: &PpoClipConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::ppo_clip(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let mut p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_PPO,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        if let Some(c) = cfg.dual_clip {
+            flags |= FLAG_DUAL_CLIP;
+            p.dual_c = c;
+        }
+        if let Some(d) = cfg.delta_cap {
+            flags |= FLAG_DELTA_CAP;
+            p.delta = d;
+        }
+        p.flags = flags;
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// CISPO, grpo-core's [`grpo_core::loss::cispo`]: `L = −sg(w)·A·lp` with
+    /// `w = clamp(ρ, lo, hi)` (verl) or `min(ρ, ε_max)` (TRL).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn cispo(
+        &self,
+        cfg: &CispoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::cispo(cfg, &empty_inputs(), &mut [], &mut [])?;
+        let (kind, lo, hi) = match cfg.weight {
+            CispoWeight::Clamp(b) => (KIND_CISPO_CLAMP, b.lo, b.hi),
+            CispoWeight::Cap(c) => (KIND_CISPO_CAP, 0.0, c),
+        };
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind,
+            flags,
+            lo,
+            hi,
+            clamp,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// SAPO, grpo-core's [`grpo_core::loss::sapo`]: `L = −σ(τ(ρ − 1))·(4/τ)·A`.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn sapo(
+        &self,
+        cfg: &SapoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::sapo(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_SAPO,
+            flags,
+            clamp,
+            tau_pos: cfg.tau_pos,
+            tau_neg: cfg.tau_neg,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    /// REINFORCE / GPG / RGRA, grpo-core's [`grpo_core::loss::reinforce`]:
+    /// `L = −sg(w)·A·lp` (`w = 1` without weights).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn reinforce(
+        &self,
+        lp: &[f32],
+        adv: &[f32],
+        weights: Option<&[f32]>,
+        tokens: Tokens<'_>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        let n = lp.len();
+        tokens.validate(n)?;
+        validate_aux(&tokens, "lp", n, lp)?;
+        validate_aux(&tokens, "adv", n, adv)?;
+        if let Some(w) = weights {
+            validate_aux(&tokens, "weights", n, w)?;
+        }
+        check_len("value", n, value.len())?;
+        check_len("grad", n, grad.len())?;
+        let p = LossParams {
+            n: n as u32,
+            kind: KIND_REINFORCE,
+            flags: if weights.is_some() { FLAG_WEIGHTS } else { 0 },
+            ..Default::default()
+        };
+        let o = self.dispatch(lp, weights.unwrap_or(lp), adv, &tokens, p)?;
+        Self::finish(o, &tokens, None, value, grad)
+    }
+
+    /// KL-to-reference penalty and its gradient w.r.t. lp, grpo-core's
+    /// [`grpo_core::divergence::kl_penalty::kl_penalty`] for the estimators k1, abs, k2 and k3
+    /// (the importance-corrected and straight-through variants are not on the GPU yet:
+    /// `InvalidParam { name: "estimator" }`).
+    ///
+    /// # Errors
+    /// grpo-core's for the same input.
+    pub fn kl_penalty(
+        &self,
+        cfg: &KlPenaltyConfig<f32>,
+        lp: &[f32],
+        reference: &[f32],
+        tokens: &Tokens<'_>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<TokenDiagnostics<f32>> {
+        grpo_core::divergence::kl_penalty::kl_penalty(
+            &KlPenaltyConfig {
+                // The importance-corrected form needs `old`; its config is checked like k3's.
+                estimator: match cfg.estimator {
+                    KlEstimator::K3Is => KlEstimator::K3,
+                    e => e,
+                },
+                ..*cfg
+            },
+            &[],
+            &[],
+            None,
+            &Tokens::packed(&EMPTY_CU, None),
+            &mut [],
+            &mut [],
+        )?;
+        let kind = match cfg.estimator {
+            KlEstimator::K1 => KIND_K1,
+            KlEstimator::Abs => KIND_ABS,
+            KlEstimator::K2 => KIND_K2,
+            KlEstimator::K3 => KIND_K3,
+            _ => {
+                return Err(Error::InvalidParam {
+                    name: "estimator",
+                    reason: "grpo-wgpu supports k1, abs, k2 and k3",
+                }
+                .into());
+            }
+        };
+        let n = lp.len();
+        check_len("reference", n, reference.len())?;
+        check_len("value", n, value.len())?;
+        check_len("grad", n, grad.len())?;
+        tokens.validate(n)?;
+        for (what, s) in [("lp", lp), ("reference", reference)] {
+            if let Some(index) = tokens.first_non_finite(s) {
+                return Err(Error::NonFinite { what, index }.into());
+            }
+        }
+        // grpo-core ignores a clamp that is not finite and > 0 (validated above: > 0).
+        let mut flags = 0;
+        let mut p = LossParams {
+            n: n as u32,
+            kind,
+            ..Default::default()
+        };
+        if let Some(c) = cfg.input_clamp.filter(|c| c.is_finite()) {
+            flags |= FLAG_CLAMP_LOG_RATIO;
+            p.clamp = c;
+        }
+        if let Some(c) = cfg.output_clamp.filter(|c| c.is_finite()) {
+            flags |= FLAG_KL_OUT_CLAMP;
+            p.out_clamp = c;
+        }
+        p.flags = flags;
+        let zeros = vec![0f32; n];
+        let o = self.dispatch(lp, reference, &zeros, tokens, p)?;
+        let mut d = TokenDiagnostics::default();
+        for_each_valid(tokens, |t| {
+            d.tokens += 1;
+            d.input_clamped += (o.events[t] & EV_CLAMPED != 0) as usize;
+            d.output_clamped += (o.events[t] & EV_OUT_CLAMPED != 0) as usize;
+            d.mean += (o.value[t] - d.mean) / d.tokens as f32;
+            Ok(())
+        })?;
+        value.copy_from_slice(&o.value);
+        grad.copy_from_slice(&o.grad);
+        Ok(d)
+    }
+}

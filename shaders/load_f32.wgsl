@@ -1,0 +1,11 @@
+// Logit storage: f32, one element per array slot.
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(5) var<storage, read> teacher: array<f32>;
+
+fn load_logit(i: u32) -> f32 {
+    return logits[i];
+}
+
+fn load_teacher(i: u32) -> f32 {
+    return teacher[i];
+}

@@ -1,0 +1,314 @@
+// loss.wgsl — per-token policy losses with their gradient ∂L/∂lp and KL-to-reference penalties
+// (MATH.md §3–4) in f32, the same per-element operations as grpo-core (loss/ppo.rs, loss/pg.rs,
+// divergence/kl_penalty.rs). Masked tokens (flags == 0 on input) may hold garbage: they are never
+// read into arithmetic and get value 0 and gradient 0.
+//
+// Bindings: 0 lp, 1 old (reference for KL; REINFORCE's optional weights), 2 adv, 3 flags (in: 1
+// for a valid token; out: 1 | event bits << 1), 4 params, 5 value out, 6 grad out.
+// The host validates every input (grpo-core's order and errors) and checks the outputs'
+// finiteness after readback; the shader sees only valid tokens.
+
+const KIND_PPO: u32 = 0u;
+const KIND_CISPO_CLAMP: u32 = 1u;
+const KIND_CISPO_CAP: u32 = 2u;
+const KIND_SAPO: u32 = 3u;
+const KIND_REINFORCE: u32 = 4u;
+const KIND_K1: u32 = 8u;
+const KIND_ABS: u32 = 9u;
+const KIND_K2: u32 = 10u;
+const KIND_K3: u32 = 11u;
+
+const FLAG_CLAMP_LOG_RATIO: u32 = 1u;
+const FLAG_DUAL_CLIP: u32 = 2u;
+const FLAG_DELTA_CAP: u32 = 4u;
+const FLAG_KL_OUT_CLAMP: u32 = 8u;
+const FLAG_WEIGHTS: u32 = 16u;
+
+// Event bits (grpo-core's TokenOut flags), shifted left by one in the flags word.
+const EV_CLAMPED: u32 = 1u;
+const EV_CLIP_LOW: u32 = 2u;
+const EV_CLIP_HIGH: u32 = 4u;
+const EV_DUAL: u32 = 8u;
+const EV_CAPPED: u32 = 16u;
+const EV_OUT_CLAMPED: u32 = 32u;
+
+// divergence::measures guards in f32: exp_guard = ln(f32::MAX)/2 − 1, poly_guard = sqrt(MAX).
+// (Bit patterns; naga cannot evaluate bitcast in a const expression, so they are cast at use.)
+const EXP_GUARD_BITS: u32 = 0x422d7218u;
+const POLY_GUARD_BITS: u32 = 0x5f7fffffu;
+
+struct LossParams {
+    n: u32,
+    kind: u32,
+    flags: u32,
+    _pad0: u32,
+    // Ratio bounds [lo, hi] (clip region; CISPO's clamp); CISPO's cap in hi.
+    lo: f32,
+    hi: f32,
+    // Log-ratio clamp C (PPO-family), or the KL input clamp.
+    clamp: f32,
+    // Dual-clip constant c > 1.
+    dual_c: f32,
+    // δ cap of the unclipped branch.
+    delta: f32,
+    tau_pos: f32,
+    tau_neg: f32,
+    // KL output clamp.
+    out_clamp: f32,
+}
+
+@group(0) @binding(0) var<storage, read> lp: array<f32>;
+@group(0) @binding(1) var<storage, read> old: array<f32>;
+@group(0) @binding(2) var<storage, read> adv: array<f32>;
+@group(0) @binding(3) var<storage, read_write> flags: array<u32>;
+@group(0) @binding(4) var<uniform> params: LossParams;
+@group(0) @binding(5) var<storage, read_write> value: array<f32>;
+@group(0) @binding(6) var<storage, read_write> grad: array<f32>;
+
+struct Out {
+    v: f32,
+    g: f32,
+    ev: u32,
+}
+
+// loss::mul0: 0 when either factor is 0 (so 0·∞ never appears), else a·b.
+fn mul0(a: f32, b: f32) -> f32 {
+    if a == 0.0 || b == 0.0 {
+        return 0.0;
+    }
+    return a * b;
+}
+
+// loss::ppo_core.
+fn ppo_core(rho: f32, drho: f32, a: f32) -> Out {
+    var o = Out(0.0, 0.0, 0u);
+    if a == 0.0 {
+        return o;
+    }
+    var r1 = rho;
+    var dr1 = drho;
+    var capped = false;
+    if (params.flags & FLAG_DELTA_CAP) != 0u && rho > params.delta {
+        r1 = params.delta;
+        dr1 = 0.0;
+        capped = true;
+    }
+    let v1 = -(a * r1);
+    let g1 = -mul0(a, dr1);
+    var r2 = rho;
+    var dr2 = drho;
+    if rho < params.lo {
+        r2 = params.lo;
+        dr2 = 0.0;
+    } else if rho > params.hi {
+        r2 = params.hi;
+        dr2 = 0.0;
+    }
+    let v2 = -(a * r2);
+    let g2 = -mul0(a, dr2);
+    var v = v1;
+    var g = g1;
+    if v2 > v1 {
+        v = v2;
+        g = g2;
+    }
+    if capped && a < 0.0 && v1 >= v2 {
+        o.ev |= EV_CAPPED;
+    }
+    if a > 0.0 && rho > params.hi {
+        o.ev |= EV_CLIP_HIGH;
+    }
+    if a < 0.0 && rho < params.lo {
+        o.ev |= EV_CLIP_LOW;
+    }
+    if (params.flags & FLAG_DUAL_CLIP) != 0u && a < 0.0 {
+        let v3 = -(params.dual_c * a);
+        if v3 < v {
+            v = v3;
+            g = 0.0;
+            o.ev |= EV_DUAL;
+        }
+    }
+    o.v = v;
+    o.g = g;
+    return o;
+}
+
+// 1/k! for k = 2..=17 (divergence::measures::EXPM1_MINUS_X rounded to f32), as bit patterns so
+// no abstract-float conversion rule is involved.
+const EXPM1_MINUS_X_BITS = array<u32, 16>(
+    0x3f000000u, // 1/2!
+    0x3e2aaaabu, // 1/3!
+    0x3d2aaaabu, // 1/4!
+    0x3c088889u, // 1/5!
+    0x3ab60b61u, // 1/6!
+    0x39500d01u, // 1/7!
+    0x37d00d01u, // 1/8!
+    0x3638ef1du, // 1/9!
+    0x3493f27eu, // 1/10!
+    0x32d7322bu, // 1/11!
+    0x310f76c7u, // 1/12!
+    0x2f309231u, // 1/13!
+    0x2d49cba5u, // 1/14!
+    0x2b573f9fu, // 1/15!
+    0x29573f9fu, // 1/16!
+    0x274a963cu, // 1/17!
+);
+
+// e^x − 1 − x without cancellation (divergence::measures::expm1_minus_x). grpo-core switches
+// to libm's expm1(x) − x at |x| = ½; WGSL has no expm1 and exp(x) − 1 − x would lose up to
+// 11× exp's error there (e^½/(e^½ − 1.5)), so the series runs to |x| < 2 here (the first
+// omitted term is 2^16/18! ≈ 1e-11 of x²/2), where the direct form loses at most 1.7×.
+fn expm1_minus_x(x: f32) -> f32 {
+    if abs(x) < 2.0 {
+        let coef = EXPM1_MINUS_X_BITS;
+        var acc = 0.0;
+        for (var k = 15i; k >= 0i; k--) {
+            acc = acc * x + bitcast<f32>(coef[k]);
+        }
+        return acc * x * x;
+    }
+    return (exp(x) - 1.0) - x;
+}
+
+// e^x − 1 (WGSL has no expm1): x + expm1_minus_x(x), accurate for small x.
+fn expm1(x: f32) -> f32 {
+    if abs(x) < 2.0 {
+        return x + expm1_minus_x(x);
+    }
+    return exp(x) - 1.0;
+}
+
+// divergence::measures::limit (inputs here are finite, so its NaN branch cannot occur).
+fn limit_hit(x: f32, lim: f32) -> bool {
+    return x > lim || x < -lim;
+}
+
+// KL-to-reference penalty (divergence::kl_penalty::eval_flagged) for k1, abs, k2, k3.
+fn kl_token(d_raw: f32) -> Out {
+    var guard = bitcast<f32>(POLY_GUARD_BITS);
+    if params.kind == KIND_K3 {
+        guard = bitcast<f32>(EXP_GUARD_BITS);
+    }
+    var lim = guard;
+    if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+        lim = rmin(params.clamp, guard);
+    }
+    let hit = limit_hit(d_raw, lim);
+    let d = rclamp(d_raw, -lim, lim);
+    var o = Out(0.0, 0.0, 0u);
+    if params.kind == KIND_K1 {
+        o = Out(d, 1.0, 0u);
+    } else if params.kind == KIND_ABS {
+        o = Out(abs(d), select(select(0.0, -1.0, d < 0.0), 1.0, d > 0.0), 0u);
+    } else if params.kind == KIND_K2 {
+        o = Out(d * d * 0.5, d, 0u);
+    } else {
+        o = Out(expm1_minus_x(-d), -expm1(-d), 0u);
+    }
+    if hit {
+        o.g = 0.0;
+        o.ev |= EV_CLAMPED;
+    }
+    if (params.flags & FLAG_KL_OUT_CLAMP) != 0u {
+        let c = params.out_clamp;
+        if limit_hit(o.v, c) {
+            o.v = rclamp(o.v, -c, c);
+            o.g = 0.0;
+            o.ev |= EV_OUT_CLAMPED;
+        }
+    }
+    return o;
+}
+
+// The numerically stable logistic of grpo-core's Real::sigmoid.
+fn sigmoid(z: f32) -> f32 {
+    if z >= 0.0 {
+        return 1.0 / (1.0 + exp(-z));
+    }
+    let e = exp(z);
+    return e / (1.0 + e);
+}
+
+// σ'(z) = e^{−|z|}/(1 + e^{−|z|})² (loss::pg::sigmoid_slope).
+fn sigmoid_slope(z: f32) -> f32 {
+    let e = exp(-abs(z));
+    let d = 1.0 + e;
+    return e / (d * d);
+}
+
+@compute @workgroup_size(256)
+fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.n {
+        return;
+    }
+    if flags[i] == 0u {
+        value[i] = 0.0;
+        grad[i] = 0.0;
+        return;
+    }
+    let kind = params.kind;
+    var o = Out(0.0, 0.0, 0u);
+    if kind >= KIND_K1 {
+        o = kl_token(lp[i] - old[i]);
+    } else if kind == KIND_REINFORCE {
+        var w = 1.0;
+        if (params.flags & FLAG_WEIGHTS) != 0u {
+            w = old[i];
+        }
+        let wa = mul0(w, adv[i]);
+        o = Out(-mul0(wa, lp[i]), -wa, 0u);
+    } else {
+        // Log-ratio clamp (loss::clamp_log_ratio), then ρ = e^x; the gradient of a clamped
+        // ratio is 0.
+        var x = lp[i] - old[i];
+        var clamped = false;
+        if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+            if x > params.clamp {
+                x = params.clamp;
+                clamped = true;
+            } else if x < -params.clamp {
+                x = -params.clamp;
+                clamped = true;
+            }
+        }
+        let rho = exp(x);
+        let a = adv[i];
+        if kind == KIND_PPO {
+            o = ppo_core(rho, select(rho, 0.0, clamped), a);
+        } else if kind == KIND_CISPO_CLAMP || kind == KIND_CISPO_CAP {
+            // −sg(w)·A·lp with w = clamp(ρ, lo, hi) (verl) or min(ρ, cap) (TRL).
+            var w = rho;
+            var ev = 0u;
+            if kind == KIND_CISPO_CLAMP && rho < params.lo {
+                w = params.lo;
+                ev = EV_CLIP_LOW;
+            } else if rho > params.hi {
+                w = params.hi;
+                ev = EV_CLIP_HIGH;
+            }
+            let wa = mul0(w, a);
+            o = Out(-mul0(wa, lp[i]), -wa, ev);
+        } else if kind == KIND_SAPO {
+            // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4A·σ'(z)·ρ.
+            var tau = params.tau_neg;
+            if a > 0.0 {
+                tau = params.tau_pos;
+            }
+            let z = tau * (rho - 1.0);
+            let s = sigmoid(z);
+            var g = 0.0;
+            if !clamped {
+                g = -mul0(4.0 * a, mul0(sigmoid_slope(z), rho));
+            }
+            o = Out(-mul0(s * 4.0 / tau, a), g, 0u);
+        }
+        if clamped {
+            o.ev |= EV_CLAMPED;
+        }
+    }
+    value[i] = o.v;
+    grad[i] = o.g;
+    flags[i] = 1u | (o.ev << 1u);
+}

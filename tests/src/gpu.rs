@@ -1,0 +1,48 @@
+//! The shared GPU context of the GPU tests and the skip/require rule of DESIGN.md: without an
+//! adapter a GPU test prints why it skips and passes, unless `GRPO_REQUIRE_GPU=1`, where it fails.
+
+use std::sync::OnceLock;
+
+use grpo_wgpu::GpuContext;
+
+static CTX: OnceLock<Result<GpuContext, String>> = OnceLock::new();
+
+/// The process-wide context, or `None` (after printing the skip reason) when no adapter exists.
+///
+/// # Panics
+/// When no adapter exists and `GRPO_REQUIRE_GPU=1`.
+pub fn context(test: &str) -> Option<&'static GpuContext> {
+    let ctx = CTX.get_or_init(|| match GpuContext::new() {
+        Ok(c) => {
+            let i = c.adapter_info();
+            eprintln!(
+                "grpo-wgpu tests: adapter \"{}\" ({:?}, driver {} {}), f16: {}",
+                i.name,
+                i.backend,
+                i.driver,
+                i.driver_info,
+                c.supports_f16()
+            );
+            Ok(c)
+        }
+        Err(e) => Err(e.to_string()),
+    });
+    match ctx {
+        Ok(c) => Some(c),
+        Err(reason) => {
+            if std::env::var("GRPO_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("{test}: GRPO_REQUIRE_GPU=1 but no GPU adapter: {reason}");
+            }
+            eprintln!("{test}: SKIPPED (no GPU adapter: {reason}; set GRPO_REQUIRE_GPU=1 to fail)");
+            None
+        }
+    }
+}
+
+/// Number of proptest cases for GPU tests (`GRPO_GPU_CASES`, default 48: lavapipe is a CPU).
+pub fn cases() -> u32 {
+    std::env::var("GRPO_GPU_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
+}

@@ -1,0 +1,195 @@
+//! The one tolerance table of the GPU backend (libm `precision.rs` style): for each operation and
+//! storage type, how far a grpo-wgpu result may be from its reference, and why.
+//!
+//! Two kinds of reference exist. Scalar group/token math (advantages, losses) is compared with
+//! grpo-core in f32 in ULP: both evaluate the same formula in the same order, and WGSL rounds
+//! `+ − ×` correctly, so the distance comes only from the operations WGSL does *not* round
+//! correctly (÷ 2.5 ULP, sqrt, exp 3+2|x| ULP, log 3 ULP or 2^-21 absolute, pow as exp2∘log2) and
+//! from cancellation downstream of them. Vocabulary kernels are compared with an f64 evaluation of
+//! the formula on the *stored* values (f16/bf16 widen exactly), which is MATH.md §5's contract.
+
+/// An allowed distance: `|got − want| ≤ abs + rel·|want|`, or within `ulp` f32 ULPs of `want`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tol {
+    /// ULP distance in f32 that is always accepted.
+    pub ulp: u32,
+    /// Absolute slack.
+    pub abs: f64,
+    /// Relative slack.
+    pub rel: f64,
+}
+
+impl Tol {
+    const fn ulp(ulp: u32) -> Tol {
+        Tol {
+            ulp,
+            abs: 0.0,
+            rel: 0.0,
+        }
+    }
+
+    /// Whether `got` is within this tolerance of `want`. NaN never passes; equal infinities do.
+    pub fn accepts(&self, got: f32, want: f64) -> bool {
+        if got.is_nan() || want.is_nan() {
+            return false;
+        }
+        if got as f64 == want {
+            return true;
+        }
+        if ulp_distance(got, want as f32) <= self.ulp as u64 {
+            return true;
+        }
+        (got as f64 - want).abs() <= self.abs + self.rel * want.abs()
+    }
+
+    /// The same tolerance with `extra` more ULPs.
+    pub fn plus_ulp(mut self, extra: u32) -> Tol {
+        self.ulp += extra;
+        self
+    }
+
+    /// The same tolerance with `abs` scaled (for errors proportional to an input's magnitude).
+    pub fn with_abs(mut self, abs: f64) -> Tol {
+        self.abs = abs;
+        self
+    }
+}
+
+/// Distance in representable f32 values (0 for +0 vs −0; `u64::MAX` when either is NaN).
+pub fn ulp_distance(a: f32, b: f32) -> u64 {
+    if a.is_nan() || b.is_nan() {
+        return u64::MAX;
+    }
+    fn key(x: f32) -> i64 {
+        let b = x.to_bits() as i32 as i64;
+        if b < 0 { i32::MIN as i64 - b } else { b }
+    }
+    (key(a) - key(b)).unsigned_abs()
+}
+
+/// Storage type of the inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    /// f32.
+    F32,
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+/// Operations with a tolerance entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// log-sum-exp of a row, vs f64.
+    Lse,
+    /// logp(target), vs f64.
+    Logp,
+    /// Entropy of a row, vs f64.
+    Entropy,
+    /// KL between two rows, vs f64.
+    Kl,
+    /// Fused backward gradient, vs f64 (abs scaled by the upstream gradients and 1/T).
+    VocabGrad,
+    /// GRPO z-score family with γ ∈ {0, 1} (incl. Dr.GRPO, RLOO, batch-scaled), vs grpo-core f32.
+    AdvZscore,
+    /// z-score with a general γ (pow), vs grpo-core f32.
+    AdvDialPow,
+    /// GOPO ranks, vs grpo-core f32.
+    AdvGopo,
+    /// G²RPO Φ⁻¹ of mid-ranks, vs grpo-core.
+    AdvG2rpo,
+    /// GDPO (two z-score stages), vs grpo-core f32.
+    AdvGdpo,
+    /// Per-token loss value / gradient without exp (REINFORCE, k1, k2), vs grpo-core f32.
+    LossAlgebraic,
+    /// Per-token loss value / gradient through exp of a log-ratio (PPO-clip, CISPO, SAPO, k3…).
+    LossExp,
+}
+
+/// The tolerance of `op` on inputs stored as `dtype`.
+pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
+    use Op::*;
+    match (op, dtype) {
+        // MATH.md §5 contract: |logp − ref| ≤ 2e-6 + 1e-6·|logp|, |H − ref| ≤ 1e-5 (V ≤ 262144).
+        // The reference is f64 on the stored values and f16/bf16 widen to f32 exactly, so the
+        // storage type changes nothing: the same bound holds for every dtype. lse shares logp's
+        // bound (logp = (z_y − m) − ln s uses the same ln s).
+        (Lse | Logp, _) => Tol {
+            ulp: 0,
+            abs: 2e-6,
+            rel: 1e-6,
+        },
+        (Entropy, _) => Tol {
+            ulp: 0,
+            abs: 1e-5,
+            rel: 0.0,
+        },
+        // KL = u/s_p − ln s_p + ln s_q + (m_q − m_p): three terms of the entropy's accuracy.
+        (Kl, _) => Tol {
+            ulp: 0,
+            abs: 3e-5,
+            rel: 1e-5,
+        },
+        // Each p_v = exp(logp_v) carries exp's 3+2|x| ULP (≈ 2e-5 relative at |x| = 88 where
+        // p_v underflows anyway) plus logp_v's absolute 2e-6; the caller multiplies `abs` by
+        // (|g_lp| + |g_H|·(1 + H + |log p_min|))/T.
+        (VocabGrad, _) => Tol {
+            ulp: 0,
+            abs: 4e-6,
+            rel: 2e-5,
+        },
+        // Welford's mean update divides by n and sqrt/÷ are ≤ 2.5 ULP in WGSL: the output gets a
+        // few ULP, plus the cancellation in s − μ: an error of ulp(μ) in μ becomes
+        // ulp(max|s|)/(σ + ε) in A, which the caller adds as `abs` (see `zscore_abs`).
+        (AdvZscore | AdvGdpo, _) => Tol::ulp(4),
+        // pow(d, γ) is exp2(γ·log2 d) in WGSL: ~3+2|γ log2 d| ULP on top of AdvZscore.
+        (AdvDialPow, _) => Tol {
+            ulp: 16,
+            abs: 0.0,
+            rel: 4e-6,
+        },
+        // 2 − 4(rank − 1)/(G − 1): one division: 2.5 ULP of the quotient, 4 ULP after the
+        // subtraction at most (the quotient is ≤ 4, the result ≥ −2).
+        (AdvGopo, _) => Tol::ulp(4),
+        // The normal scores come from the host (grpo-core's f64 Φ⁻¹ rounded to f32), so an
+        // untied rank is bit-identical; a tie block of t ranks is averaged in f32 here (t − 1
+        // additions and a division) instead of f64: ≤ t/2 + 2.5 ULP of the result, relative to
+        // the largest |score| summed (cancellation of mirrored scores), covered by `abs`.
+        (AdvG2rpo, _) => Tol {
+            ulp: 8,
+            abs: 2e-6,
+            rel: 0.0,
+        },
+        // Only + − × and one ÷: the 4 ULP budget of the GPU issue.
+        (LossAlgebraic, _) => Tol::ulp(4),
+        // Products/quotients of a few correctly rounded operations around exp: 8 ULP, *plus*
+        // WGSL's exp allowance of 3 + 2|x| ULP for every exp the formula evaluates, which the
+        // caller adds with `exp_ulps` (it depends on the token: |x| ≤ 20 after the verl clamp,
+        // up to 88 without it — TRL). Measured on lavapipe: 53 ULP at x = 58.4, i.e. lavapipe
+        // uses most of the allowance (exp2 of a rounded x·log2 e). `abs` = the smallest normal
+        // f32: WGSL may flush subnormal results to zero (lavapipe does, e.g. SAPO's gradient at
+        // 8.7e-39).
+        (LossExp, _) => Tol {
+            ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+    }
+}
+
+/// Extra absolute slack of a z-score computed as (s − μ)/(σ + ε): a last-bit difference in μ
+/// (division in Welford's update) moves s − μ by up to `ulp(max|s|)`, which the division
+/// amplifies by 1/(σ + ε) — 2 ULPs of the largest |score| over the divisor.
+pub fn zscore_abs(max_abs_score: f64, divisor: f64) -> f64 {
+    let ulp = f32::EPSILON as f64 * max_abs_score.max(f32::MIN_POSITIVE as f64);
+    2.0 * ulp / divisor
+}
+
+/// WGSL's accuracy allowance for exp, summed over the arguments of every exp a formula evaluates:
+/// Σ (3 + 2·⌈|x|⌉) ULP (WGSL spec, "Floating Point Accuracy": exp is 3 + 2|x| ULP).
+pub fn exp_ulps(args: &[f64]) -> u32 {
+    args.iter()
+        .map(|x| 3 + 2 * x.abs().ceil().min(200.0) as u32)
+        .sum()
+}

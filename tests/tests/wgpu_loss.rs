@@ -1,0 +1,513 @@
+//! grpo-wgpu's per-token losses and KL penalties against grpo-core in f32 (same config structs),
+//! within the tolerance table; identical errors with outputs untouched. Skips without an adapter
+//! unless `GRPO_REQUIRE_GPU=1`.
+
+use grpo_core::divergence::kl_penalty::kl_penalty;
+use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
+use grpo_core::loss::{
+    CispoConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, ppo_clip, reinforce, sapo,
+};
+use grpo_core::{Error, Preset, Real, Tokens};
+use grpo_tests::gpu;
+use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, tolerance, ulp_distance};
+use grpo_wgpu::{GpuError, LossKernel};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+fn runner() -> TestRunner {
+    TestRunner::new(Config {
+        cases: gpu::cases(),
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Batch {
+    lp: Vec<f32>,
+    old: Vec<f32>,
+    adv: Vec<f32>,
+    cu: Vec<usize>,
+    mask: Vec<bool>,
+}
+
+impl Batch {
+    fn tokens(&self) -> Tokens<'_> {
+        Tokens::packed(&self.cu, Some(&self.mask))
+    }
+    fn inputs(&self) -> PolicyInputs<'_, f32> {
+        PolicyInputs {
+            lp: &self.lp,
+            old: &self.old,
+            adv: &self.adv,
+            tokens: self.tokens(),
+        }
+    }
+}
+
+/// Log-probs near typical values, log-ratios from tiny to ±80 (past the ±20 clamp), advantages
+/// including 0, and NaN garbage in masked positions.
+fn batch() -> impl Strategy<Value = Batch> {
+    prop::collection::vec(0usize..40, 1..6)
+        .prop_flat_map(|lens| {
+            let n: usize = lens.iter().sum();
+            let log_ratio = prop_oneof![
+                4 => -0.5f32..0.5,
+                2 => -3.0f32..3.0,
+                1 => -80.0f32..80.0,
+                1 => Just(0.0f32),
+            ];
+            let adv = prop_oneof![
+                3 => -3.0f32..3.0,
+                1 => Just(0.0f32),
+                1 => Just(1.0f32),
+                1 => Just(-1.0f32),
+            ];
+            (
+                Just(lens),
+                prop::collection::vec(-12.0f32..0.0, n),
+                prop::collection::vec(log_ratio, n),
+                prop::collection::vec(adv, n),
+                prop::collection::vec(prop::bool::weighted(0.85), n),
+            )
+        })
+        .prop_map(|(lens, lp, x, adv, mask)| {
+            let mut cu = vec![0];
+            for l in lens {
+                cu.push(cu.last().unwrap() + l);
+            }
+            let old: Vec<f32> = lp.iter().zip(&x).map(|(l, x)| l - x).collect();
+            let mut b = Batch {
+                lp,
+                old,
+                adv,
+                cu,
+                mask,
+            };
+            for t in 0..b.lp.len() {
+                if !b.mask[t] {
+                    b.lp[t] = f32::NAN;
+                    b.adv[t] = f32::INFINITY;
+                }
+            }
+            b
+        })
+}
+
+/// Whether ρ = e^{clamp(x)} is within 64 ULP of a branch point, where an exp that differs in the
+/// last bits may pick the other branch (the gradient jumps there; both are correct).
+fn near_branch(b: &Batch, t: usize, clamp: Option<f32>, points: &[f32]) -> bool {
+    let mut x = b.lp[t] - b.old[t];
+    if let Some(c) = clamp {
+        x = x.clamp(-c, c);
+    }
+    let rho = Real::exp(x);
+    points.iter().any(|&p| ulp_distance(rho, p) <= 64)
+}
+
+/// The clamped log-ratio of token t (the argument of the formula's exp).
+fn log_ratio(b: &Batch, t: usize, clamp: Option<f32>) -> f64 {
+    let x = b.lp[t] - b.old[t];
+    clamp.map_or(x, |c| x.clamp(-c, c)) as f64
+}
+
+/// Largest ULP distance (value or gradient) seen by `compare` in this process.
+static MAX_ULP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn compare(
+    b: &Batch,
+    (gv, gg): (&[f32], &[f32]),
+    (cv, cg): (&[f32], &[f32]),
+    tol: Tol,
+    skip: &dyn Fn(usize) -> bool,
+    exp_args: &dyn Fn(usize) -> Vec<f64>,
+    flush_scale: &dyn Fn(usize) -> f64,
+) -> Result<(), TestCaseError> {
+    for t in 0..b.lp.len() {
+        if !b.mask[t] {
+            prop_assert_eq!((gv[t], gg[t]), (0.0, 0.0));
+            continue;
+        }
+        if skip(t) {
+            continue;
+        }
+        // A subnormal intermediate may be flushed to 0 and then scaled by `flush_scale(t)`.
+        // (Values that a flushed subnormal intermediate can zero are left out of the statistic.)
+        for (g, c) in [(gv[t], cv[t]), (gg[t], cg[t])] {
+            if c != 0.0 && c.abs() < 1e-28 {
+                continue;
+            }
+            MAX_ULP.fetch_max(ulp_distance(g, c), std::sync::atomic::Ordering::Relaxed);
+        }
+        let tol = tol.plus_ulp(exp_ulps(&exp_args(t)));
+        let tol = tol.with_abs(tol.abs * flush_scale(t).max(1.0));
+        prop_assert!(
+            tol.accepts(gv[t], cv[t] as f64),
+            "value[{t}] gpu {} core {} ({} ulp)",
+            gv[t],
+            cv[t],
+            ulp_distance(gv[t], cv[t])
+        );
+        prop_assert!(
+            tol.accepts(gg[t], cg[t] as f64),
+            "grad[{t}] gpu {} core {} ({} ulp)",
+            gg[t],
+            cg[t],
+            ulp_distance(gg[t], cg[t])
+        );
+    }
+    Ok(())
+}
+
+fn ppo_configs() -> Vec<PpoClipConfig<f32>> {
+    let mut v: Vec<PpoClipConfig<f32>> =
+        [Preset::Paper, Preset::Verl, Preset::Trl, Preset::OpenRlhf]
+            .into_iter()
+            .map(PpoClipConfig::from_preset)
+            .collect();
+    v.push(PpoClipConfig::dapo());
+    v.push(PpoClipConfig {
+        bounds: RatioBounds::kl3(0.05).unwrap(),
+        ..PpoClipConfig::default()
+    });
+    v.push(PpoClipConfig {
+        delta_cap: Some(1.5),
+        dual_clip: Some(3.0),
+        ..PpoClipConfig::default()
+    });
+    v
+}
+
+#[test]
+fn ppo_clip_matches_grpo_core() {
+    let Some(ctx) = gpu::context("ppo_clip_matches_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let configs = ppo_configs();
+    for cfg in &configs {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let dc = ppo_clip(cfg, &b.inputs(), &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let dg = k.ppo_clip(cfg, &b.inputs(), &mut gv, &mut gg);
+                let (dc, dg) = match (dc, dg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                let mut points = vec![cfg.bounds.lo, cfg.bounds.hi];
+                points.extend(cfg.delta_cap);
+                let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &points);
+                let args = |t: usize| vec![log_ratio(&b, t, cfg.log_ratio_clamp)];
+                compare(
+                    &b,
+                    (&gv, &gg),
+                    (&cv, &cg),
+                    tolerance(Op::LossExp, Dtype::F32),
+                    &skip,
+                    &args,
+                    &|_| 1.0,
+                )?;
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc, dg);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    eprintln!(
+        "ppo_clip: {} configs × {} cases",
+        configs.len(),
+        gpu::cases()
+    );
+    eprintln!(
+        "ppo_clip: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn cispo_and_sapo_match_grpo_core() {
+    let Some(ctx) = gpu::context("cispo_and_sapo_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    for cfg in [
+        CispoConfig::from_preset(Preset::Verl),
+        CispoConfig::from_preset(Preset::Trl),
+    ] {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                cispo(&cfg, &b.inputs(), &mut cv, &mut cg).unwrap();
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                k.cispo(&cfg, &b.inputs(), &mut gv, &mut gg).unwrap();
+                let points = match cfg.weight {
+                    grpo_core::loss::CispoWeight::Clamp(r) => vec![r.lo, r.hi],
+                    grpo_core::loss::CispoWeight::Cap(c) => vec![c],
+                };
+                let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &points);
+                let args = |t: usize| vec![log_ratio(&b, t, cfg.log_ratio_clamp)];
+                compare(
+                    &b,
+                    (&gv, &gg),
+                    (&cv, &cg),
+                    tolerance(Op::LossExp, Dtype::F32),
+                    &skip,
+                    &args,
+                    &|_| 1.0,
+                )
+            })
+            .unwrap();
+    }
+    for cfg in [
+        SapoConfig::from_preset(Preset::Paper),
+        SapoConfig::from_preset(Preset::Trl),
+    ] {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let c = sapo(&cfg, &b.inputs(), &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let g = k.sapo(&cfg, &b.inputs(), &mut gv, &mut gg);
+                match (c, g) {
+                    (Ok(_), Ok(_)) => {}
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                }
+                // SAPO evaluates e^x (ρ) and e^{−|z|} with z = τ(ρ − 1) (sigmoid and its slope).
+                let args = |t: usize| {
+                    let x = log_ratio(&b, t, cfg.log_ratio_clamp);
+                    let tau = if b.adv[t] > 0.0 {
+                        cfg.tau_pos
+                    } else {
+                        cfg.tau_neg
+                    } as f64;
+                    // ρ's error (3 + 2|x| ULP) is amplified |τρ| times in e^{−|z|}; pass it as an
+                    // exp argument a with 2|a| = |τρ|·(3 + 2|x|).
+                    let z = tau * (x.exp() - 1.0);
+                    let propagated = (tau * x.exp()).abs() * (3.0 + 2.0 * x.abs()) / 2.0;
+                    vec![x, x, z, propagated]
+                };
+                // The slope σ'(z) may flush to 0 before it is multiplied by 4|A|ρ.
+                let flush = |t: usize| {
+                    4.0 * (b.adv[t] as f64).abs() * log_ratio(&b, t, cfg.log_ratio_clamp).exp()
+                };
+                compare(
+                    &b,
+                    (&gv, &gg),
+                    (&cv, &cg),
+                    tolerance(Op::LossExp, Dtype::F32),
+                    &|_| false,
+                    &args,
+                    &flush,
+                )
+            })
+            .unwrap();
+    }
+    eprintln!(
+        "cispo+sapo: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn reinforce_matches_grpo_core() {
+    let Some(ctx) = gpu::context("reinforce_matches_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    runner()
+        .run(&(batch(), any::<bool>()), |(b, weighted)| {
+            let n = b.lp.len();
+            let w: Vec<f32> = (0..n).map(|t| 0.5 + (t % 3) as f32 * 0.25).collect();
+            let w = weighted.then_some(&w[..]);
+            let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+            reinforce(&b.lp, &b.adv, w, b.tokens(), &mut cv, &mut cg).unwrap();
+            let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+            k.reinforce(&b.lp, &b.adv, w, b.tokens(), &mut gv, &mut gg)
+                .unwrap();
+            compare(
+                &b,
+                (&gv, &gg),
+                (&cv, &cg),
+                tolerance(Op::LossAlgebraic, Dtype::F32),
+                &|_| false,
+                &|_| vec![],
+                &|_| 1.0,
+            )
+        })
+        .unwrap();
+    eprintln!(
+        "reinforce: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn kl_penalties_match_grpo_core() {
+    let Some(ctx) = gpu::context("kl_penalties_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    for est in [
+        KlEstimator::K1,
+        KlEstimator::Abs,
+        KlEstimator::K2,
+        KlEstimator::K3,
+    ] {
+        for preset in [Preset::Paper, Preset::Verl, Preset::Trl, Preset::OpenRlhf] {
+            let cfg = KlPenaltyConfig::<f32>::from_preset(preset, est);
+            let op = if est == KlEstimator::K3 {
+                Op::LossExp
+            } else {
+                Op::LossAlgebraic
+            };
+            runner()
+                .run(&batch(), |b| {
+                    let n = b.lp.len();
+                    let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                    let dc = kl_penalty(&cfg, &b.lp, &b.old, None, &b.tokens(), &mut cv, &mut cg)
+                        .unwrap();
+                    let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                    let dg = k
+                        .kl_penalty(&cfg, &b.lp, &b.old, &b.tokens(), &mut gv, &mut gg)
+                        .unwrap();
+                    // k3 evaluates e^{−d} with d = lp − ref after the input clamp.
+                    let args = |t: usize| {
+                        if est == KlEstimator::K3 {
+                            vec![log_ratio(&b, t, cfg.input_clamp.or(Some(43.36)))]
+                        } else {
+                            vec![]
+                        }
+                    };
+                    compare(
+                        &b,
+                        (&gv, &gg),
+                        (&cv, &cg),
+                        tolerance(op, Dtype::F32),
+                        &|_| false,
+                        &args,
+                        &|_| 1.0,
+                    )?;
+                    prop_assert_eq!(dc.tokens, dg.tokens);
+                    prop_assert_eq!(dc.input_clamped, dg.input_clamped);
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+    eprintln!(
+        "kl k1/abs/k2/k3: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn hand_computed_ppo_tokens() {
+    let Some(ctx) = gpu::context("hand_computed_ppo_tokens") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // x = ln 1.5 (ρ = 1.5 > 1.2) with A = 1: clipped, L = −1.2, grad 0.
+    // x = 0 (ρ = 1) with A = −2: L = 2, grad = −A·ρ = 2.
+    // x = ln 0.5 (ρ = 0.5 < 0.8) with A = −1, verl dual-clip c = 3: clipped L = 0.8 < 3, grad 0.
+    let lp = [1.5f32.ln(), 0.0, 0.5f32.ln()];
+    let old = [0.0f32; 3];
+    let adv = [1.0f32, -2.0, -1.0];
+    let cu = [0usize, 3];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, None),
+    };
+    let (mut v, mut g) = ([0f32; 3], [0f32; 3]);
+    let d = k
+        .ppo_clip(
+            &PpoClipConfig::from_preset(Preset::Verl),
+            &inp,
+            &mut v,
+            &mut g,
+        )
+        .unwrap();
+    assert!((v[0] + 1.2).abs() < 1e-6 && g[0] == 0.0, "{v:?} {g:?}");
+    assert!((v[1] - 2.0).abs() < 1e-6 && (g[1] - 2.0).abs() < 1e-6);
+    assert!((v[2] - 0.8).abs() < 1e-6 && g[2] == 0.0);
+    assert_eq!((d.clipped_high, d.clipped_low, d.tokens), (1, 1, 3));
+}
+
+#[test]
+fn errors_match_grpo_core_and_leave_outputs_untouched() {
+    let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_outputs_untouched") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let cu = [0usize, 3];
+    let mask = [true, true, false];
+    let old = [0.0f32; 3];
+    let adv = [1.0f32; 3];
+    for (lp, cfg) in [
+        ([0.0f32, f32::NAN, 0.0], PpoClipConfig::default()),
+        (
+            [0.0f32, 1.0, f32::NAN],
+            PpoClipConfig {
+                dual_clip: Some(0.5),
+                ..PpoClipConfig::default()
+            },
+        ),
+        (
+            [0.0f32, 1.0, 0.0],
+            PpoClipConfig {
+                log_ratio_clamp: Some(-1.0),
+                ..PpoClipConfig::default()
+            },
+        ),
+    ] {
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::packed(&cu, Some(&mask)),
+        };
+        let (mut cv, mut cg) = ([9f32; 3], [9f32; 3]);
+        let e = ppo_clip(&cfg, &inp, &mut cv, &mut cg).unwrap_err();
+        let (mut gv, mut gg) = ([9f32; 3], [9f32; 3]);
+        assert_eq!(
+            k.ppo_clip(&cfg, &inp, &mut gv, &mut gg),
+            Err(GpuError::Core(e))
+        );
+        assert_eq!((gv, gg), ([9f32; 3], [9f32; 3]));
+    }
+    let (mut v, mut g) = ([9f32; 2], [9f32; 3]);
+    let lp = [0.0f32; 3];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, None),
+    };
+    assert_eq!(
+        k.ppo_clip(&PpoClipConfig::default(), &inp, &mut v, &mut g),
+        Err(GpuError::Core(Error::LengthMismatch {
+            what: "value",
+            expected: 3,
+            found: 2
+        }))
+    );
+}
