@@ -73,6 +73,8 @@ pub(crate) trait F32x16: Copy {
     fn add_i32(self, b: Self) -> Self;
     /// Wrapping `i32` subtraction of the bit patterns.
     fn sub_i32(self, b: Self) -> Self;
+    /// Larger of the bit patterns read as `i32`.
+    fn max_i32(self, b: Self) -> Self;
     /// Bit pattern shifted left by `N`.
     fn shl<const N: u32>(self) -> Self;
     /// Bit pattern shifted right by `N`, filling with zeros.

@@ -205,6 +205,10 @@ impl F32x16 for Avx2 {
         both_i!(_mm256_sub_epi32, self, b)
     }
     #[inline(always)]
+    fn max_i32(self, b: Self) -> Self {
+        both_i!(_mm256_max_epi32, self, b)
+    }
+    #[inline(always)]
     fn shl<const N: u32>(self) -> Self {
         one_i!(slli::<N>, self)
     }

@@ -151,6 +151,11 @@ impl F32x16 for Avx512 {
         Avx512(unsafe { _mm512_castsi512_ps(_mm512_sub_epi32(bits(self), bits(b))) })
     }
     #[inline(always)]
+    fn max_i32(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_max_epi32(bits(self), bits(b))) })
+    }
+    #[inline(always)]
     fn shl<const N: u32>(self) -> Self {
         // SAFETY: see the impl comment.
         Avx512(unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<N>(bits(self))) })

@@ -85,6 +85,7 @@ mod tests {
                 push(a.andnot(b));
                 push(a.add_i32(b));
                 push(a.sub_i32(b));
+                push(a.max_i32(b));
                 push(a.shl::<7>());
                 push(a.shr_logical::<9>());
                 push(a.shr_arith::<23>());

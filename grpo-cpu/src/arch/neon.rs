@@ -184,6 +184,13 @@ impl F32x16 for Neon {
         each_u!([self, b] | a, b | vsubq_u32(a, b))
     }
     #[inline(always)]
+    fn max_i32(self, b: Self) -> Self {
+        each_u!([self, b] |a, b| vreinterpretq_u32_s32(vmaxq_s32(
+            vreinterpretq_s32_u32(a),
+            vreinterpretq_s32_u32(b)
+        )))
+    }
+    #[inline(always)]
     fn shl<const N: u32>(self) -> Self {
         // Register-count shifts: the immediate forms take `i32` const generics, which a `u32`
         // const parameter cannot be converted to on stable Rust; LLVM folds the constant back.

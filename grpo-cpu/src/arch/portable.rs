@@ -140,6 +140,10 @@ impl F32x16 for Portable {
         zip_bits(self.0, b.0, u32::wrapping_sub)
     }
     #[inline(always)]
+    fn max_i32(self, b: Self) -> Self {
+        zip_bits(self.0, b.0, |a, b| (a as i32).max(b as i32) as u32)
+    }
+    #[inline(always)]
     fn shl<const N: u32>(self) -> Self {
         map_bits(self.0, |a| a << N)
     }
