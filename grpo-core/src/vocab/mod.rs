@@ -1,3 +1,6 @@
 //! Vocabulary-wide reductions over logit rows (MATH.md §5).
-//!
-//! Not implemented yet: arrives with the vocabulary-kernels issue.
+
+pub mod canon;
+pub mod exp_ln;
+
+pub use canon::Logit;
