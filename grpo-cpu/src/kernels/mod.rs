@@ -7,7 +7,9 @@
 
 use crate::lanes::F32x16;
 
+pub(crate) mod math;
 pub(crate) mod roofline;
+pub(crate) mod vocab;
 
 /// A computation generic over the lane type.
 pub(crate) trait Kernel {
