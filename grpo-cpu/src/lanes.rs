@@ -38,6 +38,11 @@ pub(crate) trait F32x16: Copy {
     fn load_f16(src: &[half::f16; 16]) -> Self;
     /// Stores the lanes to 16 consecutive `f32`.
     fn store(self, dst: &mut [f32; 16]);
+    /// Stores like [`store`](F32x16::store), bypassing the caches where the ISA can and `dst`
+    /// is aligned enough (a write-only stream: saves the read-for-ownership of the line). The
+    /// entry functions of `arch/` fence after the kernel, so the data is visible to other
+    /// threads when the kernel returns.
+    fn store_stream(self, dst: &mut [f32; 16]);
     /// Hints that the cache line at `p` will be read soon. `p` is never dereferenced, so any
     /// address is allowed (a prefetch never faults).
     fn prefetch(p: *const u8);
@@ -99,6 +104,8 @@ pub(crate) trait F32x16: Copy {
     fn lt(self, b: Self) -> Self::Mask;
     /// `a <= b` (false when either is NaN).
     fn le(self, b: Self) -> Self::Mask;
+    /// `!(a < b)` (true when either is NaN).
+    fn not_lt(self, b: Self) -> Self::Mask;
     /// `a == b` (false when either is NaN).
     fn eq(self, b: Self) -> Self::Mask;
     /// `a != b` (true when either is NaN).
@@ -111,6 +118,10 @@ pub(crate) trait F32x16: Copy {
     fn mask_and(a: Self::Mask, b: Self::Mask) -> Self::Mask;
     /// Lanes where either mask is set.
     fn mask_or(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+    /// Lanes set in `b` but not in `a`.
+    fn mask_andnot(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+    /// No lane set.
+    fn mask_none() -> Self::Mask;
     /// Whether any lane of the mask is set.
     fn mask_any(m: Self::Mask) -> bool;
 }

@@ -19,7 +19,10 @@ pub(crate) struct Avx2(__m256, __m256);
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-    k.run::<Avx2>()
+    let out = k.run::<Avx2>();
+    // Order the kernel's streaming stores before whatever signals completion to other threads.
+    _mm_sfence();
+    out
 }
 
 /// Runs `k` on this backend, or returns it if the CPU lacks AVX2, FMA or F16C.
@@ -137,6 +140,20 @@ impl F32x16 for Avx2 {
         unsafe {
             _mm256_storeu_ps(p, self.0);
             _mm256_storeu_ps(p.add(8), self.1);
+        }
+    }
+    #[inline(always)]
+    fn store_stream(self, dst: &mut [f32; 16]) {
+        let p = dst.as_mut_ptr();
+        if p.addr() % 32 == 0 {
+            // SAFETY: as in `both!`; `vmovntps` needs the 32-byte alignment checked above (p + 8
+            // floats keeps it), and the reference covers 64 writable bytes.
+            unsafe {
+                _mm256_stream_ps(p, self.0);
+                _mm256_stream_ps(p.add(8), self.1);
+            }
+        } else {
+            self.store(dst);
         }
     }
     #[inline(always)]
@@ -268,6 +285,11 @@ impl F32x16 for Avx2 {
         cmp!(_CMP_LE_OQ, self, b)
     }
     #[inline(always)]
+    fn not_lt(self, b: Self) -> Self::Mask {
+        // Unordered: true when either lane is NaN.
+        cmp!(_CMP_NLT_UQ, self, b)
+    }
+    #[inline(always)]
     fn eq(self, b: Self) -> Self::Mask {
         cmp!(_CMP_EQ_OQ, self, b)
     }
@@ -300,6 +322,16 @@ impl F32x16 for Avx2 {
     fn mask_or(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `both!`.
         unsafe { (_mm256_or_ps(a.0, b.0), _mm256_or_ps(a.1, b.1)) }
+    }
+    #[inline(always)]
+    fn mask_andnot(a: Self::Mask, b: Self::Mask) -> Self::Mask {
+        // SAFETY: as in `both!`.
+        unsafe { (_mm256_andnot_ps(a.0, b.0), _mm256_andnot_ps(a.1, b.1)) }
+    }
+    #[inline(always)]
+    fn mask_none() -> Self::Mask {
+        // SAFETY: as in `both!`.
+        unsafe { (_mm256_setzero_ps(), _mm256_setzero_ps()) }
     }
     #[inline(always)]
     fn mask_any(m: Self::Mask) -> bool {

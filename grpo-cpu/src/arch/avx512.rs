@@ -18,7 +18,10 @@ pub(crate) struct Avx512(__m512);
 /// The CPU must support AVX-512F and FMA.
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-    k.run::<Avx512>()
+    let out = k.run::<Avx512>();
+    // Order the kernel's streaming stores before whatever signals completion to other threads.
+    _mm_sfence();
+    out
 }
 
 /// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F or FMA.
@@ -77,6 +80,16 @@ impl F32x16 for Avx512 {
     fn store(self, dst: &mut [f32; 16]) {
         // SAFETY: see the impl comment (64 writable bytes behind the exclusive reference).
         unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_stream(self, dst: &mut [f32; 16]) {
+        let p = dst.as_mut_ptr();
+        if p.addr() % 64 == 0 {
+            // SAFETY: see the impl comment; `vmovntps` needs the 64-byte alignment checked above.
+            unsafe { _mm512_stream_ps(p, self.0) }
+        } else {
+            self.store(dst);
+        }
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
@@ -207,6 +220,11 @@ impl F32x16 for Avx512 {
         unsafe { _mm512_cmp_ps_mask::<_CMP_LE_OQ>(self.0, b.0) }
     }
     #[inline(always)]
+    fn not_lt(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment. Unordered: true when either lane is NaN.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(self.0, b.0) }
+    }
+    #[inline(always)]
     fn eq(self, b: Self) -> __mmask16 {
         // SAFETY: see the impl comment.
         unsafe { _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(self.0, b.0) }
@@ -233,6 +251,14 @@ impl F32x16 for Avx512 {
     #[inline(always)]
     fn mask_or(a: __mmask16, b: __mmask16) -> __mmask16 {
         a | b
+    }
+    #[inline(always)]
+    fn mask_andnot(a: __mmask16, b: __mmask16) -> __mmask16 {
+        !a & b
+    }
+    #[inline(always)]
+    fn mask_none() -> __mmask16 {
+        0
     }
     #[inline(always)]
     fn mask_any(m: __mmask16) -> bool {

@@ -99,6 +99,12 @@ mod tests {
                 push(V::select(a.lt(b), one, zero));
                 push(V::select(a.le(b), one, zero));
                 push(V::select(a.eq(b), one, zero));
+                push(V::select(a.not_lt(b), one, zero));
+                push(V::select(V::mask_andnot(a.gt(b), b.gt(c)), a, c));
+                push(V::select(V::mask_none(), a, c));
+                let mut st = [0.0; 16];
+                a.store_stream(&mut st);
+                push(V::load(&st));
                 push(V::select(a.ne(b), one, zero));
                 push(V::select(a.eq_i32(b), one, zero));
                 push(V::select(V::mask_and(a.gt(b), b.gt(c)), a, c));

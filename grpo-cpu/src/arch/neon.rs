@@ -121,6 +121,10 @@ impl F32x16 for Neon {
         }
     }
     #[inline(always)]
+    fn store_stream(self, dst: &mut [f32; 16]) {
+        self.store(dst);
+    }
+    #[inline(always)]
     fn prefetch(p: *const u8) {
         // SAFETY: `prfm` is a hint: it never faults and has no architectural side effect.
         unsafe {
@@ -249,6 +253,11 @@ impl F32x16 for Neon {
         unsafe { core::array::from_fn(|i| vcleq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
+    fn not_lt(self, b: Self) -> Self::Mask {
+        // SAFETY: as in `each!`. NOT(ordered less): true when either lane is NaN.
+        unsafe { core::array::from_fn(|i| vmvnq_u32(vcltq_f32(self.0[i], b.0[i]))) }
+    }
+    #[inline(always)]
     fn eq(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
         unsafe { core::array::from_fn(|i| vceqq_f32(self.0[i], b.0[i])) }
@@ -284,6 +293,16 @@ impl F32x16 for Neon {
     fn mask_or(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `each!`.
         unsafe { core::array::from_fn(|i| vorrq_u32(a[i], b[i])) }
+    }
+    #[inline(always)]
+    fn mask_andnot(a: Self::Mask, b: Self::Mask) -> Self::Mask {
+        // SAFETY: as in `each!`. vbicq(b, a) = b & !a.
+        unsafe { core::array::from_fn(|i| vbicq_u32(b[i], a[i])) }
+    }
+    #[inline(always)]
+    fn mask_none() -> Self::Mask {
+        // SAFETY: as in `each!`.
+        unsafe { [vdupq_n_u32(0); 4] }
     }
     #[inline(always)]
     fn mask_any(m: Self::Mask) -> bool {

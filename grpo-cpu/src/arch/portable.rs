@@ -82,6 +82,10 @@ impl F32x16 for Portable {
         *dst = self.0;
     }
     #[inline(always)]
+    fn store_stream(self, dst: &mut [f32; 16]) {
+        *dst = self.0;
+    }
+    #[inline(always)]
     fn prefetch(_p: *const u8) {}
 
     #[inline(always)]
@@ -187,6 +191,10 @@ impl F32x16 for Portable {
         mask(self.0, b.0, |a, b| a <= b)
     }
     #[inline(always)]
+    fn not_lt(self, b: Self) -> [bool; 16] {
+        mask(self.0, b.0, |a, b| !(a < b))
+    }
+    #[inline(always)]
     fn eq(self, b: Self) -> [bool; 16] {
         mask(self.0, b.0, |a, b| a == b)
     }
@@ -209,6 +217,14 @@ impl F32x16 for Portable {
     #[inline(always)]
     fn mask_or(a: [bool; 16], b: [bool; 16]) -> [bool; 16] {
         core::array::from_fn(|i| a[i] | b[i])
+    }
+    #[inline(always)]
+    fn mask_andnot(a: [bool; 16], b: [bool; 16]) -> [bool; 16] {
+        core::array::from_fn(|i| !a[i] & b[i])
+    }
+    #[inline(always)]
+    fn mask_none() -> [bool; 16] {
+        [false; 16]
     }
     #[inline(always)]
     fn mask_any(m: [bool; 16]) -> bool {

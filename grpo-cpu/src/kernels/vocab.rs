@@ -14,7 +14,7 @@
 use grpo_core::vocab::canon::{self, BLOCK, GradCoef, KlGrad, LseState, PairState};
 use grpo_core::vocab::exp_ln::D_MIN;
 
-use super::math::exp_nonpos_clamped;
+use super::math::{exp_nonpos_clamped, ln};
 use super::Kernel;
 use crate::lanes::F32x16;
 
@@ -25,12 +25,24 @@ const PREFETCH_BYTES: usize = 8192;
 pub(crate) trait Load: canon::Logit {
     /// Loads and widens 16 consecutive values exactly.
     fn load<V: F32x16>(c: &[Self; 16]) -> V;
+    /// Stores 16 gradients rounded to this type (`Logit::from_f32`, ties to even).
+    #[inline(always)]
+    fn store_grad<V: F32x16>(g: V, dst: &mut [Self; 16]) {
+        let a = g.to_array();
+        for (d, x) in dst.iter_mut().zip(a) {
+            *d = Self::from_f32(x);
+        }
+    }
 }
 
 impl Load for f32 {
     #[inline(always)]
     fn load<V: F32x16>(c: &[f32; 16]) -> V {
         V::load(c)
+    }
+    #[inline(always)]
+    fn store_grad<V: F32x16>(g: V, dst: &mut [f32; 16]) {
+        g.store(dst);
     }
 }
 
@@ -54,13 +66,16 @@ fn fma1<V: F32x16>(a: f32, b: f32, c: f32) -> f32 {
     V::splat(a).mul_add(V::splat(b), V::splat(c)).to_array()[0]
 }
 
-/// `canon::block_max`: the raw maximum of a block (order-free, no NaN after validation), with
-/// the prefetch of the data `PREFETCH_BYTES` ahead (the maximum pass is the one that streams
-/// from memory).
+/// `canon::block_max`: the raw maximum of a block (order-free: max is exact, and the sign of
+/// a zero is removed later by `scaled_max`), plus whether any element is NaN or +∞ (the
+/// validation of grpo-core, fused so the data is read once). Prefetches `PREFETCH_BYTES` ahead:
+/// this pass is the one that streams from memory.
 #[inline(always)]
-fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
+fn block_max<V: F32x16, S: Load>(z: &[S]) -> (f32, bool) {
     let (chunks, tail) = z.as_chunks::<16>();
+    let inf = V::splat(f32::INFINITY);
     let mut m = [V::splat(f32::NEG_INFINITY); 4];
+    let mut bad = V::mask_none();
     let mut quads = chunks.chunks_exact(4);
     for q in &mut quads {
         for k in 0..4 {
@@ -68,21 +83,51 @@ fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
             if (k * size_of::<[S; 16]>()) % 64 == 0 {
                 V::prefetch(q[k].as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
             }
-            m[k] = m[k].max(S::load::<V>(&q[k]));
+            let x = S::load::<V>(&q[k]);
+            bad = V::mask_or(bad, x.not_lt(inf));
+            m[k] = m[k].max(x);
         }
     }
     for c in quads.remainder() {
-        m[0] = m[0].max(S::load::<V>(c));
+        let x = S::load::<V>(c);
+        bad = V::mask_or(bad, x.not_lt(inf));
+        m[0] = m[0].max(x);
     }
     let v = m[0].max(m[1]).max(m[2].max(m[3])).to_array();
     let mut r = f32::NEG_INFINITY;
     for x in v {
         r = canon_max(r, x);
     }
+    let mut bad = V::mask_any(bad);
     for &x in tail {
-        r = canon_max(r, x.to_f32());
+        let x = x.to_f32();
+        bad |= !(x < f32::INFINITY);
+        r = canon_max(r, x);
     }
-    r
+    (r, bad)
+}
+
+/// Support flags of a student/teacher block: `(forward, reverse)` violations, i.e. some
+/// `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w` (KL(q‖p) = +∞).
+#[inline(always)]
+fn support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (bool, bool) {
+    let ninf = V::splat(f32::NEG_INFINITY);
+    let (zc, zt) = z.as_chunks::<16>();
+    let (wc, wt) = w.as_chunks::<16>();
+    let (mut fwd, mut rev) = (V::mask_none(), V::mask_none());
+    for (a, b) in zc.iter().zip(wc) {
+        let mz = S::load::<V>(a).eq(ninf);
+        let mw = U::load::<V>(b).eq(ninf);
+        fwd = V::mask_or(fwd, V::mask_andnot(mz, mw));
+        rev = V::mask_or(rev, V::mask_andnot(mw, mz));
+    }
+    let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
+    for (a, b) in zt.iter().zip(wt) {
+        let (mz, mw) = (a.to_f32() == f32::NEG_INFINITY, b.to_f32() == f32::NEG_INFINITY);
+        f |= mw && !mz;
+        r |= mz && !mw;
+    }
+    (f, r)
 }
 
 /// `max_r`: `if a > b { a } else { b }`.
@@ -103,8 +148,10 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
 
 /// `canon::lse_block` in lanes.
 #[inline(always)]
-fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    let m = canon::scaled_max(block_max::<V, S>(z), tau);
+fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32, bad: &mut bool) -> LseState {
+    let (raw, b) = block_max::<V, S>(z);
+    *bad |= b;
+    let m = canon::scaled_max(raw, tau);
     let (vt, vc) = (V::splat(tau), V::splat(canon::offset(m)));
     let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
     let (chunks, tail) = z.as_chunks::<16>();
@@ -249,10 +296,15 @@ fn fold_blocks<St: Copy>(
     acc
 }
 
-/// The merged [`LseState`] of a whole row (`None` for an empty row).
+/// The merged [`LseState`] of a whole row (`EMPTY` for an empty row) and whether the row holds
+/// a NaN or +∞.
 #[inline(always)]
-pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> Option<LseState> {
-    fold_blocks(z.len(), merge_lse::<V>, |s, e| lse_block::<V, S>(&z[s..e], tau))
+pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> (LseState, bool) {
+    let mut bad = false;
+    let st = fold_blocks(z.len(), merge_lse::<V>, |s, e| {
+        lse_block::<V, S>(&z[s..e], tau, &mut bad)
+    });
+    (st.unwrap_or(LseState::EMPTY), bad)
 }
 
 /// The lane form of `canon::pair_step`; `acc` is `[sz, tz, sw, tw, u, v]`.
@@ -289,9 +341,16 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     z: &[S],
     w: &[U],
     tau: f32,
+    flags: &mut PairFlags,
 ) -> PairState {
-    let zmax = canon::scaled_max(block_max::<V, S>(z), tau);
-    let wmax = canon::scaled_max(block_max::<V, U>(w), tau);
+    let (zraw, zbad) = block_max::<V, S>(z);
+    let (wraw, wbad) = block_max::<V, U>(w);
+    let (fwd, rev) = support::<V, S, U>(z, w);
+    flags.bad |= zbad | wbad;
+    flags.forward |= fwd;
+    flags.reverse |= rev;
+    let zmax = canon::scaled_max(zraw, tau);
+    let wmax = canon::scaled_max(wraw, tau);
     let vt = V::splat(tau);
     let (cz, cw) = (
         V::splat(canon::offset(zmax)),
@@ -333,16 +392,30 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     }
 }
 
-/// The merged [`PairState`] of a student row and a teacher row of equal length.
+/// What the fused validation of a row pair found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PairFlags {
+    /// Some element of either row is NaN or +∞.
+    pub(crate) bad: bool,
+    /// Some `w = −∞ < z`: KL(p‖q) would be +∞.
+    pub(crate) forward: bool,
+    /// Some `z = −∞ < w`: KL(q‖p) would be +∞.
+    pub(crate) reverse: bool,
+}
+
+/// The merged [`PairState`] of a student row and a teacher row of equal length (`EMPTY_PAIR`
+/// for empty rows), with the validation flags.
 #[inline(always)]
 pub(crate) fn pair_row<V: F32x16, S: Load, U: Load>(
     z: &[S],
     w: &[U],
     tau: f32,
-) -> Option<PairState> {
-    fold_blocks(z.len(), merge_pair::<V>, |s, e| {
-        pair_block::<V, S, U>(&z[s..e], &w[s..e], tau)
-    })
+) -> (PairState, PairFlags) {
+    let mut flags = PairFlags::default();
+    let st = fold_blocks(z.len(), merge_pair::<V>, |s, e| {
+        pair_block::<V, S, U>(&z[s..e], &w[s..e], tau, &mut flags)
+    });
+    (st.unwrap_or(EMPTY_PAIR), flags)
 }
 
 /// The lane form of `canon::grad_step` for 16 non-target elements (`o` starts at 0), or, with
@@ -374,54 +447,149 @@ fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
     p.xor(sign).mul_add(k, o).mul(tau)
 }
 
-/// `canon::grad_step` over a row: `out[v] = ∂(g_lp·logp(y) + g_H·H + g_KL·KL)/∂z_v`.
-/// `w` is the teacher row (ignored, and may be empty, when `kl` is `None`); `y` is the target
-/// (`None`: no target term, as when `g_lp` = 0 is meant for every element).
+/// The gradient of one element (lane 0): the tails, the unaligned head and the target.
 #[inline(always)]
-pub(crate) fn grad_row<V: F32x16, S: Load, U: Load>(
+fn grad1<V: F32x16>(z: f32, w: f32, target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
+    let o = V::splat(if target { c.g_lp } else { 0.0 });
+    grad_step(V::splat(z), V::splat(w), o, c, kl).to_array()[0]
+}
+
+/// `canon::grad_step` for every element of a row except the target term (the caller patches
+/// element `y`): `out[v] = ∂(g_lp·logp(y) + g_H·H + g_KL·KL)/∂z_v` for `v ≠ y`. `w` is the
+/// teacher row (ignored when `kl` is `None`). The output is write-only, so from its first
+/// 64-byte boundary on it is written with streaming stores (the gradient is elementwise, so the
+/// split point changes no bit).
+#[inline(always)]
+fn grad_into<V: F32x16, S: Load, U: Load>(
     z: &[S],
     w: &[U],
-    y: Option<usize>,
     c: &GradCoef,
     kl: KlGrad,
     out: &mut [f32],
 ) {
+    let n = z.len().min(out.len());
+    let head = out.as_ptr().align_offset(64).min(n);
+    let wv = |i: usize| w.get(i).map_or(0.0, |v| v.to_f32());
+    for i in 0..head {
+        out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
+    }
     let zero = V::splat(0.0);
-    let (zc, zt) = z.as_chunks::<16>();
-    let (oc, ot) = out.as_chunks_mut::<16>();
-    if kl == KlGrad::None {
+    let (zc, _) = z[head..n].as_chunks::<16>();
+    let (oc, _) = out[head..n].as_chunks_mut::<16>();
+    if kl == KlGrad::None || w.len() < n {
         for (zv, o) in zc.iter().zip(oc.iter_mut()) {
             V::prefetch(zv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
-            grad_step(S::load::<V>(zv), zero, zero, c, kl).store(o);
+            grad_step(S::load::<V>(zv), zero, zero, c, KlGrad::None).store_stream(o);
         }
     } else {
-        let (wc, _) = w.as_chunks::<16>();
+        let (wc, _) = w[head..n].as_chunks::<16>();
         for ((zv, wv), o) in zc.iter().zip(wc).zip(oc.iter_mut()) {
             V::prefetch(zv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
             V::prefetch(wv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
-            grad_step(S::load::<V>(zv), U::load::<V>(wv), zero, c, kl).store(o);
+            grad_step(S::load::<V>(zv), U::load::<V>(wv), zero, c, kl).store_stream(o);
         }
     }
-    let base = zc.len() * 16;
-    for (i, (x, o)) in zt.iter().zip(ot.iter_mut()).enumerate() {
-        let wx = w.get(base + i).map_or(0.0, |v| v.to_f32());
-        *o = grad_step(V::splat(x.to_f32()), V::splat(wx), zero, c, kl).to_array()[0];
-    }
-    if let Some(y) = y
-        && let (Some(zy), Some(oy)) = (z.get(y), out.get_mut(y))
-    {
-        let wy = w.get(y).map_or(0.0, |v| v.to_f32());
-        let r = grad_step(V::splat(zy.to_f32()), V::splat(wy), V::splat(c.g_lp), c, kl);
-        *oy = r.to_array()[0];
+    for i in head + zc.len() * 16..n {
+        out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
     }
 }
 
-/// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`).
+/// [`grad_into`] over the logits themselves, rounding each gradient to the storage type; the
+/// target's gradient is computed before the row is overwritten and written last.
+#[inline(always)]
+fn grad_in_place<V: F32x16, S: Load, U: Load>(
+    z: &mut [S],
+    w: &[U],
+    y: Option<usize>,
+    c: &GradCoef,
+    kl: KlGrad,
+) {
+    let wv = |i: usize| w.get(i).map_or(0.0, |v| v.to_f32());
+    let target = y.and_then(|y| Some((y, grad1::<V>(z.get(y)?.to_f32(), wv(y), true, c, kl))));
+    let zero = V::splat(0.0);
+    let n = z.len();
+    let (zc, zt) = z.as_chunks_mut::<16>();
+    let done = zc.len() * 16;
+    if kl == KlGrad::None || w.len() < n {
+        for zv in zc.iter_mut() {
+            let g = grad_step(S::load::<V>(zv), zero, zero, c, KlGrad::None);
+            S::store_grad(g, zv);
+        }
+    } else {
+        let (wc, _) = w.as_chunks::<16>();
+        for (zv, wv) in zc.iter_mut().zip(wc) {
+            let g = grad_step(S::load::<V>(zv), U::load::<V>(wv), zero, c, kl);
+            S::store_grad(g, zv);
+        }
+    }
+    for (i, x) in zt.iter_mut().enumerate() {
+        *x = S::from_f32(grad1::<V>(x.to_f32(), wv(done + i), false, c, kl));
+    }
+    if let Some((y, g)) = target
+        && let Some(x) = z.get_mut(y)
+    {
+        *x = S::from_f32(g);
+    }
+}
+
+/// Canonical sum of the JSD terms of one validated row pair (`jsd_row` of grpo-core: 16 lanes,
+/// tree, tail per block; blocks merged pairwise by addition), floored at 0.
+#[inline(always)]
+fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 {
+    let (tau, nlz, nlw) = (V::splat(p.tau), V::splat(p.nlz), V::splat(p.nlw));
+    let (beta, omb) = (V::splat(p.beta), V::splat(p.omb));
+    let term = |z: V, w: V| {
+        let dmin = V::splat(D_MIN);
+        let lp = dmin.max(z.mul_add(tau, nlz));
+        let lq = dmin.max(w.mul_add(tau, nlw));
+        let pe = exp_nonpos_clamped(lp);
+        let qe = exp_nonpos_clamped(lq);
+        let lm = V::splat(JSD_LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
+        beta.mul(qe).mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
+    };
+    let s = fold_blocks(
+        z.len(),
+        |a: f32, b: f32| a + b,
+        |start, end| {
+            let (zc, zt) = z[start..end].as_chunks::<16>();
+            let (wc, wt) = w[start..end].as_chunks::<16>();
+            let mut acc = V::splat(0.0);
+            for (a, b) in zc.iter().zip(wc) {
+                acc = acc.add(term(S::load(a), U::load(b)));
+            }
+            let mut lanes = acc.to_array();
+            canon::tree(&mut lanes);
+            let mut s = lanes[0];
+            for (a, b) in zt.iter().zip(wt) {
+                s += term(V::splat(a.to_f32()), V::splat(b.to_f32())).to_array()[0];
+            }
+            s
+        },
+    )
+    .unwrap_or(0.0);
+    canon_max(0.0, s)
+}
+
+/// grpo-core's floor of `ln(mixture)` in the JSD (its private `LN_FLOOR`): −104.
+const JSD_LN_FLOOR: f32 = -104.0;
+
+/// Per-row constants of the JSD's second pass.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JsdParams {
+    pub(crate) tau: f32,
+    pub(crate) nlz: f32,
+    pub(crate) nlw: f32,
+    pub(crate) beta: f32,
+    pub(crate) omb: f32,
+}
+
+/// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`) and whether each
+/// row holds a NaN or +∞.
 pub(crate) struct LseRows<'a, S> {
     pub(crate) z: &'a [S],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
-    pub(crate) out: &'a mut [LseState],
+    pub(crate) out: &'a mut [(LseState, bool)],
 }
 
 impl<S: Load> Kernel for LseRows<'_, S> {
@@ -430,7 +598,7 @@ impl<S: Load> Kernel for LseRows<'_, S> {
     fn run<V: F32x16>(self) {
         for (r, o) in self.out.iter_mut().enumerate() {
             let row = self.z.get(r * self.vocab..(r + 1) * self.vocab).unwrap_or(&[]);
-            *o = lse_row::<V, S>(row, self.tau).unwrap_or(LseState::EMPTY);
+            *o = lse_row::<V, S>(row, self.tau);
         }
     }
 }
@@ -441,7 +609,7 @@ pub(crate) struct PairRows<'a, S, U> {
     pub(crate) w: &'a [U],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
-    pub(crate) out: &'a mut [PairState],
+    pub(crate) out: &'a mut [(PairState, PairFlags)],
 }
 
 /// The state of an empty pair of rows.
@@ -464,7 +632,7 @@ impl<S: Load, U: Load> Kernel for PairRows<'_, S, U> {
             let span = r * self.vocab..(r + 1) * self.vocab;
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
-            *o = pair_row::<V, S, U>(z, w, self.tau).unwrap_or(EMPTY_PAIR);
+            *o = pair_row::<V, S, U>(z, w, self.tau);
         }
     }
 }
@@ -497,8 +665,87 @@ impl<S: Load, U: Load> Kernel for GradRows<'_, S, U> {
             let span = r * self.vocab..(r + 1) * self.vocab;
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
+            grad_into::<V, S, U>(z, w, c, self.kl, o);
+            if let Some(y) = self.y.and_then(|y| y.get(r).copied())
+                && let (Some(zy), Some(oy)) = (z.get(y), o.get_mut(y))
+            {
+                let wy = w.get(y).map_or(0.0, |v| v.to_f32());
+                *oy = grad1::<V>(zy.to_f32(), wy, true, c, self.kl);
+            }
+        }
+    }
+}
+
+/// [`GradRows`] writing over the logits (rounded to the storage type).
+pub(crate) struct GradRowsInPlace<'a, S, U> {
+    pub(crate) z: &'a mut [S],
+    pub(crate) w: &'a [U],
+    pub(crate) y: Option<&'a [usize]>,
+    pub(crate) coef: &'a [GradCoef],
+    pub(crate) kl: KlGrad,
+    pub(crate) vocab: usize,
+}
+
+impl<S: Load, U: Load> Kernel for GradRowsInPlace<'_, S, U> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        if self.vocab == 0 {
+            return;
+        }
+        for (r, (z, c)) in self
+            .z
+            .chunks_exact_mut(self.vocab)
+            .zip(self.coef)
+            .enumerate()
+        {
+            let w = self
+                .w
+                .get(r * self.vocab..(r + 1) * self.vocab)
+                .unwrap_or(&[]);
             let y = self.y.and_then(|y| y.get(r).copied());
-            grad_row::<V, S, U>(z, w, y, c, self.kl, o);
+            grad_in_place::<V, S, U>(z, w, y, c, self.kl);
+        }
+    }
+}
+
+/// JSD_β of a batch of row pairs, with each row's validation flags. Rows whose flags or
+/// maxima are invalid get `NaN` (the caller then defers to grpo-core for the error).
+pub(crate) struct JsdRows<'a, S, U> {
+    pub(crate) z: &'a [S],
+    pub(crate) w: &'a [U],
+    pub(crate) vocab: usize,
+    pub(crate) tau: f32,
+    pub(crate) beta: f32,
+    pub(crate) omb: f32,
+    pub(crate) out: &'a mut [(f32, PairFlags)],
+}
+
+impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        for (r, o) in self.out.iter_mut().enumerate() {
+            let span = r * self.vocab..(r + 1) * self.vocab;
+            let z = self.z.get(span.clone()).unwrap_or(&[]);
+            let w = self.w.get(span).unwrap_or(&[]);
+            let (st, flags) = pair_row::<V, S, U>(z, w, self.tau);
+            let ok = !flags.bad && st.zmax.is_finite() && st.wmax.is_finite();
+            let value = if ok {
+                let (lz, _, _) = canon::finish_lse(&st.student());
+                let (lw, _, _) = canon::finish_lse(&st.teacher());
+                let p = JsdParams {
+                    tau: self.tau,
+                    nlz: -lz,
+                    nlw: -lw,
+                    beta: self.beta,
+                    omb: self.omb,
+                };
+                jsd_sum::<V, S, U>(z, w, &p)
+            } else {
+                f32::NAN
+            };
+            *o = (value, flags);
         }
     }
 }
@@ -563,12 +810,18 @@ mod tests {
                 let want = ref_lse(&z, tau);
                 let want_p = ref_pair(&z, &w, tau);
                 for b in Backend::available() {
-                    let mut out = [LseState::EMPTY];
+                    let mut out = [(LseState::EMPTY, true)];
                     run(b, LseRows { z: &z, vocab: n, tau, out: &mut out });
-                    assert_eq!(bits_lse(&out[0]), bits_lse(&want), "{b:?} n={n} tau={tau}");
-                    let mut out = [EMPTY_PAIR];
+                    assert_eq!(bits_lse(&out[0].0), bits_lse(&want), "{b:?} n={n} tau={tau}");
+                    assert!(!out[0].1);
+                    let mut out = [(EMPTY_PAIR, PairFlags::default())];
                     run(b, PairRows { z: &z, w: &w, vocab: n, tau, out: &mut out });
-                    assert_eq!(bits_pair(&out[0]), bits_pair(&want_p), "{b:?} pair n={n}");
+                    assert_eq!(bits_pair(&out[0].0), bits_pair(&want_p), "{b:?} pair n={n}");
+                    let (f, r) = (0..n).fold((false, false), |(f, r), i| {
+                        let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
+                        (f | (mw & !mz), r | (mz & !mw))
+                    });
+                    assert_eq!(out[0].1, PairFlags { bad: false, forward: f, reverse: r });
                 }
             }
         }
