@@ -20,7 +20,7 @@
 /// Implementations exist only in `arch/`; a value of an ISA's type can only be created inside a
 /// function compiled for that ISA after run-time detection, which is what makes the safe methods
 /// sound.
-pub(crate) trait F32x16: Copy {
+pub trait F32x16: Copy {
     /// Lane mask produced by comparisons.
     type Mask: Copy;
 

@@ -4,6 +4,9 @@
 //! parallelism, **bit-identical** to grpo-core for every ISA and thread count.
 //!
 //! - [`Backend`]: the instruction set, detected once; [`Cpu`]: a backend plus a thread pool.
+//! - Vocabulary row operations as methods of [`Cpu`] (`stats_rows`, `logprob_entropy_rows`,
+//!   `kl_rows`, `jsd_rows`, `backward_rows`, `backward_rows_in_place`): grpo-core's
+//!   `grpo_core::vocab` batch functions, same signatures plus `&self`, same bits, same errors.
 //! - [`roofline`]: the streaming read / copy loops that kernel bandwidth is measured against.
 //!
 //! Structure (BLAKE3/memchr style): one lane trait of 16 `f32` lanes with `#[inline(always)]`
@@ -12,7 +15,9 @@
 
 pub mod backend;
 mod cpu;
+pub mod math;
 pub mod roofline;
+mod vocab;
 
 mod arch;
 mod kernels;
@@ -20,3 +25,6 @@ mod lanes;
 
 pub use backend::Backend;
 pub use cpu::Cpu;
+/// Logit storage the kernels read: `f32`, `half::bf16`, `half::f16` (sealed: its methods name
+/// crate-internal lane types).
+pub use kernels::vocab::Load as Storage;

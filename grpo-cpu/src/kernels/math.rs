@@ -95,3 +95,38 @@ pub(crate) fn ln<V: F32x16>(x: V) -> V {
     let y = V::select(x.eq(V::splat(0.0)), V::splat(f32::NEG_INFINITY), y);
     V::select(x.ge(V::splat(0.0)), y, V::splat(f32::NAN))
 }
+
+/// Which canonical function [`Map`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Func {
+    Exp,
+    ExpNonpos,
+    Ln,
+}
+
+/// `out[i] = f(x[i])` (equal lengths; the tail goes through lane 0).
+pub(crate) struct Map<'a> {
+    pub(crate) f: Func,
+    pub(crate) x: &'a [f32],
+    pub(crate) out: &'a mut [f32],
+}
+
+impl super::Kernel for Map<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        let f = |v: V| match self.f {
+            Func::Exp => exp(v),
+            Func::ExpNonpos => exp_nonpos(v),
+            Func::Ln => ln(v),
+        };
+        let (xc, xt) = self.x.as_chunks::<16>();
+        let (oc, ot) = self.out.as_chunks_mut::<16>();
+        for (x, o) in xc.iter().zip(oc.iter_mut()) {
+            f(V::load(x)).store(o);
+        }
+        for (x, o) in xt.iter().zip(ot.iter_mut()) {
+            *o = f(V::splat(*x)).to_array()[0];
+        }
+    }
+}

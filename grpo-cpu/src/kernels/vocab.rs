@@ -22,7 +22,7 @@ use crate::lanes::F32x16;
 const PREFETCH_BYTES: usize = 8192;
 
 /// A logit storage type the lanes can load 16 at a time.
-pub(crate) trait Load: canon::Logit {
+pub trait Load: canon::Logit {
     /// Loads and widens 16 consecutive values exactly.
     fn load<V: F32x16>(c: &[Self; 16]) -> V;
     /// Stores 16 gradients rounded to this type (`Logit::from_f32`, ties to even).
