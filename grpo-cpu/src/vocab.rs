@@ -16,7 +16,8 @@ use rayon::prelude::*;
 use crate::arch;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
-    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairRows,
+    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairRows, lse_ok,
+    pair_ok,
 };
 
 /// `τ = 1/T` when grpo-core accepts `T` (finite, > 0, 1/T finite).
@@ -41,11 +42,6 @@ fn finish_kl(st: &PairState) -> (f32, f32) {
     ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
 }
 
-/// A row state grpo-core would accept: some unmasked logit, `max/T` finite.
-fn lse_ok(st: &LseState) -> bool {
-    st.max.is_finite()
-}
-
 /// grpo-core's target check on a validated row: `z_y/T − max/T` finite.
 fn target_ok(zy: f32, tau: f32, st: &LseState) -> bool {
     fma(zy, tau, canon::offset(st.max)).is_finite()
@@ -62,9 +58,9 @@ impl Cpu {
         })
     }
 
-    /// Row states and NaN/+∞ flags of a validated-shape batch.
-    fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32) -> Vec<(LseState, bool)> {
-        let mut st = vec![(LseState::EMPTY, true); z.len() / vocab];
+    /// Row states of a validated-shape batch.
+    fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32) -> Vec<LseState> {
+        let mut st = vec![LseState::EMPTY; z.len() / vocab];
         let backend = self.backend();
         self.par_rows(&mut st, |r0, out| arch::run(backend, LseRows {
             z: &z[r0 * vocab..(r0 + out.len()) * vocab],
@@ -127,10 +123,10 @@ impl Cpu {
             return core(lse_out, entropy_out);
         }
         let st = self.lse_states(logits, vocab, tau);
-        if st.iter().any(|(s, bad)| *bad || !lse_ok(s)) {
+        if !st.iter().all(lse_ok) {
             return core(lse_out, entropy_out);
         }
-        for ((s, _), (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
+        for (s, (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
             let (lse, _, ent) = canon::finish_lse(s);
             (*l, *h) = (lse, ent);
         }
@@ -186,11 +182,11 @@ impl Cpu {
         let ok = st
             .iter()
             .enumerate()
-            .all(|(r, (s, bad))| !*bad && lse_ok(s) && target_ok(zy(r), tau, s));
+            .all(|(r, s)| lse_ok(s) && target_ok(zy(r), tau, s));
         if !ok {
             return core(logp_out, entropy_out);
         }
-        for (r, (s, _)) in st.iter().enumerate() {
+        for (r, s) in st.iter().enumerate() {
             logp_out[r] = canon::logp_of(zy(r), tau, s);
             if let Some(h) = entropy_out.as_deref_mut() {
                 h[r] = canon::finish_lse(s).2;
@@ -238,7 +234,7 @@ impl Cpu {
                 KlDirection::Forward => !f.forward,
                 KlDirection::Reverse => !f.reverse,
             };
-            !f.bad && support && s.zmax.is_finite() && s.wmax.is_finite()
+            support && pair_ok(s)
         });
         if !ok {
             return core(out);
@@ -300,7 +296,7 @@ impl Cpu {
             omb: 1.0 - beta,
             out: o,
         }));
-        if res.iter().any(|(v, f)| f.bad || v.is_nan()) {
+        if res.iter().any(|(v, _)| v.is_nan()) {
             return core(out);
         }
         for ((v, _), o) in res.iter().zip(out.iter_mut()) {
@@ -350,7 +346,7 @@ impl Cpu {
                         KlDirection::Forward => !f.forward,
                         KlDirection::Reverse => !f.reverse,
                     };
-                    if f.bad || !support || !s.zmax.is_finite() || !s.wmax.is_finite() {
+                    if !support || !pair_ok(s) {
                         return None;
                     }
                     let (lse, _, h) = canon::finish_lse(&s.student());
@@ -367,8 +363,8 @@ impl Cpu {
             None => {
                 let st = self.lse_states(logits, vocab, tau);
                 let mut v = Vec::with_capacity(rows);
-                for (s, bad) in &st {
-                    if *bad || !lse_ok(s) {
+                for s in &st {
+                    if !lse_ok(s) {
                         return None;
                     }
                     let (lse, _, h) = canon::finish_lse(s);

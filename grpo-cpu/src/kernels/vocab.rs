@@ -67,44 +67,45 @@ fn fma1<V: F32x16>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// `canon::block_max`: the raw maximum of a block (order-free: max is exact, and the sign of
-/// a zero is removed later by `scaled_max`), plus whether any element is NaN or +∞ (the
-/// validation of grpo-core, fused so the data is read once). Prefetches `PREFETCH_BYTES` ahead:
-/// this pass is the one that streams from memory.
+/// a zero is removed later by `scaled_max`).
+///
+/// Validation needs no separate test here: a NaN or +∞ logit always reaches the row state as a
+/// non-finite maximum (+∞, or a NaN maximum) or a NaN sum (NaN and +∞ turn `exp` and every
+/// later sum, product and merge into NaN), so the callers check `max` and `sum` for
+/// finiteness — which also covers grpo-core's "all −∞" and "max/T overflows" errors.
 #[inline(always)]
-fn block_max<V: F32x16, S: Load>(z: &[S]) -> (f32, bool) {
+fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
     let (chunks, tail) = z.as_chunks::<16>();
-    let inf = V::splat(f32::INFINITY);
     let mut m = [V::splat(f32::NEG_INFINITY); 4];
-    let mut bad = V::mask_none();
     let mut quads = chunks.chunks_exact(4);
     for q in &mut quads {
         for k in 0..4 {
-            // One prefetch per 64-byte line: every chunk of f32, every other chunk of 16-bit.
-            if (k * size_of::<[S; 16]>()) % 64 == 0 {
-                V::prefetch(q[k].as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
-            }
-            let x = S::load::<V>(&q[k]);
-            bad = V::mask_or(bad, x.not_lt(inf));
-            m[k] = m[k].max(x);
+            m[k] = m[k].max(S::load::<V>(&q[k]));
         }
     }
     for c in quads.remainder() {
-        let x = S::load::<V>(c);
-        bad = V::mask_or(bad, x.not_lt(inf));
-        m[0] = m[0].max(x);
+        m[0] = m[0].max(S::load::<V>(c));
     }
     let v = m[0].max(m[1]).max(m[2].max(m[3])).to_array();
     let mut r = f32::NEG_INFINITY;
     for x in v {
         r = canon_max(r, x);
     }
-    let mut bad = V::mask_any(bad);
     for &x in tail {
-        let x = x.to_f32();
-        bad |= !(x < f32::INFINITY);
-        r = canon_max(r, x);
+        r = canon_max(r, x.to_f32());
     }
-    (r, bad)
+    r
+}
+
+/// Requests the cache line `PREFETCH_BYTES` ahead of `p` (one call per 64-byte line: every
+/// chunk of f32, every other chunk of 16-bit storage, chosen by the chunk index `i`). The step
+/// pass issues these while it computes, so memory keeps streaming the next blocks in the
+/// background of the arithmetic.
+#[inline(always)]
+fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
+    if (i * size_of::<[S; 16]>()) % 64 == 0 {
+        V::prefetch(c.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
+    }
 }
 
 /// Support flags of a student/teacher block: `(forward, reverse)` violations, i.e. some
@@ -148,14 +149,13 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
 
 /// `canon::lse_block` in lanes.
 #[inline(always)]
-fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32, bad: &mut bool) -> LseState {
-    let (raw, b) = block_max::<V, S>(z);
-    *bad |= b;
-    let m = canon::scaled_max(raw, tau);
+fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
+    let m = canon::scaled_max(block_max::<V, S>(z), tau);
     let (vt, vc) = (V::splat(tau), V::splat(canon::offset(m)));
     let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
     let (chunks, tail) = z.as_chunks::<16>();
-    for c in chunks {
+    for (i, c) in chunks.iter().enumerate() {
+        prefetch_ahead::<V, S>(c, i);
         lse_step::<V>(S::load(c), vt, vc, &mut s, &mut t);
     }
     let (mut sa, mut ta) = (s.to_array(), t.to_array());
@@ -296,15 +296,11 @@ fn fold_blocks<St: Copy>(
     acc
 }
 
-/// The merged [`LseState`] of a whole row (`EMPTY` for an empty row) and whether the row holds
-/// a NaN or +∞.
+/// The merged [`LseState`] of a whole row (`EMPTY` for an empty row).
 #[inline(always)]
-pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> (LseState, bool) {
-    let mut bad = false;
-    let st = fold_blocks(z.len(), merge_lse::<V>, |s, e| {
-        lse_block::<V, S>(&z[s..e], tau, &mut bad)
-    });
-    (st.unwrap_or(LseState::EMPTY), bad)
+pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
+    fold_blocks(z.len(), merge_lse::<V>, |s, e| lse_block::<V, S>(&z[s..e], tau))
+        .unwrap_or(LseState::EMPTY)
 }
 
 /// The lane form of `canon::pair_step`; `acc` is `[sz, tz, sw, tw, u, v]`.
@@ -343,10 +339,9 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     tau: f32,
     flags: &mut PairFlags,
 ) -> PairState {
-    let (zraw, zbad) = block_max::<V, S>(z);
-    let (wraw, wbad) = block_max::<V, U>(w);
+    let zraw = block_max::<V, S>(z);
+    let wraw = block_max::<V, U>(w);
     let (fwd, rev) = support::<V, S, U>(z, w);
-    flags.bad |= zbad | wbad;
     flags.forward |= fwd;
     flags.reverse |= rev;
     let zmax = canon::scaled_max(zraw, tau);
@@ -359,7 +354,9 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     let mut acc = [V::splat(0.0); 6];
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
-    for (a, b) in zc.iter().zip(wc) {
+    for (i, (a, b)) in zc.iter().zip(wc).enumerate() {
+        prefetch_ahead::<V, S>(a, i);
+        prefetch_ahead::<V, U>(b, i);
         pair_step::<V>(S::load(a), U::load(b), vt, cz, cw, &mut acc);
     }
     let mut lane0 = [0.0f32; 6];
@@ -392,11 +389,23 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     }
 }
 
-/// What the fused validation of a row pair found.
+/// A pair state grpo-core's validation would accept, support aside: both maxima and sums
+/// finite (see `block_max`).
+#[inline(always)]
+pub(crate) fn pair_ok(st: &PairState) -> bool {
+    st.zmax.is_finite() && st.wmax.is_finite() && st.sz.is_finite() && st.sw.is_finite()
+}
+
+/// A row state grpo-core's validation would accept: finite maximum and sum (see `block_max`).
+#[inline(always)]
+pub(crate) fn lse_ok(st: &LseState) -> bool {
+    st.max.is_finite() && st.sum.is_finite()
+}
+
+/// What the fused support check of a row pair found (NaN/+∞ show in the state, see
+/// `block_max`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PairFlags {
-    /// Some element of either row is NaN or +∞.
-    pub(crate) bad: bool,
     /// Some `w = −∞ < z`: KL(p‖q) would be +∞.
     pub(crate) forward: bool,
     /// Some `z = −∞ < w`: KL(q‖p) would be +∞.
@@ -583,13 +592,12 @@ pub(crate) struct JsdParams {
     pub(crate) omb: f32,
 }
 
-/// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`) and whether each
-/// row holds a NaN or +∞.
+/// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`).
 pub(crate) struct LseRows<'a, S> {
     pub(crate) z: &'a [S],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
-    pub(crate) out: &'a mut [(LseState, bool)],
+    pub(crate) out: &'a mut [LseState],
 }
 
 impl<S: Load> Kernel for LseRows<'_, S> {
@@ -730,7 +738,7 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
             let (st, flags) = pair_row::<V, S, U>(z, w, self.tau);
-            let ok = !flags.bad && st.zmax.is_finite() && st.wmax.is_finite();
+            let ok = pair_ok(&st);
             let value = if ok {
                 let (lz, _, _) = canon::finish_lse(&st.student());
                 let (lw, _, _) = canon::finish_lse(&st.teacher());
@@ -810,10 +818,9 @@ mod tests {
                 let want = ref_lse(&z, tau);
                 let want_p = ref_pair(&z, &w, tau);
                 for b in Backend::available() {
-                    let mut out = [(LseState::EMPTY, true)];
+                    let mut out = [LseState::EMPTY];
                     run(b, LseRows { z: &z, vocab: n, tau, out: &mut out });
-                    assert_eq!(bits_lse(&out[0].0), bits_lse(&want), "{b:?} n={n} tau={tau}");
-                    assert!(!out[0].1);
+                    assert_eq!(bits_lse(&out[0]), bits_lse(&want), "{b:?} n={n} tau={tau}");
                     let mut out = [(EMPTY_PAIR, PairFlags::default())];
                     run(b, PairRows { z: &z, w: &w, vocab: n, tau, out: &mut out });
                     assert_eq!(bits_pair(&out[0].0), bits_pair(&want_p), "{b:?} pair n={n}");
@@ -821,7 +828,7 @@ mod tests {
                         let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
                         (f | (mw & !mz), r | (mz & !mw))
                     });
-                    assert_eq!(out[0].1, PairFlags { bad: false, forward: f, reverse: r });
+                    assert_eq!(out[0].1, PairFlags { forward: f, reverse: r });
                 }
             }
         }
