@@ -178,9 +178,8 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     fail = Some(e.to_string());
                 }
             };
-            (kernel_ms, roof_ms) = interleaved_medians(c.iters, &mut f, || {
-                roofline::copy(c.cpu, &src, &mut dst)
-            });
+            (kernel_ms, roof_ms) =
+                interleaved_medians(c.iters, &mut f, || roofline::copy(c.cpu, &src, &mut dst));
         }
         if let Some(e) = fail {
             return Err(format!("{kernel}: {e}"));

@@ -28,3 +28,5 @@ pub use cpu::Cpu;
 /// Logit storage the kernels read: `f32`, `half::bf16`, `half::f16` (sealed: its methods name
 /// crate-internal lane types).
 pub use kernels::vocab::Load as Storage;
+#[doc(hidden)]
+pub use vocab::fallbacks_on_this_thread;

@@ -20,6 +20,27 @@ use crate::kernels::vocab::{
     pair_ok,
 };
 
+thread_local! {
+    static FALLBACKS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// How many calls on this thread were handed to grpo-core (because validation found
+/// something wrong). For tests: valid input must take the fast path.
+#[doc(hidden)]
+pub fn fallbacks_on_this_thread() -> usize {
+    FALLBACKS.with(|c| c.get())
+}
+
+fn note_fallback() {
+    FALLBACKS.with(|c| c.set(c.get() + 1));
+}
+
+/// Counts the hand-over to grpo-core, then returns the closure that performs it.
+fn fallback<F>(core: F) -> F {
+    note_fallback();
+    core
+}
+
 /// `τ = 1/T` when grpo-core accepts `T` (finite, > 0, 1/T finite).
 fn tau_of(temperature: f32) -> Option<f32> {
     let tau = 1.0 / temperature;
@@ -62,12 +83,17 @@ impl Cpu {
     fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32) -> Vec<LseState> {
         let mut st = vec![LseState::EMPTY; z.len() / vocab];
         let backend = self.backend();
-        self.par_rows(&mut st, |r0, out| arch::run(backend, LseRows {
-            z: &z[r0 * vocab..(r0 + out.len()) * vocab],
-            vocab,
-            tau,
-            out,
-        }));
+        self.par_rows(&mut st, |r0, out| {
+            arch::run(
+                backend,
+                LseRows {
+                    z: &z[r0 * vocab..(r0 + out.len()) * vocab],
+                    vocab,
+                    tau,
+                    out,
+                },
+            )
+        });
         st
     }
 
@@ -81,13 +107,18 @@ impl Cpu {
     ) -> Vec<(PairState, PairFlags)> {
         let mut st = vec![(EMPTY_PAIR, PairFlags::default()); z.len() / vocab];
         let backend = self.backend();
-        self.par_rows(&mut st, |r0, out| arch::run(backend, PairRows {
-            z: &z[r0 * vocab..(r0 + out.len()) * vocab],
-            w: &w[r0 * vocab..(r0 + out.len()) * vocab],
-            vocab,
-            tau,
-            out,
-        }));
+        self.par_rows(&mut st, |r0, out| {
+            arch::run(
+                backend,
+                PairRows {
+                    z: &z[r0 * vocab..(r0 + out.len()) * vocab],
+                    w: &w[r0 * vocab..(r0 + out.len()) * vocab],
+                    vocab,
+                    tau,
+                    out,
+                },
+            )
+        });
         st
     }
 
@@ -117,14 +148,14 @@ impl Cpu {
         };
         let rows = lse_out.len();
         let Some(tau) = tau_of(temperature) else {
-            return core(lse_out, entropy_out);
+            return fallback(core)(lse_out, entropy_out);
         };
         if !shape_ok(logits.len(), vocab, rows) || entropy_out.len() != rows {
-            return core(lse_out, entropy_out);
+            return fallback(core)(lse_out, entropy_out);
         }
         let st = self.lse_states(logits, vocab, tau);
         if !st.iter().all(lse_ok) {
-            return core(lse_out, entropy_out);
+            return fallback(core)(lse_out, entropy_out);
         }
         for (s, (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
             let (lse, _, ent) = canon::finish_lse(s);
@@ -168,14 +199,14 @@ impl Cpu {
         };
         let rows = targets.len();
         let Some(tau) = tau_of(temperature) else {
-            return core(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out);
         };
         let shapes = shape_ok(logits.len(), vocab, rows)
             && logp_out.len() == rows
             && entropy_out.as_deref().is_none_or(|h| h.len() == rows)
             && targets.iter().all(|t| t.index() < vocab);
         if !shapes {
-            return core(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out);
         }
         let st = self.lse_states(logits, vocab, tau);
         let zy = |r: usize| logits[r * vocab + targets[r].index()].to_f32();
@@ -184,7 +215,7 @@ impl Cpu {
             .enumerate()
             .all(|(r, s)| lse_ok(s) && target_ok(zy(r), tau, s));
         if !ok {
-            return core(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out);
         }
         for (r, s) in st.iter().enumerate() {
             logp_out[r] = canon::logp_of(zy(r), tau, s);
@@ -223,10 +254,10 @@ impl Cpu {
         };
         let rows = out.len();
         let Some(tau) = tau_of(temperature) else {
-            return core(out);
+            return fallback(core)(out);
         };
         if !shape_ok(student.len(), vocab, rows) || !shape_ok(teacher.len(), vocab, rows) {
-            return core(out);
+            return fallback(core)(out);
         }
         let st = self.pair_states(student, teacher, vocab, tau);
         let ok = st.iter().all(|(s, f)| {
@@ -237,7 +268,7 @@ impl Cpu {
             support && pair_ok(s)
         });
         if !ok {
-            return core(out);
+            return fallback(core)(out);
         }
         for ((s, _), o) in st.iter().zip(out.iter_mut()) {
             let (f, r) = finish_kl(s);
@@ -276,28 +307,33 @@ impl Cpu {
         };
         let rows = out.len();
         let Some(tau) = tau_of(temperature) else {
-            return core(out);
+            return fallback(core)(out);
         };
         let shapes = beta > 0.0
             && beta < 1.0
             && shape_ok(student.len(), vocab, rows)
             && shape_ok(teacher.len(), vocab, rows);
         if !shapes {
-            return core(out);
+            return fallback(core)(out);
         }
         let mut res = vec![(f32::NAN, PairFlags::default()); rows];
         let backend = self.backend();
-        self.par_rows(&mut res, |r0, o| arch::run(backend, JsdRows {
-            z: &student[r0 * vocab..(r0 + o.len()) * vocab],
-            w: &teacher[r0 * vocab..(r0 + o.len()) * vocab],
-            vocab,
-            tau,
-            beta,
-            omb: 1.0 - beta,
-            out: o,
-        }));
+        self.par_rows(&mut res, |r0, o| {
+            arch::run(
+                backend,
+                JsdRows {
+                    z: &student[r0 * vocab..(r0 + o.len()) * vocab],
+                    w: &teacher[r0 * vocab..(r0 + o.len()) * vocab],
+                    vocab,
+                    tau,
+                    beta,
+                    omb: 1.0 - beta,
+                    out: o,
+                },
+            )
+        });
         if res.iter().any(|(v, _)| v.is_nan()) {
-            return core(out);
+            return fallback(core)(out);
         }
         for ((v, _), o) in res.iter().zip(out.iter_mut()) {
             *o = *v;
@@ -428,10 +464,10 @@ impl Cpu {
             grpo_core::vocab::backward_rows(logits, vocab, temperature, terms, out)
         };
         if out.len() != logits.len() {
-            return core(out);
+            return fallback(core)(out);
         }
         let Some((coefs, ys, kl)) = self.backward_coefs(logits, vocab, temperature, terms) else {
-            return core(out);
+            return fallback(core)(out);
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
@@ -478,6 +514,7 @@ impl Cpu {
         terms: &GradTerms<'_, I, U>,
     ) -> Result<()> {
         let Some((coefs, ys, kl)) = self.backward_coefs(logits, vocab, temperature, terms) else {
+            note_fallback();
             return grpo_core::vocab::backward_rows_in_place(logits, vocab, temperature, terms);
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);

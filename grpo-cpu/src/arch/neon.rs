@@ -189,10 +189,13 @@ impl F32x16 for Neon {
     }
     #[inline(always)]
     fn max_i32(self, b: Self) -> Self {
-        each_u!([self, b] |a, b| vreinterpretq_u32_s32(vmaxq_s32(
-            vreinterpretq_s32_u32(a),
-            vreinterpretq_s32_u32(b)
-        )))
+        each_u!(
+            [self, b] | a,
+            b | vreinterpretq_u32_s32(vmaxq_s32(
+                vreinterpretq_s32_u32(a),
+                vreinterpretq_s32_u32(b)
+            ))
+        )
     }
     #[inline(always)]
     fn shl<const N: u32>(self) -> Self {

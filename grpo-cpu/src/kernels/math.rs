@@ -73,9 +73,9 @@ pub(crate) fn ln<V: F32x16>(x: V) -> V {
     let xs = V::select(sub, x.mul(V::splat(TWO_POW_23)), x);
     let sqrt_half = V::splat(SQRT_HALF);
     let ix = xs.sub_i32(sqrt_half);
-    let e = ix
-        .shr_arith::<23>()
-        .add_i32(V::select(sub, V::from_bits(-23i32 as u32), V::from_bits(0)));
+    let e =
+        ix.shr_arith::<23>()
+            .add_i32(V::select(sub, V::from_bits(-23i32 as u32), V::from_bits(0)));
     let m = ix.and(V::from_bits(0x007f_ffff)).add_i32(sqrt_half);
     let f = m.sub(V::splat(1.0));
     let mut q = V::splat(LN_C8);

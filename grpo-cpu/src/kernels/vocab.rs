@@ -14,8 +14,8 @@
 use grpo_core::vocab::canon::{self, BLOCK, GradCoef, KlGrad, LseState, PairState};
 use grpo_core::vocab::exp_ln::D_MIN;
 
-use super::math::{exp_nonpos_clamped, ln};
 use super::Kernel;
+use super::math::{exp_nonpos_clamped, ln};
 use crate::lanes::F32x16;
 
 /// How far ahead of the maximum pass the next cache lines are requested.
@@ -124,7 +124,10 @@ fn support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (bool, bool) {
     }
     let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
     for (a, b) in zt.iter().zip(wt) {
-        let (mz, mw) = (a.to_f32() == f32::NEG_INFINITY, b.to_f32() == f32::NEG_INFINITY);
+        let (mz, mw) = (
+            a.to_f32() == f32::NEG_INFINITY,
+            b.to_f32() == f32::NEG_INFINITY,
+        );
         f |= mw && !mz;
         r |= mz && !mw;
     }
@@ -299,20 +302,15 @@ fn fold_blocks<St: Copy>(
 /// The merged [`LseState`] of a whole row (`EMPTY` for an empty row).
 #[inline(always)]
 pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(z.len(), merge_lse::<V>, |s, e| lse_block::<V, S>(&z[s..e], tau))
-        .unwrap_or(LseState::EMPTY)
+    fold_blocks(z.len(), merge_lse::<V>, |s, e| {
+        lse_block::<V, S>(&z[s..e], tau)
+    })
+    .unwrap_or(LseState::EMPTY)
 }
 
 /// The lane form of `canon::pair_step`; `acc` is `[sz, tz, sw, tw, u, v]`.
 #[inline(always)]
-fn pair_step<V: F32x16>(
-    z: V,
-    w: V,
-    tau: V,
-    cz: V,
-    cw: V,
-    acc: &mut [V; 6],
-) {
+fn pair_step<V: F32x16>(z: V, w: V, tau: V, cz: V, cw: V, acc: &mut [V; 6]) {
     let dmin = V::splat(D_MIN);
     let neg_max = V::splat(-f32::MAX);
     let (dz, dw) = (z.mul_add(tau, cz), w.mul_add(tau, cw));
@@ -347,10 +345,7 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     let zmax = canon::scaled_max(zraw, tau);
     let wmax = canon::scaled_max(wraw, tau);
     let vt = V::splat(tau);
-    let (cz, cw) = (
-        V::splat(canon::offset(zmax)),
-        V::splat(canon::offset(wmax)),
-    );
+    let (cz, cw) = (V::splat(canon::offset(zmax)), V::splat(canon::offset(wmax)));
     let mut acc = [V::splat(0.0); 6];
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
@@ -554,7 +549,8 @@ fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 
         let pe = exp_nonpos_clamped(lp);
         let qe = exp_nonpos_clamped(lq);
         let lm = V::splat(JSD_LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
-        beta.mul(qe).mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
+        beta.mul(qe)
+            .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
     };
     let s = fold_blocks(
         z.len(),
@@ -605,7 +601,10 @@ impl<S: Load> Kernel for LseRows<'_, S> {
     #[inline(always)]
     fn run<V: F32x16>(self) {
         for (r, o) in self.out.iter_mut().enumerate() {
-            let row = self.z.get(r * self.vocab..(r + 1) * self.vocab).unwrap_or(&[]);
+            let row = self
+                .z
+                .get(r * self.vocab..(r + 1) * self.vocab)
+                .unwrap_or(&[]);
             *o = lse_row::<V, S>(row, self.tau);
         }
     }
@@ -778,15 +777,20 @@ mod tests {
                     0 => f32::NEG_INFINITY,
                     1 => -0.0,
                     2 => 1e-42,
-                    _ => ((s >> 11) as f64 / (1u64 << 53) as f64 * 30.0 - 15.0) as f32 + (i % 7) as f32,
+                    _ => {
+                        ((s >> 11) as f64 / (1u64 << 53) as f64 * 30.0 - 15.0) as f32
+                            + (i % 7) as f32
+                    }
                 }
             })
             .collect()
     }
 
     fn ref_lse(z: &[f32], tau: f32) -> LseState {
-        canon::fold_blocks(z.len(), LseState::merge, |s, e| canon::lse_block(&z[s..e], tau))
-            .unwrap_or(LseState::EMPTY)
+        canon::fold_blocks(z.len(), LseState::merge, |s, e| {
+            canon::lse_block(&z[s..e], tau)
+        })
+        .unwrap_or(LseState::EMPTY)
     }
 
     fn ref_pair(z: &[f32], w: &[f32], tau: f32) -> PairState {
@@ -805,7 +809,26 @@ mod tests {
     }
 
     const LENS: &[usize] = &[
-        0, 1, 2, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 2047, 2048, 2049, 4097, 6160,
+        0,
+        1,
+        2,
+        15,
+        16,
+        17,
+        31,
+        32,
+        33,
+        47,
+        48,
+        49,
+        63,
+        64,
+        65,
+        2047,
+        2048,
+        2049,
+        4097,
+        6160,
         10 * 2048 + 5,
     ];
 
@@ -819,16 +842,39 @@ mod tests {
                 let want_p = ref_pair(&z, &w, tau);
                 for b in Backend::available() {
                     let mut out = [LseState::EMPTY];
-                    run(b, LseRows { z: &z, vocab: n, tau, out: &mut out });
+                    run(
+                        b,
+                        LseRows {
+                            z: &z,
+                            vocab: n,
+                            tau,
+                            out: &mut out,
+                        },
+                    );
                     assert_eq!(bits_lse(&out[0]), bits_lse(&want), "{b:?} n={n} tau={tau}");
                     let mut out = [(EMPTY_PAIR, PairFlags::default())];
-                    run(b, PairRows { z: &z, w: &w, vocab: n, tau, out: &mut out });
+                    run(
+                        b,
+                        PairRows {
+                            z: &z,
+                            w: &w,
+                            vocab: n,
+                            tau,
+                            out: &mut out,
+                        },
+                    );
                     assert_eq!(bits_pair(&out[0].0), bits_pair(&want_p), "{b:?} pair n={n}");
                     let (f, r) = (0..n).fold((false, false), |(f, r), i| {
                         let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
                         (f | (mw & !mz), r | (mz & !mw))
                     });
-                    assert_eq!(out[0].1, PairFlags { forward: f, reverse: r });
+                    assert_eq!(
+                        out[0].1,
+                        PairFlags {
+                            forward: f,
+                            reverse: r
+                        }
+                    );
                 }
             }
         }
@@ -856,15 +902,18 @@ mod tests {
                     .collect();
                 for b in Backend::available() {
                     let mut out = vec![f32::NAN; n];
-                    run(b, GradRows::<f32, f32> {
-                        z: &z,
-                        w: &w,
-                        y: Some(&[y]),
-                        coef: &[c],
-                        kl,
-                        vocab: n,
-                        out: &mut out,
-                    });
+                    run(
+                        b,
+                        GradRows::<f32, f32> {
+                            z: &z,
+                            w: &w,
+                            y: Some(&[y]),
+                            coef: &[c],
+                            kl,
+                            vocab: n,
+                            out: &mut out,
+                        },
+                    );
                     let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
                     assert_eq!(got, want, "{b:?} n={n} {kl:?}");
                 }
