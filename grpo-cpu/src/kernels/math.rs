@@ -60,6 +60,28 @@ pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
     p.mul(pow2_biased(biased))
 }
 
+/// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
+/// (same bits per lane). Interleaving the `N` dependency chains in program order lets the
+/// out-of-order core overlap them: one exponential is a ~50-cycle chain of dependent FMAs,
+/// and a single chain per loop iteration leaves the FMA units mostly idle.
+#[inline(always)]
+pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
+    let shift = V::splat(SHIFT);
+    let t: [V; N] = core::array::from_fn(|i| x[i].mul_add(V::splat(LOG2E), shift));
+    let ki: [V; N] = core::array::from_fn(|i| t[i].sub_i32(shift));
+    let k: [V; N] = core::array::from_fn(|i| t[i].sub(shift));
+    let r: [V; N] = core::array::from_fn(|i| k[i].mul_add(V::splat(-LN2_HI), x[i]));
+    let r: [V; N] = core::array::from_fn(|i| k[i].mul_add(V::splat(-LN2_LO), r[i]));
+    let mut p = [V::splat(EXP_C6); N];
+    for c in [EXP_C5, EXP_C4, EXP_C3, EXP_C2, 1.0, 1.0] {
+        let c = V::splat(c);
+        p = core::array::from_fn(|i| p[i].mul_add(r[i], c));
+    }
+    let bias = V::from_bits(127);
+    let zero = V::from_bits(0);
+    core::array::from_fn(|i| p[i].mul(pow2_biased(ki[i].add_i32(bias).max_i32(zero))))
+}
+
 /// `grpo_core::vocab::exp_ln::exp_nonpos` per lane.
 #[inline(always)]
 pub(crate) fn exp_nonpos<V: F32x16>(x: V) -> V {

@@ -15,8 +15,11 @@ use grpo_core::vocab::canon::{self, BLOCK, GradCoef, KlGrad, LseState, PairState
 use grpo_core::vocab::exp_ln::D_MIN;
 
 use super::Kernel;
-use super::math::{exp_nonpos_clamped, ln};
+use super::math::{exp_nonpos_clamped, exp_nonpos_clamped_n, ln};
 use crate::lanes::F32x16;
+
+/// Chunks of 16 whose exponentials are computed together (see `exp_nonpos_clamped_n`).
+const UNROLL: usize = 4;
 
 /// How far ahead of the maximum pass the next cache lines are requested.
 const PREFETCH_BYTES: usize = 8192;
@@ -103,9 +106,21 @@ fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
 /// background of the arithmetic.
 #[inline(always)]
 fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
-    if (i * size_of::<[S; 16]>()) % 64 == 0 {
-        V::prefetch(c.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
+    let d = pf();
+    if d != 0 && (i * size_of::<[S; 16]>()) % 64 == 0 {
+        V::prefetch(c.as_ptr().cast::<u8>().wrapping_add(d));
     }
+}
+
+pub(crate) static PF: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(PREFETCH_BYTES);
+#[inline(always)]
+fn pf() -> usize {
+    PF.load(std::sync::atomic::Ordering::Relaxed)
+}
+#[doc(hidden)]
+pub fn set_pf(d: usize) {
+    PF.store(d, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Support flags of a student/teacher block: `(forward, reverse)` violations, i.e. some
@@ -157,8 +172,23 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
     let (vt, vc) = (V::splat(tau), V::splat(canon::offset(m)));
     let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
     let (chunks, tail) = z.as_chunks::<16>();
-    for (i, c) in chunks.iter().enumerate() {
-        prefetch_ahead::<V, S>(c, i);
+    // Four chunks per iteration: their exponentials interleaved (independent), their
+    // accumulation in index order (chunk i before chunk i + 1, as the lanes require).
+    let mut quads = chunks.chunks_exact(UNROLL);
+    let dmin = V::splat(D_MIN);
+    for (j, q) in (&mut quads).enumerate() {
+        for k in 0..UNROLL {
+            prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
+        }
+        let dc: [V; UNROLL] =
+            core::array::from_fn(|k| dmin.max(S::load::<V>(&q[k]).mul_add(vt, vc)));
+        let e = exp_nonpos_clamped_n(dc);
+        for k in 0..UNROLL {
+            s = s.add(e[k]);
+            t = e[k].mul_add(dc[k], t);
+        }
+    }
+    for c in quads.remainder() {
         lse_step::<V>(S::load(c), vt, vc, &mut s, &mut t);
     }
     let (mut sa, mut ta) = (s.to_array(), t.to_array());
@@ -349,9 +379,37 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     let mut acc = [V::splat(0.0); 6];
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
-    for (i, (a, b)) in zc.iter().zip(wc).enumerate() {
-        prefetch_ahead::<V, S>(a, i);
-        prefetch_ahead::<V, U>(b, i);
+    // Two chunk pairs per iteration: four independent exponentials interleaved, then the six
+    // sums updated in index order.
+    let mut zp = zc.chunks_exact(2);
+    let mut wp = wc.chunks_exact(2);
+    let (dmin, neg_max, sign) = (V::splat(D_MIN), V::splat(-f32::MAX), V::splat(-0.0));
+    for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
+        for k in 0..2 {
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+        }
+        let dz: [V; 2] = core::array::from_fn(|k| S::load::<V>(&a[k]).mul_add(vt, cz));
+        let dw: [V; 2] = core::array::from_fn(|k| U::load::<V>(&b[k]).mul_add(vt, cw));
+        let dc = [
+            dmin.max(dz[0]),
+            dmin.max(dz[1]),
+            dmin.max(dw[0]),
+            dmin.max(dw[1]),
+        ];
+        let e = exp_nonpos_clamped_n(dc);
+        for k in 0..2 {
+            let g = neg_max.max(dz[k]).sub(neg_max.max(dw[k]));
+            let (ez, ew, dzc, dwc) = (e[k], e[2 + k], dc[k], dc[2 + k]);
+            acc[0] = acc[0].add(ez);
+            acc[1] = ez.mul_add(dzc, acc[1]);
+            acc[2] = acc[2].add(ew);
+            acc[3] = ew.mul_add(dwc, acc[3]);
+            acc[4] = ez.mul_add(g, acc[4]);
+            acc[5] = ew.mul_add(g.xor(sign), acc[5]);
+        }
+    }
+    for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
         pair_step::<V>(S::load(a), U::load(b), vt, cz, cw, &mut acc);
     }
     let mut lane0 = [0.0f32; 6];
@@ -451,6 +509,27 @@ fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
     p.xor(sign).mul_add(k, o).mul(tau)
 }
 
+/// [`grad_step`] without a KL term for `N` non-target vectors, operation by operation across
+/// all `N` (same bits; interleaved chains, see `exp_nonpos_clamped_n`).
+#[inline(always)]
+fn grad_step_n<V: F32x16, const N: usize>(z: [V; N], c: &GradCoef) -> [V; N] {
+    let tau = V::splat(c.tau);
+    let (nlse, h, g_h, g_lp) = (
+        V::splat(c.nlse),
+        V::splat(c.h),
+        V::splat(c.g_h),
+        V::splat(c.g_lp),
+    );
+    let lpc: [V; N] = core::array::from_fn(|i| V::splat(D_MIN).max(z[i].mul_add(tau, nlse)));
+    let p = exp_nonpos_clamped_n(lpc);
+    let sign = V::splat(-0.0);
+    let zero = V::splat(0.0);
+    core::array::from_fn(|i| {
+        let k = g_h.mul_add(lpc[i].add(h), g_lp);
+        p[i].xor(sign).mul_add(k, zero).mul(tau)
+    })
+}
+
 /// The gradient of one element (lane 0): the tails, the unaligned head and the target.
 #[inline(always)]
 fn grad1<V: F32x16>(z: f32, w: f32, target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
@@ -481,8 +560,18 @@ fn grad_into<V: F32x16, S: Load, U: Load>(
     let (zc, _) = z[head..n].as_chunks::<16>();
     let (oc, _) = out[head..n].as_chunks_mut::<16>();
     if kl == KlGrad::None || w.len() < n {
-        for (zv, o) in zc.iter().zip(oc.iter_mut()) {
-            V::prefetch(zv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
+        let mut zq = zc.chunks_exact(UNROLL);
+        let mut oq = oc.chunks_exact_mut(UNROLL);
+        for (j, (zv, o)) in (&mut zq).zip(&mut oq).enumerate() {
+            for k in 0..UNROLL {
+                prefetch_ahead::<V, S>(&zv[k], j * UNROLL + k);
+            }
+            let g = grad_step_n::<V, UNROLL>(core::array::from_fn(|k| S::load::<V>(&zv[k])), c);
+            for k in 0..UNROLL {
+                g[k].store_stream(&mut o[k]);
+            }
+        }
+        for (zv, o) in zq.remainder().iter().zip(oq.into_remainder()) {
             grad_step(S::load::<V>(zv), zero, zero, c, KlGrad::None).store_stream(o);
         }
     } else {
@@ -515,7 +604,14 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     let (zc, zt) = z.as_chunks_mut::<16>();
     let done = zc.len() * 16;
     if kl == KlGrad::None || w.len() < n {
-        for zv in zc.iter_mut() {
+        let mut zq = zc.chunks_exact_mut(UNROLL);
+        for zv in &mut zq {
+            let g = grad_step_n::<V, UNROLL>(core::array::from_fn(|k| S::load::<V>(&zv[k])), c);
+            for k in 0..UNROLL {
+                S::store_grad(g[k], &mut zv[k]);
+            }
+        }
+        for zv in zq.into_remainder() {
             let g = grad_step(S::load::<V>(zv), zero, zero, c, KlGrad::None);
             S::store_grad(g, zv);
         }
