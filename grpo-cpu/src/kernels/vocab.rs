@@ -11,6 +11,8 @@
 //! Everything here is `#[inline(always)]`: it is instantiated inside the per-ISA entry
 //! functions of `arch/`.
 
+use core::marker::PhantomData;
+
 use grpo_core::vocab::canon::{self, BLOCK, GradCoef, KlGrad, LseState, PairState};
 use grpo_core::vocab::exp_ln::D_MIN;
 
@@ -180,8 +182,10 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
         for k in 0..UNROLL {
             prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
         }
-        let dc: [V; UNROLL] =
-            core::array::from_fn(|k| dmin.max(S::load::<V>(&q[k]).mul_add(vt, vc)));
+        let mut dc = [dmin; UNROLL];
+        for k in 0..UNROLL {
+            dc[k] = dmin.max(S::load::<V>(&q[k]).mul_add(vt, vc));
+        }
         let e = exp_nonpos_clamped_n(dc);
         for k in 0..UNROLL {
             s = s.add(e[k]);
@@ -284,17 +288,23 @@ pub(crate) fn merge_pair<V: F32x16>(a: PairState, b: PairState) -> PairState {
     }
 }
 
+/// What [`fold_blocks`] folds: a per-block reduction and the merge of adjacent states. A trait
+/// with `#[inline(always)]` methods rather than closures, so the block kernels are compiled
+/// inside the ISA entry function (a closure that LLVM declines to inline would be compiled
+/// without the ISA, turning every lane operation into a call).
+trait Blocks {
+    type St: Copy;
+    fn block(&mut self, start: usize, end: usize) -> Self::St;
+    fn merge(&mut self, a: Self::St, b: Self::St) -> Self::St;
+}
+
 /// `canon::fold_blocks`: reduces `len` elements block by block in the canonical pairwise order
 /// (recursive split at the largest power of two below the block count, evaluated with a
 /// binary-counter stack). `None` for `len = 0`.
 #[inline(always)]
-fn fold_blocks<St: Copy>(
-    len: usize,
-    merge: impl Fn(St, St) -> St,
-    mut block: impl FnMut(usize, usize) -> St,
-) -> Option<St> {
+fn fold_blocks<B: Blocks>(len: usize, b: &mut B) -> Option<B::St> {
     const LEVELS: usize = usize::BITS as usize;
-    let mut stack: [Option<St>; LEVELS] = [None; LEVELS];
+    let mut stack: [Option<B::St>; LEVELS] = [None; LEVELS];
     let mut j = 0usize;
     let mut start = 0usize;
     while start < len {
@@ -303,11 +313,11 @@ fn fold_blocks<St: Copy>(
         } else {
             len
         };
-        let mut cur = block(start, end);
+        let mut cur = b.block(start, end);
         let mut level = 0;
         while level < LEVELS && (j >> level) & 1 == 1 {
             if let Some(left) = stack[level].take() {
-                cur = merge(left, cur);
+                cur = b.merge(left, cur);
             }
             level += 1;
         }
@@ -317,25 +327,112 @@ fn fold_blocks<St: Copy>(
         j += 1;
         start = end;
     }
-    let mut acc: Option<St> = None;
+    let mut acc: Option<B::St> = None;
     for slot in stack.iter_mut() {
         if let Some(left) = slot.take() {
             acc = Some(match acc {
                 None => left,
-                Some(right) => merge(left, right),
+                Some(right) => b.merge(left, right),
             });
         }
     }
     acc
 }
 
+struct LseBlocks<'a, V, S> {
+    z: &'a [S],
+    tau: f32,
+    lanes: PhantomData<V>,
+}
+
+impl<V: F32x16, S: Load> Blocks for LseBlocks<'_, V, S> {
+    type St = LseState;
+    #[inline(always)]
+    fn block(&mut self, start: usize, end: usize) -> LseState {
+        lse_block::<V, S>(&self.z[start..end], self.tau)
+    }
+    #[inline(always)]
+    fn merge(&mut self, a: LseState, b: LseState) -> LseState {
+        merge_lse::<V>(a, b)
+    }
+}
+
+struct PairBlocks<'a, V, S, U> {
+    z: &'a [S],
+    w: &'a [U],
+    tau: f32,
+    flags: PairFlags,
+    lanes: PhantomData<V>,
+}
+
+impl<V: F32x16, S: Load, U: Load> Blocks for PairBlocks<'_, V, S, U> {
+    type St = PairState;
+    #[inline(always)]
+    fn block(&mut self, start: usize, end: usize) -> PairState {
+        let (z, w) = (&self.z[start..end], &self.w[start..end]);
+        pair_block::<V, S, U>(z, w, self.tau, &mut self.flags)
+    }
+    #[inline(always)]
+    fn merge(&mut self, a: PairState, b: PairState) -> PairState {
+        merge_pair::<V>(a, b)
+    }
+}
+
+/// One JSD term per lane (grpo-core's `jsd_step`).
+#[inline(always)]
+fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
+    let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
+    let dmin = V::splat(D_MIN);
+    let lp = dmin.max(z.mul_add(tau, V::splat(p.nlz)));
+    let lq = dmin.max(w.mul_add(tau, V::splat(p.nlw)));
+    let e = exp_nonpos_clamped_n([lp, lq]);
+    let (pe, qe) = (e[0], e[1]);
+    let lm = V::splat(JSD_LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
+    beta.mul(qe)
+        .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
+}
+
+struct JsdBlocks<'a, V, S, U> {
+    z: &'a [S],
+    w: &'a [U],
+    p: JsdParams,
+    lanes: PhantomData<V>,
+}
+
+impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
+    type St = f32;
+    /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`).
+    #[inline(always)]
+    fn block(&mut self, start: usize, end: usize) -> f32 {
+        let (zc, zt) = self.z[start..end].as_chunks::<16>();
+        let (wc, wt) = self.w[start..end].as_chunks::<16>();
+        let mut acc = V::splat(0.0);
+        for (a, b) in zc.iter().zip(wc) {
+            acc = acc.add(jsd_term(S::load(a), U::load(b), &self.p));
+        }
+        let mut lanes = acc.to_array();
+        canon::tree(&mut lanes);
+        let mut s = lanes[0];
+        for (a, b) in zt.iter().zip(wt) {
+            s += jsd_term(V::splat(a.to_f32()), V::splat(b.to_f32()), &self.p).to_array()[0];
+        }
+        s
+    }
+    #[inline(always)]
+    fn merge(&mut self, a: f32, b: f32) -> f32 {
+        a + b
+    }
+}
+
 /// The merged [`LseState`] of a whole row (`EMPTY` for an empty row).
 #[inline(always)]
 pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(z.len(), merge_lse::<V>, |s, e| {
-        lse_block::<V, S>(&z[s..e], tau)
-    })
-    .unwrap_or(LseState::EMPTY)
+    let mut b = LseBlocks::<V, S> {
+        z,
+        tau,
+        lanes: PhantomData,
+    };
+    fold_blocks(z.len(), &mut b).unwrap_or(LseState::EMPTY)
 }
 
 /// The lane form of `canon::pair_step`; `acc` is `[sz, tz, sw, tw, u, v]`.
@@ -389,8 +486,14 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
             prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
-        let dz: [V; 2] = core::array::from_fn(|k| S::load::<V>(&a[k]).mul_add(vt, cz));
-        let dw: [V; 2] = core::array::from_fn(|k| U::load::<V>(&b[k]).mul_add(vt, cw));
+        let dz = [
+            S::load::<V>(&a[0]).mul_add(vt, cz),
+            S::load::<V>(&a[1]).mul_add(vt, cz),
+        ];
+        let dw = [
+            U::load::<V>(&b[0]).mul_add(vt, cw),
+            U::load::<V>(&b[1]).mul_add(vt, cw),
+        ];
         let dc = [
             dmin.max(dz[0]),
             dmin.max(dz[1]),
@@ -418,7 +521,10 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
         canon::tree(&mut arr);
         lane0[k] = arr[0];
     }
-    let mut acc = lane0.map(V::splat);
+    let mut acc = [V::splat(0.0); 6];
+    for k in 0..6 {
+        acc[k] = V::splat(lane0[k]);
+    }
     for (&a, &b) in zt.iter().zip(wt) {
         pair_step::<V>(
             V::splat(a.to_f32()),
@@ -429,7 +535,10 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
             &mut acc,
         );
     }
-    let r = acc.map(|a| a.to_array()[0]);
+    let mut r = [0.0f32; 6];
+    for k in 0..6 {
+        r[k] = acc[k].to_array()[0];
+    }
     PairState {
         zmax,
         sz: r[0],
@@ -473,11 +582,15 @@ pub(crate) fn pair_row<V: F32x16, S: Load, U: Load>(
     w: &[U],
     tau: f32,
 ) -> (PairState, PairFlags) {
-    let mut flags = PairFlags::default();
-    let st = fold_blocks(z.len(), merge_pair::<V>, |s, e| {
-        pair_block::<V, S, U>(&z[s..e], &w[s..e], tau, &mut flags)
-    });
-    (st.unwrap_or(EMPTY_PAIR), flags)
+    let mut b = PairBlocks::<V, S, U> {
+        z,
+        w,
+        tau,
+        flags: PairFlags::default(),
+        lanes: PhantomData,
+    };
+    let st = fold_blocks(z.len().min(w.len()), &mut b);
+    (st.unwrap_or(EMPTY_PAIR), b.flags)
 }
 
 /// The lane form of `canon::grad_step` for 16 non-target elements (`o` starts at 0), or, with
@@ -520,14 +633,18 @@ fn grad_step_n<V: F32x16, const N: usize>(z: [V; N], c: &GradCoef) -> [V; N] {
         V::splat(c.g_h),
         V::splat(c.g_lp),
     );
-    let lpc: [V; N] = core::array::from_fn(|i| V::splat(D_MIN).max(z[i].mul_add(tau, nlse)));
-    let p = exp_nonpos_clamped_n(lpc);
+    let mut lpc = z;
+    for i in 0..N {
+        lpc[i] = V::splat(D_MIN).max(z[i].mul_add(tau, nlse));
+    }
+    let mut p = exp_nonpos_clamped_n(lpc);
     let sign = V::splat(-0.0);
     let zero = V::splat(0.0);
-    core::array::from_fn(|i| {
+    for i in 0..N {
         let k = g_h.mul_add(lpc[i].add(h), g_lp);
-        p[i].xor(sign).mul_add(k, zero).mul(tau)
-    })
+        p[i] = p[i].xor(sign).mul_add(k, zero).mul(tau);
+    }
+    p
 }
 
 /// The gradient of one element (lane 0): the tails, the unaligned head and the target.
@@ -566,7 +683,11 @@ fn grad_into<V: F32x16, S: Load, U: Load>(
             for k in 0..UNROLL {
                 prefetch_ahead::<V, S>(&zv[k], j * UNROLL + k);
             }
-            let g = grad_step_n::<V, UNROLL>(core::array::from_fn(|k| S::load::<V>(&zv[k])), c);
+            let mut x = [V::splat(0.0); UNROLL];
+            for k in 0..UNROLL {
+                x[k] = S::load::<V>(&zv[k]);
+            }
+            let g = grad_step_n::<V, UNROLL>(x, c);
             for k in 0..UNROLL {
                 g[k].store_stream(&mut o[k]);
             }
@@ -606,7 +727,11 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     if kl == KlGrad::None || w.len() < n {
         let mut zq = zc.chunks_exact_mut(UNROLL);
         for zv in &mut zq {
-            let g = grad_step_n::<V, UNROLL>(core::array::from_fn(|k| S::load::<V>(&zv[k])), c);
+            let mut x = [V::splat(0.0); UNROLL];
+            for k in 0..UNROLL {
+                x[k] = S::load::<V>(&zv[k]);
+            }
+            let g = grad_step_n::<V, UNROLL>(x, c);
             for k in 0..UNROLL {
                 S::store_grad(g[k], &mut zv[k]);
             }
@@ -636,38 +761,13 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
 /// tree, tail per block; blocks merged pairwise by addition), floored at 0.
 #[inline(always)]
 fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 {
-    let (tau, nlz, nlw) = (V::splat(p.tau), V::splat(p.nlz), V::splat(p.nlw));
-    let (beta, omb) = (V::splat(p.beta), V::splat(p.omb));
-    let term = |z: V, w: V| {
-        let dmin = V::splat(D_MIN);
-        let lp = dmin.max(z.mul_add(tau, nlz));
-        let lq = dmin.max(w.mul_add(tau, nlw));
-        let pe = exp_nonpos_clamped(lp);
-        let qe = exp_nonpos_clamped(lq);
-        let lm = V::splat(JSD_LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
-        beta.mul(qe)
-            .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
+    let mut b = JsdBlocks::<V, S, U> {
+        z,
+        w,
+        p: *p,
+        lanes: PhantomData,
     };
-    let s = fold_blocks(
-        z.len(),
-        |a: f32, b: f32| a + b,
-        |start, end| {
-            let (zc, zt) = z[start..end].as_chunks::<16>();
-            let (wc, wt) = w[start..end].as_chunks::<16>();
-            let mut acc = V::splat(0.0);
-            for (a, b) in zc.iter().zip(wc) {
-                acc = acc.add(term(S::load(a), U::load(b)));
-            }
-            let mut lanes = acc.to_array();
-            canon::tree(&mut lanes);
-            let mut s = lanes[0];
-            for (a, b) in zt.iter().zip(wt) {
-                s += term(V::splat(a.to_f32()), V::splat(b.to_f32())).to_array()[0];
-            }
-            s
-        },
-    )
-    .unwrap_or(0.0);
+    let s = fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0);
     canon_max(0.0, s)
 }
 
