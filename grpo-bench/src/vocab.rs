@@ -47,9 +47,6 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             .find(|b| b.name() == name)
             .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
     };
-    if let Ok(d) = std::env::var("GRPO_PF") {
-        grpo_cpu::set_pf(d.parse().unwrap());
-    }
     let threads = a.num("threads")?.unwrap_or(2);
     let iters = a.num("iters")?.unwrap_or(7).max(1);
     let cpu = Cpu::new(backend)

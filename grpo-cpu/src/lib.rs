@@ -29,6 +29,4 @@ pub use cpu::Cpu;
 /// crate-internal lane types).
 pub use kernels::vocab::Load as Storage;
 #[doc(hidden)]
-pub use kernels::vocab::set_pf;
-#[doc(hidden)]
 pub use vocab::fallbacks_on_this_thread;
