@@ -124,7 +124,7 @@ impl Cpu {
 
     /// [`grpo_core::vocab::stats_rows`]: log-sum-exp and entropy of every row of `logits`
     /// (`[rows, vocab]`, `rows = lse_out.len()`), `lse = log Σ_v exp(z_v/T)`,
-    /// `H = lse − Σ_v p_v z_v/T` [ours]. Same bits, same errors; on `Err` nothing is written.
+    /// `H = lse − Σ_v p_v z_v/T` \[ours\]. Same bits, same errors; on `Err` nothing is written.
     ///
     /// ```
     /// let cpu = grpo_cpu::Cpu::detect();
@@ -165,7 +165,7 @@ impl Cpu {
     }
 
     /// [`grpo_core::vocab::logprob_entropy_rows`]: `logp_out[r] = z[r, y_r]/T − lse_r` and
-    /// optionally `entropy_out[r] = H_r`, in one pass over each row [ours]. Same bits, same
+    /// optionally `entropy_out[r] = H_r`, in one pass over each row \[ours\]. Same bits, same
     /// errors; on `Err` nothing is written.
     ///
     /// ```
@@ -228,7 +228,7 @@ impl Cpu {
 
     /// [`grpo_core::vocab::kl_rows`]: `KL(p‖q) = Σ p (log p − log q)` (or the reverse) of every
     /// student/teacher row pair, `p = softmax(z/T)`, `q = softmax(w/T)`, one pass over both rows
-    /// [ours; arXiv 2306.13649]. Same bits, same errors; on `Err` nothing is written.
+    /// \[ours; arXiv 2306.13649\]. Same bits, same errors; on `Err` nothing is written.
     ///
     /// ```
     /// use grpo_core::vocab::KlDirection;
@@ -281,7 +281,7 @@ impl Cpu {
     }
 
     /// [`grpo_core::vocab::jsd_rows`]: generalised JSD_β of every student/teacher row pair,
-    /// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` with `m = β q + (1 − β) p` [arXiv 2306.13649]; two
+    /// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` with `m = β q + (1 − β) p` \[arXiv 2306.13649\]; two
     /// passes per row (the second from cache). Same bits, same errors.
     ///
     /// ```
@@ -438,7 +438,7 @@ impl Cpu {
     }
 
     /// [`grpo_core::vocab::backward_rows`]: `out[r, v] = ∂loss_r/∂z[r, v]` for
-    /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` [ours], e.g.
+    /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\], e.g.
     /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`, `∂H/∂z_v = −p_v (log p_v + H)/T`. Every row is reduced
     /// and validated first, then the gradient is written (streaming stores). Same bits, same
     /// errors; on `Err`, `out` is untouched.
