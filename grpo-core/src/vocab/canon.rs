@@ -1,4 +1,4 @@
-//! The canonical reduction order and per-element steps of the vocabulary kernels [ours].
+//! The canonical reduction order and per-element steps of the vocabulary kernels \[ours\].
 //!
 //! Every vocabulary operation of this crate is a function of the *exact* sequence of IEEE
 //! operations written here. A backend (grpo-cpu's AVX-512, AVX2+FMA and NEON code) that performs
@@ -24,9 +24,10 @@
 //!    order gives the same value except for the sign of a zero, which step 2 removes: a backend
 //!    may compute it in any order with `max_r` (NaN and +∞ are validation errors, so they never
 //!    reach an `Ok` result).
-//! 2. **Scaled max** `M = m·τ + 0.0` (τ = 1/T rounded once; `+ 0.0` turns −0 into +0), and the
-//!    offset `c = select(M == −∞, 0, −M)` (an all-masked block uses `c = 0`, so its elements
-//!    give `d = −∞`, never NaN).
+//! 2. **Offset** `m = m + 0.0` (turns −0 into +0) and `c = select(m == −∞, 0, m)` (an
+//!    all-masked block uses `c = 0`, so its elements give `d = −∞`, never NaN). The state keeps
+//!    the *raw* maximum `m`; τ = 1/T (rounded once) is applied to differences only, so every
+//!    `d` is ≤ 0 by construction and its accuracy does not depend on the logits' magnitude.
 //! 3. **Lanes.** 16 accumulators (one per lane, all starting at +0). Element `i < n16` of the
 //!    block goes to lane `i mod 16`, in increasing `i`; each lane applies the element step
 //!    ([`lse_step`] / [`pair_step`]).
@@ -41,18 +42,18 @@
 //!
 //! [`lse_step`] — state `(s, t)`, `s = Σ e^d`, `t = Σ e^d·d`:
 //! ```text
-//! d  = fma(z, τ, c)            // z·τ − M, rounded once
+//! d  = (z − c)·τ              // ≤ 0; two roundings (the ·τ is exact and skippable at τ = 1)
 //! dc = max_r(D_MIN, d)         // D_MIN = −88; −∞ → −88
 //! e  = exp_nonpos_clamped(dc)  // 0 for dc < −87.68
 //! s  = s + e
 //! t  = fma(e, dc, t)
 //! ```
-//! [`pair_step`] (student logit `z` with offset `cz`, teacher logit `w` with offset `cw`) —
+//! [`pair_step`] (student logit `z` with block offset `cz`, teacher logit `w` with `cw`) —
 //! state `(sz, tz, sw, tw, u, v)`:
 //! ```text
-//! dz = fma(z, τ, cz); dzc = max_r(D_MIN, dz); ez = exp_nonpos_clamped(dzc)
-//! dw = fma(w, τ, cw); dwc = max_r(D_MIN, dw); ew = exp_nonpos_clamped(dwc)
-//! g  = max_r(−f32::MAX, dz) − max_r(−f32::MAX, dw)    // log-ratio; finite even for −∞ pairs
+//! dz = (z − cz)·τ; dzc = max_r(D_MIN, dz); ez = exp_nonpos_clamped(dzc)
+//! dw = (w − cw)·τ; dwc = max_r(D_MIN, dw); ew = exp_nonpos_clamped(dwc)
+//! g  = max_r(LOG_RATIO_FLOOR, dz) − max_r(LOG_RATIO_FLOOR, dw)   // finite even for −∞ pairs
 //! sz = sz + ez; tz = fma(ez, dzc, tz)
 //! sw = sw + ew; tw = fma(ew, dwc, tw)
 //! u  = fma(ez, g, u)           // Σ e^{dz}·(dz − dw)
@@ -63,29 +64,66 @@
 //!
 //! # Merging two states (shared scalar code, [`LseState::merge`], [`PairState::merge`])
 //!
-//! With `M = max_r(Ma, Mb)`, `δa = Ma − M`, `δb = Mb − M` (one of them is 0), the clamped
+//! With raw maxima `m = max_r(ma, mb)`, `δa = (ma − m)·τ`, `δb = (mb − m)·τ` (one of them is
+//! 0, the other ≤ 0 — the same arithmetic as an element's `d`), the clamped
 //! `δc = max_r(D_MIN, δ)` and `a = exp_nonpos_clamped(δc)`:
 //! `s = fma(sa, aa, sb·ab)`, `t = fma(fma(δca, sa, ta), aa, fma(δcb, sb, tb)·ab)`
-//! (because `Σ e^{d+δ}(d+δ) = e^δ (t + δ s)`); if `M = −∞` the sums are simply added.
+//! (because `Σ e^{d+δ}(d+δ) = e^δ (t + δ s)`); if `m = −∞` the sums are simply added.
 //!
 //! # Row results and backward
 //!
-//! From the merged row state: `L = ln(s)`, `lse = M + L`, `H = L − t/s`, `logp(y) =
-//! fma(z_y, τ, −M) − L` ([`finish_lse`], [`logp_of`]); for a pair `KL(p‖q) = (ln sw − ln sz) +
-//! u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw`. The backward has no reduction: each element is
+//! From the merged row state (raw max `m`): `L = ln(s)`, `lse = m·τ + L`, `H = L − t/s`,
+//! `logp(y) = fma(z_y − m, τ, −L)` ([`finish_lse`], [`logp_of`]); for a pair
+//! `KL(p‖q) = (ln sw − ln sz) + u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw` ([`finish_kl`]).
+//! The backward has no reduction: each element is
 //! computed independently by [`grad_step`] from per-row coefficients ([`GradCoef`]).
+//!
+//! The JSD's second pass (after the pair state gave both lse) sums [`jsd_step`] with
+//! [`canonical_sum`]: the same blocks, lanes, tree and tail, block sums merged pairwise by `+`.
+//!
+//! # What a backend mirrors, and what it calls
+//!
+//! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
+//! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call
+//! the scalar code of this
+//! crate for everything else: [`fold_blocks`] with [`LseState::merge`] / [`PairState::merge`],
+//! [`finish_lse`], [`LogSoftmax::of`], [`finish_kl`], [`GradCoef::from_lse`] /
+//! [`GradCoef::from_pair`], and `vocab::validate` for the input checks (same errors in the
+//! same order). Rows are independent, so distributing whole rows over threads never changes a
+//! bit.
+//!
+//! # Why this structure (speed)
+//!
+//! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
+//! one subtraction and one multiplication for the shift (the multiplication vanishes at
+//! T = 1), one clamp, the exponential (reduction: FMA, integer sub, sub, 2 FMA; degree-6
+//! polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
+//! accumulations (`add`, `FMA`), plus one `max` in the block-max pass: about 21 vector
+//! operations per 16 logits (20 at T = 1) for
+//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
+//! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
+//! so there is no per-element running-max compare/blend and no rescaling inside a block; the
+//! only rescaling happens once per 2048-element block in the scalar merge (two exponentials).
+//! A 2048-element block keeps the merge overhead near 1 % and both reads in L1 (KL reads two
+//! rows: 16 KiB). Backends should prefetch a few KiB ahead of the first (max) read.
 //!
 //! # Storage
 //!
 //! Logits are read through [`Logit`] (f32, `half::bf16`, `half::f16`), converted exactly to f32;
 //! all arithmetic is f32.
 
-use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, max_r};
+use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
 
 /// Number of accumulator lanes (element `i` of a block goes to lane `i mod LANES`).
 pub const LANES: usize = 16;
 /// Block length of the two-level summation (a multiple of [`LANES`]).
 pub const BLOCK: usize = 2048;
+
+/// Floor of a scaled logit difference where it enters a log-ratio (KL terms): −2^64
+/// (0xdf800000) = −1.8446744e19. It makes `−∞ − (−∞)` a finite 0 and bounds every KL term, so
+/// sums of up to 2^32 terms times any accepted weight stay finite; no real logit row has
+/// differences anywhere near it.
+pub const LOG_RATIO_FLOOR: f32 = f32::from_bits(0xdf80_0000);
 
 /// Storage type of a logit (or of a gradient written in place): exactly convertible to `f32`.
 ///
@@ -138,14 +176,15 @@ impl Logit for half::f16 {
     }
 }
 
-/// Online softmax statistics of a block or row, in the temperature-scaled domain.
+/// Online softmax statistics of a block or row: the raw maximum, and sums in the
+/// temperature-scaled domain.
 ///
-/// `max` is `M = max_v z_v·τ` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}` and
-/// `dot = Σ_v e^{d_v}·d_v` with `d_v = z_v·τ − M` as computed by [`lse_step`]. Hence
-/// `lse = M + ln(sum)` and `H = ln(sum) − dot/sum`.
+/// `max` is the raw maximum `m = max_v z_v` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}`
+/// and `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − m)·τ` as computed by [`lse_step`]. Hence
+/// `lse = m·τ + ln(sum)` and `H = ln(sum) − dot/sum`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LseState {
-    /// Scaled maximum `M`.
+    /// Raw maximum `m` (the logits' own scale, before τ).
     pub max: f32,
     /// `s = Σ e^{d}`.
     pub sum: f32,
@@ -153,10 +192,11 @@ pub struct LseState {
     pub dot: f32,
 }
 
-/// The rescaling factor and clamped shift of a state whose maximum `m` is merged into `top`.
+/// The rescaling factor and clamped shift of a state whose raw maximum `m` is merged into
+/// `top`: `δc = max_r(D_MIN, (m − top)·τ)`, `a = exp_nonpos_clamped(δc)`.
 #[inline(always)]
-fn rescale(m: f32, top: f32) -> (f32, f32) {
-    let dc = max_r(D_MIN, m - top);
+fn rescale(m: f32, top: f32, tau: f32) -> (f32, f32) {
+    let dc = max_r(D_MIN, (m - top) * tau);
     (dc, exp_nonpos_clamped(dc))
 }
 
@@ -176,13 +216,13 @@ impl LseState {
     /// // two blocks each holding one logit: 0 and ln 3 (τ = 1, so sum = 1, dot = 0 each)
     /// let a = LseState { max: 0.0, sum: 1.0, dot: 0.0 };
     /// let b = LseState { max: 3f32.ln(), sum: 1.0, dot: 0.0 };
-    /// let m = a.merge(b);
+    /// let m = a.merge(b, 1.0);
     /// assert_eq!(m.max, 3f32.ln());
     /// // sum = 1 + e^{−ln 3} = 4/3
     /// assert!((m.sum - 4.0 / 3.0).abs() < 1e-6);
     /// ```
     #[inline]
-    pub fn merge(self, right: LseState) -> LseState {
+    pub fn merge(self, right: LseState, tau: f32) -> LseState {
         let top = max_r(self.max, right.max);
         if top == f32::NEG_INFINITY {
             return LseState {
@@ -191,8 +231,8 @@ impl LseState {
                 dot: self.dot + right.dot,
             };
         }
-        let (da, aa) = rescale(self.max, top);
-        let (db, ab) = rescale(right.max, top);
+        let (da, aa) = rescale(self.max, top, tau);
+        let (db, ab) = rescale(right.max, top, tau);
         LseState {
             max: top,
             sum: fma(self.sum, aa, right.sum * ab),
@@ -205,31 +245,25 @@ impl LseState {
     }
 }
 
-/// Block offset `c = −M`, or 0 for an all-masked block (so its elements give `d = −∞`).
+/// Block offset `c = m`, or 0 for an all-masked block (so its elements give `d = −∞`).
 #[inline(always)]
-pub fn offset(scaled_max: f32) -> f32 {
-    if scaled_max == f32::NEG_INFINITY {
+pub fn offset(raw_max: f32) -> f32 {
+    if raw_max == f32::NEG_INFINITY {
         0.0
     } else {
-        -scaled_max
+        raw_max
     }
 }
 
-/// Scaled block maximum `M = m·τ + 0.0` of a block whose raw maximum is `m`.
-#[inline(always)]
-pub fn scaled_max(raw_max: f32, tau: f32) -> f32 {
-    raw_max * tau + 0.0
-}
-
-/// Raw maximum of a block (`max_r` fold; any order gives the same value up to the sign of
-/// zero, which [`scaled_max`] removes).
+/// Raw maximum of a block, `+ 0.0` (a `max_r` fold; any order gives the same value because
+/// the `+ 0.0` removes the only order dependence, the sign of a zero maximum).
 #[inline]
 pub fn block_max<S: Logit>(z: &[S]) -> f32 {
     let mut m = f32::NEG_INFINITY;
     for &v in z {
         m = max_r(m, v.to_f32());
     }
-    m
+    m + 0.0
 }
 
 /// The per-element step of the log-sum-exp/entropy reduction (see the module documentation):
@@ -237,13 +271,13 @@ pub fn block_max<S: Logit>(z: &[S]) -> f32 {
 ///
 /// ```
 /// use grpo_core::vocab::canon::lse_step;
-/// // z = M (d = 0): s += 1, t += 0; a masked logit adds nothing.
-/// assert_eq!(lse_step(2.0, 1.0, -2.0, 0.0, 0.0), (1.0, 0.0));
-/// assert_eq!(lse_step(f32::NEG_INFINITY, 1.0, -2.0, 1.0, 0.0), (1.0, 0.0));
+/// // z = c (d = 0): s += 1, t += 0; a masked logit adds nothing.
+/// assert_eq!(lse_step(2.0, 1.0, 2.0, 0.0, 0.0), (1.0, 0.0));
+/// assert_eq!(lse_step(f32::NEG_INFINITY, 1.0, 2.0, 1.0, 0.0), (1.0, 0.0));
 /// ```
 #[inline(always)]
 pub fn lse_step(z: f32, tau: f32, c: f32, s: f32, t: f32) -> (f32, f32) {
-    let d = fma(z, tau, c);
+    let d = (z - c) * tau;
     let dc = max_r(D_MIN, d);
     let e = exp_nonpos_clamped(dc);
     (s + e, fma(e, dc, t))
@@ -254,12 +288,12 @@ pub fn lse_step(z: f32, tau: f32, c: f32, s: f32, t: f32) -> (f32, f32) {
 ///
 /// ```
 /// use grpo_core::vocab::canon::lse_block;
-/// // logits [0, 0]: M = 0, s = e^0 + e^0 = 2, t = 0
+/// // logits [0, 0]: m = 0, s = e^0 + e^0 = 2, t = 0
 /// let st = lse_block(&[0.0f32, 0.0], 1.0);
 /// assert_eq!((st.max, st.sum, st.dot), (0.0, 2.0, 0.0));
 /// ```
 pub fn lse_block<S: Logit>(z: &[S], tau: f32) -> LseState {
-    let m = scaled_max(block_max(z), tau);
+    let m = block_max(z);
     let c = offset(m);
     let mut s = [0.0f32; LANES];
     let mut t = [0.0f32; LANES];
@@ -296,18 +330,18 @@ pub fn tree(a: &mut [f32; LANES]) {
 
 /// Statistics of a student row `z` and a teacher row `w` reduced together.
 ///
-/// `zmax`/`wmax` are the scaled maxima, `sz, tz` and `sw, tw` the [`LseState`] sums of each row,
+/// `zmax`/`wmax` are the raw maxima, `sz, tz` and `sw, tw` the [`LseState`] sums of each row,
 /// `u = Σ e^{dz}·(dz − dw)` and `v = Σ e^{dw}·(dw − dz)` (see [`pair_step`]), so that
 /// `KL(p‖q) = ln sw − ln sz + u/sz` and `KL(q‖p) = ln sz − ln sw + v/sw`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairState {
-    /// Scaled maximum of the student row.
+    /// Raw maximum of the student row.
     pub zmax: f32,
     /// Σ e^{dz}.
     pub sz: f32,
     /// Σ e^{dz}·dz.
     pub tz: f32,
-    /// Scaled maximum of the teacher row.
+    /// Raw maximum of the teacher row.
     pub wmax: f32,
     /// Σ e^{dw}.
     pub sw: f32,
@@ -342,36 +376,37 @@ impl PairState {
 
     /// Merges `self` (left) with `right`: each half as [`LseState::merge`]; the cross sums as
     /// `u = fma(fma(gzl − gwl, szl, ul), azl, fma(gzr − gwr, szr, ur)·azr)` and
-    /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where `g = max_r(−MAX,
-    /// part max − merged max)` (0 if the merged max is −∞) and `a` is the exponential factor of
-    /// [`LseState::merge`] (1 if the merged max is −∞). The shifts are floored at −f32::MAX, not
+    /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where
+    /// `g = max_r(LOG_RATIO_FLOOR, (part max − merged max)·τ)` (0 if the merged max is −∞)
+    /// and `a` is the exponential factor of [`LseState::merge`] (1 if the merged max is −∞).
+    /// The shifts are floored at LOG_RATIO_FLOOR = −2^64, not
     /// at D_MIN, because they enter a log-ratio, not an exponential.
     ///
     /// ```
     /// use grpo_core::vocab::canon::{pair_block, PairState};
     /// let (z, w) = ([0.0f32, 1.0], [1.0f32, 0.0]);
     /// let whole = pair_block(&z, &w, 1.0);
-    /// let split = pair_block(&z[..1], &w[..1], 1.0).merge(pair_block(&z[1..], &w[1..], 1.0));
+    /// let split = pair_block(&z[..1], &w[..1], 1.0).merge(pair_block(&z[1..], &w[1..], 1.0), 1.0);
     /// assert!((whole.u - split.u).abs() < 1e-6 && (whole.sz - split.sz).abs() < 1e-6);
     /// ```
     #[inline]
-    pub fn merge(self, right: PairState) -> PairState {
-        let z = self.student().merge(right.student());
-        let w = self.teacher().merge(right.teacher());
-        // Shift of a part's maximum to the merged one, floored at −MAX (it enters a
+    pub fn merge(self, right: PairState, tau: f32) -> PairState {
+        let z = self.student().merge(right.student(), tau);
+        let w = self.teacher().merge(right.teacher(), tau);
+        // Shift of a part's maximum to the merged one, floored at LOG_RATIO_FLOOR (it enters a
         // log-ratio); 0 when the merged maximum is −∞ (then every sum is 0 and stays 0).
         let shift = |m: f32, top: f32| {
             if top == f32::NEG_INFINITY {
                 0.0
             } else {
-                max_r(-f32::MAX, m - top)
+                max_r(LOG_RATIO_FLOOR, (m - top) * tau)
             }
         };
         let factor = |m: f32, top: f32| {
             if top == f32::NEG_INFINITY {
                 1.0
             } else {
-                rescale(m, top).1
+                rescale(m, top, tau).1
             }
         };
         let part = |p: &PairState| {
@@ -405,20 +440,20 @@ impl PairState {
 /// ```
 /// use grpo_core::vocab::canon::pair_step;
 /// // z at its max (dz = 0), w one unit below its max (dw = −1):
-/// let a = pair_step(3.0, 1.0, -3.0, 4.0, -5.0, [0.0; 6]);
+/// let a = pair_step(3.0, 1.0, 3.0, 4.0, 5.0, [0.0; 6]);
 /// assert_eq!(a[0], 1.0); // sz += e^0
 /// assert_eq!(a[4], 1.0); // u += e^0 · (0 − (−1))
 /// ```
 #[inline(always)]
 pub fn pair_step(z: f32, tau: f32, cz: f32, w: f32, cw: f32, acc: [f32; 6]) -> [f32; 6] {
     let [sz, tz, sw, tw, u, v] = acc;
-    let dz = fma(z, tau, cz);
+    let dz = (z - cz) * tau;
     let dzc = max_r(D_MIN, dz);
     let ez = exp_nonpos_clamped(dzc);
-    let dw = fma(w, tau, cw);
+    let dw = (w - cw) * tau;
     let dwc = max_r(D_MIN, dw);
     let ew = exp_nonpos_clamped(dwc);
-    let g = max_r(-f32::MAX, dz) - max_r(-f32::MAX, dw);
+    let g = max_r(LOG_RATIO_FLOOR, dz) - max_r(LOG_RATIO_FLOOR, dw);
     [
         sz + ez,
         fma(ez, dzc, tz),
@@ -439,8 +474,8 @@ pub fn pair_step(z: f32, tau: f32, cz: f32, w: f32, cw: f32, acc: [f32; 6]) -> [
 /// assert_eq!((st.u, st.v), (0.0, 0.0));
 /// ```
 pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    let zmax = scaled_max(block_max(z), tau);
-    let wmax = scaled_max(block_max(w), tau);
+    let zmax = block_max(z);
+    let wmax = block_max(w);
     let (cz, cw) = (offset(zmax), offset(wmax));
     let mut acc = [[0.0f32; LANES]; 6];
     let n = z.len().min(w.len());
@@ -479,26 +514,67 @@ pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
     }
 }
 
-/// Row results from a merged [`LseState`] (shared scalar code, not mirrored by SIMD).
+/// Row results from a merged [`LseState`] (shared scalar code, not mirrored by SIMD):
+/// `(lse, L, H)`.
 ///
-/// `L = ln(s)`; `lse = M + L`; `H = L − t/s` (one IEEE division). Requires a non-empty row
+/// `L = ln(s)`; `lse = m·τ + L`; `H = L − t/s` (one IEEE division). Requires a non-empty row
 /// (`max > −∞`).
 ///
 /// ```
 /// use grpo_core::vocab::canon::{finish_lse, LseState};
 /// // two equal logits 0: s = 2, t = 0 → lse = ln 2, H = ln 2
-/// let (lse, ln_s, h) = finish_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 });
+/// let (lse, ln_s, h) = finish_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0);
 /// assert_eq!(lse, ln_s);
 /// assert!((h - core::f32::consts::LN_2).abs() < 1e-7);
 /// ```
 #[inline]
-pub fn finish_lse(st: &LseState) -> (f32, f32, f32) {
-    let l = super::exp_ln::ln(st.sum);
-    (st.max + l, l, l - st.dot / st.sum)
+pub fn finish_lse(st: &LseState, tau: f32) -> (f32, f32, f32) {
+    let l = ln(st.sum);
+    (st.max * tau + l, l, l - st.dot / st.sum)
 }
 
-/// Log-probability of the target from the row state: `d_y − L` with `d_y = fma(z_y, τ, −M)`
-/// computed exactly as [`lse_step`] computes it.
+/// The two numbers that turn a logit of a reduced row into its log-probability:
+/// `log p_v = fma(z_v − max, τ, neg_ln_sum)` ([`log_prob`]), with `max` the row's raw maximum
+/// and `neg_ln_sum = −ln(s)`. The result is ≤ 0 by construction (`z_v − max ≤ 0`, `s ≥ 1`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogSoftmax {
+    /// Raw row maximum `m`.
+    pub max: f32,
+    /// `−ln(s)`.
+    pub neg_ln_sum: f32,
+}
+
+impl LogSoftmax {
+    /// From a merged row state.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{LogSoftmax, LseState};
+    /// let ls = LogSoftmax::of(&LseState { max: 3.0, sum: 1.0, dot: 0.0 });
+    /// assert_eq!((ls.max, ls.neg_ln_sum), (3.0, 0.0));
+    /// ```
+    #[inline]
+    pub fn of(st: &LseState) -> LogSoftmax {
+        LogSoftmax {
+            max: st.max,
+            neg_ln_sum: -ln(st.sum),
+        }
+    }
+}
+
+/// `log p_v = fma(z − max, τ, neg_ln_sum)` (see [`LogSoftmax`]).
+///
+/// ```
+/// use grpo_core::vocab::canon::{log_prob, LogSoftmax};
+/// let ls = LogSoftmax { max: 1.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// assert_eq!(log_prob(1.0, 1.0, &ls), -core::f32::consts::LN_2);
+/// ```
+#[inline(always)]
+pub fn log_prob(z: f32, tau: f32, ls: &LogSoftmax) -> f32 {
+    fma(z - ls.max, tau, ls.neg_ln_sum)
+}
+
+/// Log-probability of the target from the merged row state: [`log_prob`] of
+/// [`LogSoftmax::of`].
 ///
 /// ```
 /// use grpo_core::vocab::canon::{logp_of, LseState};
@@ -508,19 +584,16 @@ pub fn finish_lse(st: &LseState) -> (f32, f32, f32) {
 /// ```
 #[inline]
 pub fn logp_of(z_y: f32, tau: f32, st: &LseState) -> f32 {
-    fma(z_y, tau, offset(st.max)) - super::exp_ln::ln(st.sum)
+    log_prob(z_y, tau, &LogSoftmax::of(st))
 }
 
 /// Per-row coefficients of the fused backward ([`grad_step`]).
-///
-/// `nlse = −(M + L)` of the student row (f32, rounded once), `h` its entropy, `g_lp`, `g_h`
-/// the upstream weights, and the optional teacher part.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GradCoef {
     /// τ = 1/T.
     pub tau: f32,
-    /// −lse of the student row.
-    pub nlse: f32,
+    /// Log-softmax of the student row.
+    pub p: LogSoftmax,
     /// Entropy H of the student row.
     pub h: f32,
     /// Weight of logp(y).
@@ -529,10 +602,57 @@ pub struct GradCoef {
     pub g_h: f32,
     /// Weight of the KL term (0 when there is none).
     pub g_kl: f32,
-    /// −lse of the teacher row (unused without a KL term).
-    pub nlse_w: f32,
-    /// The KL value of the row (forward direction only).
+    /// Log-softmax of the teacher row (unused without a KL term).
+    pub q: LogSoftmax,
+    /// KL(p‖q) of the row (used by the forward direction only).
     pub kl: f32,
+}
+
+impl GradCoef {
+    /// Coefficients without a KL term, from the merged student row state.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{GradCoef, LseState};
+    /// let c = GradCoef::from_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 1.0, 0.0);
+    /// assert!((c.p.neg_ln_sum + core::f32::consts::LN_2).abs() < 1e-7);
+    /// ```
+    pub fn from_lse(st: &LseState, tau: f32, g_lp: f32, g_h: f32) -> GradCoef {
+        GradCoef {
+            tau,
+            p: LogSoftmax::of(st),
+            h: finish_lse(st, tau).2,
+            g_lp,
+            g_h,
+            g_kl: 0.0,
+            q: LogSoftmax {
+                max: 0.0,
+                neg_ln_sum: 0.0,
+            },
+            kl: 0.0,
+        }
+    }
+
+    /// Coefficients with a KL term, from the merged pair state (`kl` = KL(p‖q) of
+    /// [`finish_kl`]).
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_block, GradCoef};
+    /// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+    /// let c = GradCoef::from_pair(&st, 1.0, 0.0, 0.0, 1.0);
+    /// assert_eq!((c.kl, c.p), (0.0, c.q));
+    /// ```
+    pub fn from_pair(st: &PairState, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef {
+        GradCoef {
+            tau,
+            p: LogSoftmax::of(&st.student()),
+            h: finish_lse(&st.student(), tau).2,
+            g_lp,
+            g_h,
+            g_kl,
+            q: LogSoftmax::of(&st.teacher()),
+            kl: finish_kl(st).0,
+        }
+    }
 }
 
 /// Which KL's gradient the backward adds.
@@ -550,13 +670,13 @@ pub enum KlGrad {
 ///
 /// No reduction is involved, so every element is independent; the exact sequence is
 /// ```text
-/// lp  = fma(z, τ, nlse)                     // log p_v
+/// lp  = fma(z − p.max, τ, p.neg_ln_sum)    // log p_v ≤ 0 (log_prob)
 /// lpc = max_r(D_MIN, lp);  p = exp_nonpos_clamped(lpc)
 /// k   = fma(g_h, lpc + h, g_lp)
 /// o   = select(v == y, g_lp, 0)
-/// Forward KL: lq = fma(w, τ, nlse_w)
-///             k  = fma(−g_kl, (max_r(−MAX, lp) − max_r(−MAX, lq)) − kl, k)
-/// Reverse KL: lq = fma(w, τ, nlse_w);  q = exp_nonpos_clamped(max_r(D_MIN, lq))
+/// Forward KL: lq = fma(w − q.max, τ, q.neg_ln_sum)
+///             k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
+/// Reverse KL: lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(max_r(D_MIN, lq))
 ///             k  = k − g_kl;  o = fma(−g_kl, q, o)
 /// grad = fma(−p, k, o) · τ
 /// ```
@@ -565,14 +685,15 @@ pub enum KlGrad {
 /// ```
 /// use grpo_core::vocab::canon::{grad_step, GradCoef, KlGrad};
 /// // two equal logits 0 (p = ½ each), T = 1, target 0, g_lp = 1: grad = 1 − ½ and −½
-/// let c = GradCoef { tau: 1.0, nlse: -core::f32::consts::LN_2, h: 0.0, g_lp: 1.0, g_h: 0.0,
-///                    g_kl: 0.0, nlse_w: 0.0, kl: 0.0 };
+/// use grpo_core::vocab::canon::LogSoftmax;
+/// let p = LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// let c = GradCoef { tau: 1.0, p, h: 0.0, g_lp: 1.0, g_h: 0.0, g_kl: 0.0, q: p, kl: 0.0 };
 /// assert!((grad_step(0.0, 0.0, true, &c, KlGrad::None) - 0.5).abs() < 1e-7);
 /// assert!((grad_step(0.0, 0.0, false, &c, KlGrad::None) + 0.5).abs() < 1e-7);
 /// ```
 #[inline(always)]
 pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
-    let lp = fma(z, c.tau, c.nlse);
+    let lp = log_prob(z, c.tau, &c.p);
     let lpc = max_r(D_MIN, lp);
     let p = exp_nonpos_clamped(lpc);
     let mut k = fma(c.g_h, lpc + c.h, c.g_lp);
@@ -580,18 +701,102 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
     match kl {
         KlGrad::None => {}
         KlGrad::Forward => {
-            let lq = fma(w, c.tau, c.nlse_w);
-            let g = max_r(-f32::MAX, lp) - max_r(-f32::MAX, lq);
+            let lq = log_prob(w, c.tau, &c.q);
+            let g = max_r(LOG_RATIO_FLOOR, lp) - max_r(LOG_RATIO_FLOOR, lq);
             k = fma(-c.g_kl, g - c.kl, k);
         }
         KlGrad::Reverse => {
-            let lq = fma(w, c.tau, c.nlse_w);
+            let lq = log_prob(w, c.tau, &c.q);
             let q = exp_nonpos_clamped(max_r(D_MIN, lq));
             k -= c.g_kl;
             o = fma(-c.g_kl, q, o);
         }
     }
     fma(-p, k, o) * c.tau
+}
+
+/// Both KL directions from a merged pair state: `(KL(p‖q), KL(q‖p))` =
+/// `((ln sw − ln sz) + u/sz, (ln sz − ln sw) + v/sw)` (shared scalar code).
+///
+/// ```
+/// use grpo_core::vocab::canon::{finish_kl, pair_block};
+/// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+/// assert_eq!(finish_kl(&st), (0.0, 0.0));
+/// ```
+#[inline]
+pub fn finish_kl(st: &PairState) -> (f32, f32) {
+    let (lz, lw) = (ln(st.sz), ln(st.sw));
+    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+}
+
+/// Floor of `ln(mixture)` in the JSD: below ln of the smallest subnormal (−103.28), so it only
+/// replaces `ln 0 = −∞`.
+pub const LN_FLOOR: f32 = -104.0;
+
+/// The per-element term of the JSD's second pass (`lz`, `lw` = [`LogSoftmax`] of each row,
+/// `omb` = 1 − β rounded once):
+/// ```text
+/// lp = max_r(D_MIN, log_prob(z, τ, lz));  lq = max_r(D_MIN, log_prob(w, τ, lw))
+/// p  = exp_nonpos_clamped(lp);        q  = exp_nonpos_clamped(lq)
+/// lm = max_r(LN_FLOOR, ln(fma(β, q, omb·p)))
+/// term = fma(β·q, lq − lm, (omb·p)·(lp − lm))
+/// ```
+///
+/// ```
+/// use grpo_core::vocab::canon::{jsd_step, LogSoftmax};
+/// // p_v = q_v: the term is 0
+/// let l = LogSoftmax { max: 1.0, neg_ln_sum: 0.0 };
+/// assert_eq!(jsd_step(0.0, 0.0, 1.0, &l, &l, 0.5, 0.5), 0.0);
+/// ```
+#[inline(always)]
+pub fn jsd_step(
+    z: f32,
+    w: f32,
+    tau: f32,
+    lz: &LogSoftmax,
+    lw: &LogSoftmax,
+    beta: f32,
+    omb: f32,
+) -> f32 {
+    let lp = max_r(D_MIN, log_prob(z, tau, lz));
+    let lq = max_r(D_MIN, log_prob(w, tau, lw));
+    let p = exp_nonpos_clamped(lp);
+    let q = exp_nonpos_clamped(lq);
+    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
+    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
+}
+
+/// Canonical sum of `f(i)` over `0..len`: per block, 16 strided lane sums, the tree, the tail in
+/// index order; block sums merged pairwise by addition ([`fold_blocks`]). Used by the JSD's
+/// second pass.
+///
+/// ```
+/// use grpo_core::vocab::canon::canonical_sum;
+/// assert_eq!(canonical_sum(100, |i| i as f32), 4950.0);
+/// ```
+pub fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
+    fold_blocks(
+        len,
+        |a: f32, b: f32| a + b,
+        |start, end| {
+            let n16 = start + (end - start) / LANES * LANES;
+            let mut acc = [0.0f32; LANES];
+            let mut i = start;
+            while i < n16 {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += f(i + l);
+                }
+                i += LANES;
+            }
+            tree(&mut acc);
+            let mut s = acc[0];
+            for j in n16..end {
+                s += f(j);
+            }
+            s
+        },
+    )
+    .unwrap_or(0.0)
 }
 
 /// Number of levels of the pairwise merge stack: enough for any `usize` block count.
@@ -696,11 +901,11 @@ mod tests {
         for &v in &z {
             m = max_r(m, v);
         }
-        let mm = m * tau + 0.0;
+        let mm = m + 0.0;
         let mut s = [0.0f32; 16];
         let mut t = [0.0f32; 16];
         for i in 0..32 {
-            let d = fma(z[i], tau, -mm);
+            let d = (z[i] - mm) * tau;
             let e = crate::vocab::exp_ln::exp(d);
             s[i % 16] += e;
             t[i % 16] = fma(e, d, t[i % 16]);
@@ -712,7 +917,7 @@ mod tests {
             }
         }
         for i in 32..35 {
-            let d = fma(z[i], tau, -mm);
+            let d = (z[i] - mm) * tau;
             let e = crate::vocab::exp_ln::exp(d);
             s[0] += e;
             t[0] = fma(e, d, t[0]);
@@ -726,13 +931,13 @@ mod tests {
     fn merge_matches_single_block_in_exact_cases() {
         // Two one-element blocks z = 0 and z = 0 (τ = 1): merged s = 2, t = 0 exactly.
         let a = lse_block(&[0.0f32], 1.0);
-        let m = a.merge(a);
+        let m = a.merge(a, 1.0);
         assert_eq!((m.max, m.sum, m.dot), (0.0, 2.0, 0.0));
         // Empty with non-empty: identity.
         let b = lse_block(&[1.0f32, 2.0], 1.0);
-        assert_eq!(LseState::EMPTY.merge(b), b);
-        assert_eq!(b.merge(LseState::EMPTY), b);
-        let e = LseState::EMPTY.merge(LseState::EMPTY);
+        assert_eq!(LseState::EMPTY.merge(b, 1.0), b);
+        assert_eq!(b.merge(LseState::EMPTY, 1.0), b);
+        let e = LseState::EMPTY.merge(LseState::EMPTY, 1.0);
         assert_eq!((e.max, e.sum, e.dot), (f32::NEG_INFINITY, 0.0, 0.0));
     }
 

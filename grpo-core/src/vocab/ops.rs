@@ -2,9 +2,9 @@
 //! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
 
 use super::canon::{
-    self, GradCoef, KlGrad, LANES, LseState, PairState, fold_blocks, lse_block, pair_block,
+    self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
 };
-use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
+use super::exp_ln::max_r;
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -41,8 +41,18 @@ pub enum KlDirection {
     Reverse,
 }
 
-/// Checks `T > 0` finite with `1/T` finite and returns τ = 1/T (rounded once).
-fn tau_of(temperature: f32) -> Result<f32> {
+/// Validates a temperature and returns τ = 1/T (one IEEE division): the factor every kernel
+/// multiplies logits by.
+///
+/// # Errors
+/// `InvalidParam{name: "temperature"}` unless `T` is finite, `> 0` and `1/T` is finite.
+///
+/// ```
+/// use grpo_core::vocab::validate::inverse_temperature;
+/// assert_eq!(inverse_temperature(0.5), Ok(2.0));
+/// assert!(inverse_temperature(0.0).is_err() && inverse_temperature(f32::NAN).is_err());
+/// ```
+pub fn inverse_temperature(temperature: f32) -> Result<f32> {
     let ok = temperature > 0.0 && temperature.is_finite();
     crate::error::ensure(ok, "temperature", "must be finite and > 0")?;
     let tau = 1.0 / temperature;
@@ -64,9 +74,20 @@ fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<
     check_len(what, expected, len)
 }
 
-/// Validates one row: no NaN or +∞ (index reported as `base + v`), not all −∞; returns the
-/// raw maximum. `τ·max` must be finite.
-fn scan<S: super::Logit>(
+/// Validates one logit row and returns its raw maximum (the checks, in this order, that every
+/// backend reproduces).
+///
+/// # Errors
+/// `NonFinite{what, index: base + v}` for the first NaN or +∞ at `v`; `EmptySegment{segment}`
+/// when every logit is −∞; `NonFinite{what: "logits / temperature", index: base + v}` when the
+/// maximum (first found at `v`) times τ overflows.
+///
+/// ```
+/// use grpo_core::vocab::validate::row;
+/// assert_eq!(row(&[1.0f32, -2.0], "logits", 0, 0, 1.0), Ok(1.0));
+/// assert!(row(&[f32::NEG_INFINITY; 3], "logits", 0, 5, 1.0).is_err());
+/// ```
+pub fn row<S: super::Logit>(
     row: &[S],
     what: &'static str,
     base: usize,
@@ -76,7 +97,7 @@ fn scan<S: super::Logit>(
     let mut m = f32::NEG_INFINITY;
     for (v, &x) in row.iter().enumerate() {
         let x = x.to_f32();
-        if !(x < f32::INFINITY) {
+        if x.is_nan() || x == f32::INFINITY {
             return Err(Error::NonFinite {
                 what,
                 index: base + v,
@@ -98,8 +119,20 @@ fn scan<S: super::Logit>(
     Ok(m)
 }
 
-/// Validates a target: in range, its logit finite and `z_y/T − max/T` finite.
-fn check_target<S: super::Logit>(
+/// Validates the target `y` of a row already validated by [`row`] (whose raw maximum is
+/// `raw_max`).
+///
+/// # Errors
+/// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
+/// index: base + y}` when `(z_y − max)·τ` is not finite (a −∞ target logit).
+///
+/// ```
+/// use grpo_core::vocab::validate::target;
+/// let z = [0.0f32, f32::NEG_INFINITY];
+/// assert!(target(&z, 0, 0.0, 1.0, 0, 0).is_ok());
+/// assert!(target(&z, 1, 0.0, 1.0, 0, 0).is_err() && target(&z, 2, 0.0, 1.0, 0, 0).is_err());
+/// ```
+pub fn target<S: super::Logit>(
     row: &[S],
     y: usize,
     raw_max: f32,
@@ -117,8 +150,7 @@ fn check_target<S: super::Logit>(
             });
         }
     };
-    let m = canon::scaled_max(raw_max, tau);
-    if !fma(zy, tau, -m).is_finite() {
+    if !((zy - raw_max) * tau).is_finite() {
         return Err(Error::NonFinite {
             what: "logits[target]",
             index: base + y,
@@ -128,8 +160,18 @@ fn check_target<S: super::Logit>(
 }
 
 /// Checks that the KL in `dir` is finite: no element where the distribution the expectation
-/// is taken under is positive and the other is 0 (−∞ logit).
-fn check_support<S: super::Logit, U: super::Logit>(
+/// is taken under is positive and the other is 0 (−∞ logit). `None` checks nothing (JSD).
+///
+/// # Errors
+/// `NonFinite{what: "teacher …" | "student …", index: base + v}` at the first such `v`.
+///
+/// ```
+/// use grpo_core::vocab::{validate::support, KlDirection};
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
+/// assert!(support(&z, &w, Some(KlDirection::Forward), 0).is_err());
+/// assert!(support(&z, &w, Some(KlDirection::Reverse), 0).is_ok());
+/// ```
+pub fn support<S: super::Logit, U: super::Logit>(
     z: &[S],
     w: &[U],
     dir: Option<KlDirection>,
@@ -159,16 +201,22 @@ fn check_support<S: super::Logit, U: super::Logit>(
 /// The merged [`LseState`] of a validated row.
 #[inline]
 fn row_state<S: super::Logit>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(z.len(), LseState::merge, |a, b| lse_block(&z[a..b], tau))
-        .unwrap_or(LseState::EMPTY)
+    fold_blocks(
+        z.len(),
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap_or(LseState::EMPTY)
 }
 
 /// The merged [`PairState`] of a validated row pair.
 #[inline]
 fn pair_state<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    fold_blocks(z.len(), PairState::merge, |a, b| {
-        pair_block(&z[a..b], &w[a..b], tau)
-    })
+    fold_blocks(
+        z.len(),
+        |a: PairState, b| a.merge(b, tau),
+        |a, b| pair_block(&z[a..b], &w[a..b], tau),
+    )
     .unwrap_or(PairState {
         zmax: f32::NEG_INFINITY,
         sz: 0.0,
@@ -190,7 +238,7 @@ pub struct RowStats {
     pub entropy: f32,
 }
 
-/// Log-sum-exp and entropy of one row at temperature `T`, in one pass [ours].
+/// Log-sum-exp and entropy of one row at temperature `T`, in one pass \[ours\].
 ///
 /// Formula: `lse = log Σ_v exp(z_v/T)`, `H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v/T` with
 /// `p = softmax(z/T)`, computed by the online `(M, s, t)` reduction of [`canon`] in its
@@ -209,14 +257,14 @@ pub struct RowStats {
 /// assert!((st.entropy - 0.5623351446).abs() < 1e-6);
 /// ```
 pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowStats> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
-    scan(logits, "logits", 0, 0, tau)?;
-    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau));
+    row(logits, "logits", 0, 0, tau)?;
+    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau), tau);
     Ok(RowStats { lse, entropy })
 }
 
-/// `log Σ_v exp(z_v/T)` of one row [ours] (see [`row_stats`] for the method and errors).
+/// `log Σ_v exp(z_v/T)` of one row \[ours\] (see [`row_stats`] for the method and errors).
 ///
 /// ```
 /// use grpo_core::vocab::log_sum_exp;
@@ -228,7 +276,7 @@ pub fn log_sum_exp<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f3
     row_stats(logits, temperature).map(|s| s.lse)
 }
 
-/// Entropy `H = −Σ p log p` of `softmax(z/T)` for one row [ours] (method and errors: see
+/// Entropy `H = −Σ p log p` of `softmax(z/T)` for one row \[ours\] (method and errors: see
 /// [`row_stats`]).
 ///
 /// ```
@@ -241,10 +289,10 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
     row_stats(logits, temperature).map(|s| s.entropy)
 }
 
-/// Token log-probability and entropy of one row in one pass [ours].
+/// Token log-probability and entropy of one row in one pass \[ours\].
 ///
-/// Formula: `logp(y) = z_y/T − lse` (computed as `(z_y/T − M) − ln s` from the same row state),
-/// `H` as in [`row_stats`].
+/// Formula: `logp(y) = z_y/T − lse`, computed as `fma(z_y − m, τ, −ln s)` from the same row
+/// state (`m` = row max), and `H` as in [`row_stats`].
 ///
 /// # Errors
 /// Those of [`row_stats`], plus `TokenOutOfRange{index: 0, ..}` when `target ≥ V` and
@@ -259,12 +307,12 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 /// ```
 pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     logits: &[S],
-    target: I,
+    token: I,
     temperature: f32,
 ) -> Result<(f32, f32)> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
-    let y = target.index();
+    let y = token.index();
     if y >= logits.len() {
         return Err(Error::TokenOutOfRange {
             index: 0,
@@ -272,14 +320,14 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
             vocab: logits.len(),
         });
     }
-    let m = scan(logits, "logits", 0, 0, tau)?;
-    check_target(logits, y, m, tau, 0, 0)?;
+    let m = row(logits, "logits", 0, 0, tau)?;
+    target(logits, y, m, tau, 0, 0)?;
     let st = row_state(logits, tau);
-    let (_, _, h) = canon::finish_lse(&st);
+    let (_, _, h) = canon::finish_lse(&st, tau);
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
 }
 
-/// Log-probability `logp(y) = z_y/T − log Σ_v exp(z_v/T)` of one token [ours]
+/// Log-probability `logp(y) = z_y/T − log Σ_v exp(z_v/T)` of one token \[ours\]
 /// (method and errors: [`logprob_entropy`]).
 ///
 /// ```
@@ -290,17 +338,10 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
 /// ```
 pub fn token_logprob<S: super::Logit, I: TokenId>(
     logits: &[S],
-    target: I,
+    token: I,
     temperature: f32,
 ) -> Result<f32> {
-    logprob_entropy(logits, target, temperature).map(|r| r.0)
-}
-
-/// Both KL directions from a pair state: `(KL(p‖q), KL(q‖p))`.
-#[inline]
-fn finish_kl(st: &PairState) -> (f32, f32) {
-    let (lz, lw) = (ln(st.sz), ln(st.sw));
-    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+    logprob_entropy(logits, token, temperature).map(|r| r.0)
 }
 
 /// Validates a student/teacher row pair.
@@ -312,18 +353,19 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
     base: usize,
     segment: usize,
 ) -> Result<()> {
-    scan(z, "student", base, segment, tau)?;
-    scan(w, "teacher", base, segment, tau)?;
-    check_support(z, w, dir, base)
+    row(z, "student", base, segment, tau)?;
+    row(w, "teacher", base, segment, tau)?;
+    support(z, w, dir, base)
 }
 
 /// KL divergence between the student `p = softmax(z/T)` and the teacher `q = softmax(w/T)`
-/// of one row, in one pass [ours; the distillation losses of arXiv 2306.13649].
+/// of one row, in one pass \[ours; the distillation losses of arXiv 2306.13649\].
 ///
 /// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
 /// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
 /// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
-/// are floored at −f32::MAX before they are weighted, so the result is finite for finite input.
+/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result
+/// is finite for finite input.
 ///
 /// # Errors
 /// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
@@ -335,11 +377,11 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// use grpo_core::vocab::{kl_divergence, KlDirection};
 /// // p = [½, ½] (z = [0, 0]), q = [¼, ¾] (w = [0, ln 3]):
 /// // KL(p‖q) = ½ ln(½/¼) + ½ ln(½/¾) = ½ ln 2 + ½ ln(2/3) = 0.1438410
-/// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = 0.1308334
+/// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = −0.1732868 + 0.3040988 = 0.1308120
 /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
 /// let f = kl_divergence(&z, &w, 1.0, KlDirection::Forward).unwrap();
 /// let r = kl_divergence(&z, &w, 1.0, KlDirection::Reverse).unwrap();
-/// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308334).abs() < 1e-6);
+/// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308120).abs() < 1e-6);
 /// ```
 pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     student: &[S],
@@ -347,11 +389,11 @@ pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     temperature: f32,
     direction: KlDirection,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
     scan_pair(student, teacher, tau, Some(direction), 0, 0)?;
-    let (f, r) = finish_kl(&pair_state(student, teacher, tau));
+    let (f, r) = canon::finish_kl(&pair_state(student, teacher, tau));
     Ok(match direction {
         KlDirection::Forward => f,
         KlDirection::Reverse => r,
@@ -368,49 +410,7 @@ fn beta_of(beta: f32) -> Result<(f32, f32)> {
     Ok((beta, 1.0 - beta))
 }
 
-/// Floor of `ln(mixture)` in the JSD: below ln of the smallest subnormal (−103.28), so it only
-/// replaces `ln 0 = −∞`.
-const LN_FLOOR: f32 = -104.0;
-
-/// The per-element JSD term (second pass, see [`jsd`]).
-#[inline(always)]
-fn jsd_step(z: f32, w: f32, tau: f32, nlz: f32, nlw: f32, beta: f32, omb: f32) -> f32 {
-    let lp = max_r(D_MIN, fma(z, tau, nlz));
-    let lq = max_r(D_MIN, fma(w, tau, nlw));
-    let p = exp_nonpos_clamped(lp);
-    let q = exp_nonpos_clamped(lq);
-    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
-    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
-}
-
-/// Canonical sum of `f(i)` over `0..len` (16 lanes, tree, tail per block; blocks merged
-/// pairwise by addition).
-fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
-    fold_blocks(
-        len,
-        |a: f32, b: f32| a + b,
-        |start, end| {
-            let n16 = start + (end - start) / LANES * LANES;
-            let mut acc = [0.0f32; LANES];
-            let mut i = start;
-            while i < n16 {
-                for (l, a) in acc.iter_mut().enumerate() {
-                    *a += f(i + l);
-                }
-                i += LANES;
-            }
-            canon::tree(&mut acc);
-            let mut s = acc[0];
-            for j in n16..end {
-                s += f(j);
-            }
-            s
-        },
-    )
-    .unwrap_or(0.0)
-}
-
-/// Generalised Jensen–Shannon divergence of one student/teacher row pair [arXiv 2306.13649].
+/// Generalised Jensen–Shannon divergence of one student/teacher row pair \[arXiv 2306.13649\].
 ///
 /// Formula: with `p = softmax(z/T)` (student), `q = softmax(w/T)` (teacher) and the mixture
 /// `m = β q + (1 − β) p`: `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` for `0 < β < 1` (TRL's GKD
@@ -437,7 +437,7 @@ pub fn jsd<S: super::Logit, U: super::Logit>(
     beta: f32,
     temperature: f32,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     let (beta, omb) = beta_of(beta)?;
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
@@ -453,11 +453,10 @@ fn jsd_row<S: super::Logit, U: super::Logit>(
     omb: f32,
 ) -> f32 {
     let st = pair_state(z, w, tau);
-    let (lz, _, _) = canon::finish_lse(&st.student());
-    let (lw, _, _) = canon::finish_lse(&st.teacher());
-    let (nlz, nlw) = (-lz, -lw);
-    let s = canonical_sum(z.len(), |i| {
-        jsd_step(z[i].to_f32(), w[i].to_f32(), tau, nlz, nlw, beta, omb)
+    let lz = canon::LogSoftmax::of(&st.student());
+    let lw = canon::LogSoftmax::of(&st.teacher());
+    let s = canon::canonical_sum(z.len(), |i| {
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, &lz, &lw, beta, omb)
     });
     max_r(0.0, s)
 }
@@ -472,14 +471,14 @@ fn check_rows<S: super::Logit>(
     rows: usize,
     temperature: f32,
 ) -> Result<f32> {
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     rows_of("logits", logits.len(), vocab, rows)?;
     Ok(tau)
 }
 
 /// Row `r` of a validated `[rows, vocab]` slice.
 #[inline]
-fn row<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
+fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
     &x[r * vocab..(r + 1) * vocab]
 }
 
@@ -498,7 +497,7 @@ fn check_targets<I: TokenId>(targets: &[I], vocab: usize) -> Result<()> {
     Ok(())
 }
 
-/// Log-sum-exp and entropy of every row of `logits` (`[rows, vocab]`, row-major) [ours].
+/// Log-sum-exp and entropy of every row of `logits` (`[rows, vocab]`, row-major) \[ours\].
 ///
 /// Formula per row: as [`row_stats`]. `lse_out` and `entropy_out` have one element per row
 /// (`rows = lse_out.len()`).
@@ -528,17 +527,17 @@ pub fn stats_rows<S: super::Logit>(
     let tau = check_rows(logits, vocab, rows, temperature)?;
     check_len("entropy_out", rows, entropy_out.len())?;
     for r in 0..rows {
-        scan(row(logits, vocab, r), "logits", r * vocab, r, tau)?;
+        row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
     }
     for r in 0..rows {
-        let (lse, _, h) = canon::finish_lse(&row_state(row(logits, vocab, r), tau));
+        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau), tau);
         lse_out[r] = lse;
         entropy_out[r] = h;
     }
     Ok(())
 }
 
-/// Token log-probabilities (and optionally entropies) of every row, fused in one pass [ours].
+/// Token log-probabilities (and optionally entropies) of every row, fused in one pass \[ours\].
 ///
 /// Formula per row `r`: `logp_out[r] = z[r, y_r]/T − lse_r` and `entropy_out[r] = H_r` as in
 /// [`logprob_entropy`]; `rows = targets.len()`. `entropy_out = None` skips nothing in the
@@ -556,7 +555,8 @@ pub fn stats_rows<S: super::Logit>(
 /// // row 0: [0, ln 3], target 1 → logp = ln ¾; row 1: [1, 1, 1, 1], target 0 → −ln 4, H = ln 4
 /// let z = [0.0f32, 3f32.ln(), 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
 /// let (mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
-/// logprob_entropy_rows(&z[..4], 2, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap_err();
+/// // 7 logits do not make two rows of 4
+/// assert!(logprob_entropy_rows(&z[..7], 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).is_err());
 /// logprob_entropy_rows(&z, 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap();
 /// // row 0 is [0, ln 3, 0, 0]: logp(1) = ln(3/6) = −ln 2
 /// assert!((lp[0] + 2f32.ln()).abs() < 1e-6);
@@ -578,22 +578,22 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
     }
     check_targets(targets, vocab)?;
     for (r, &t) in targets.iter().enumerate() {
-        let z = row(logits, vocab, r);
-        let m = scan(z, "logits", r * vocab, r, tau)?;
-        check_target(z, t.index(), m, tau, r * vocab, r)?;
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
+        target(z, t.index(), m, tau, r * vocab, r)?;
     }
     for (r, &t) in targets.iter().enumerate() {
-        let z = row(logits, vocab, r);
+        let z = row_of(logits, vocab, r);
         let st = row_state(z, tau);
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
-            h[r] = canon::finish_lse(&st).2;
+            h[r] = canon::finish_lse(&st, tau).2;
         }
     }
     Ok(())
 }
 
-/// KL divergence of every student/teacher row pair (`[rows, vocab]` each) [ours].
+/// KL divergence of every student/teacher row pair (`[rows, vocab]` each) \[ours\].
 ///
 /// Formula per row: as [`kl_divergence`]; `rows = out.len()`.
 ///
@@ -619,17 +619,17 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
     out: &mut [f32],
 ) -> Result<()> {
     let rows = out.len();
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
     for r in 0..rows {
-        let (z, w) = (row(student, vocab, r), row(teacher, vocab, r));
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
-        let (f, rev) = finish_kl(&pair_state(
-            row(student, vocab, r),
-            row(teacher, vocab, r),
+        let (f, rev) = canon::finish_kl(&pair_state(
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
             tau,
         ));
         *o = match direction {
@@ -640,7 +640,7 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
     Ok(())
 }
 
-/// Generalised JSD_β of every student/teacher row pair [arXiv 2306.13649] (formula and
+/// Generalised JSD_β of every student/teacher row pair \[arXiv 2306.13649\] (formula and
 /// errors: [`jsd`], indices `r·V + v`); `rows = out.len()`. On `Err` no output is written.
 ///
 /// ```
@@ -659,18 +659,18 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
     out: &mut [f32],
 ) -> Result<()> {
     let rows = out.len();
-    let tau = tau_of(temperature)?;
+    let tau = inverse_temperature(temperature)?;
     let (beta, omb) = beta_of(beta)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
     for r in 0..rows {
-        let (z, w) = (row(student, vocab, r), row(teacher, vocab, r));
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, None, r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
         *o = jsd_row(
-            row(student, vocab, r),
-            row(teacher, vocab, r),
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
             tau,
             beta,
             omb,
@@ -682,9 +682,15 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
-/// Largest accepted magnitude of an upstream gradient weight: keeps every gradient finite
-/// (a weight times a floored log-ratio stays below f32::MAX).
+/// Largest accepted magnitude of an upstream gradient weight. With [`MIN_GRAD_TEMPERATURE`]
+/// it keeps every gradient finite: per element `|∂loss/∂z| ≤ τ·|w|·(4 + 2·133 + 2·2^65)`
+/// (entropy term ≤ 88 + ln V, log-ratios floored at 2^64), i.e. ≤ 1e6·1e9·7.4e19 < f32::MAX.
 pub const MAX_GRAD_WEIGHT: f32 = 1.0e9;
+
+/// Smallest temperature the backward accepts: the gradient scales with 1/T, and below this
+/// bound it could overflow f32 (see [`MAX_GRAD_WEIGHT`]). The forward operations accept any
+/// `T > 0` with a finite `1/T`.
+pub const MIN_GRAD_TEMPERATURE: f32 = 1.0e-6;
 
 /// The KL term of a fused backward: teacher logits, per-row weights `∂loss/∂KL_r`, direction.
 #[derive(Debug, Clone, Copy)]
@@ -709,11 +715,20 @@ pub struct GradTerms<'a, I, U = f32> {
     pub kl: Option<KlTerm<'a, U>>,
 }
 
-/// Validates weights: right length, finite, |g| ≤ MAX_GRAD_WEIGHT.
-fn check_weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
+/// Validates per-row backward weights: length `rows`, finite, `|g| ≤` [`MAX_GRAD_WEIGHT`].
+///
+/// # Errors
+/// `LengthMismatch{what}`, `NonFinite{what, index: r}`, `InvalidParam{name: what}`.
+///
+/// ```
+/// use grpo_core::vocab::validate::weights;
+/// assert!(weights("grad_logp", &[1.0, -2.0], 2).is_ok());
+/// assert!(weights("grad_logp", &[f32::NAN, 0.0], 2).is_err());
+/// ```
+pub fn weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
     check_len(what, rows, g.len())?;
     for (i, &x) in g.iter().enumerate() {
-        if !(x.abs() <= MAX_GRAD_WEIGHT) {
+        if x.is_nan() || x.abs() > MAX_GRAD_WEIGHT {
             return Err(if x.is_finite() {
                 Error::InvalidParam {
                     name: what,
@@ -736,28 +751,33 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
 ) -> Result<f32> {
     let tau = check_rows(logits, vocab, rows, temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
-        check_weights("grad_logp", g, rows)?;
+        weights("grad_logp", g, rows)?;
         check_targets(t, vocab)?;
     }
     if let Some(g) = terms.entropy {
-        check_weights("grad_entropy", g, rows)?;
+        weights("grad_entropy", g, rows)?;
     }
     if let Some(k) = &terms.kl {
         rows_of("teacher", k.teacher.len(), vocab, rows)?;
-        check_weights("grad_kl", k.grad, rows)?;
+        weights("grad_kl", k.grad, rows)?;
     }
     for r in 0..rows {
-        let z = row(logits, vocab, r);
-        let m = scan(z, "logits", r * vocab, r, tau)?;
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
         if let Some(k) = &terms.kl {
-            let w = row(k.teacher, vocab, r);
-            scan(w, "teacher", r * vocab, r, tau)?;
-            check_support(z, w, Some(k.direction), r * vocab)?;
+            let w = row_of(k.teacher, vocab, r);
+            row(w, "teacher", r * vocab, r, tau)?;
+            support(z, w, Some(k.direction), r * vocab)?;
         }
         if let Some((t, _)) = terms.logp {
-            check_target(z, t[r].index(), m, tau, r * vocab, r)?;
+            target(z, t[r].index(), m, tau, r * vocab, r)?;
         }
     }
     Ok(tau)
@@ -776,43 +796,25 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
         None => (0.0, usize::MAX),
     };
     let g_h = terms.entropy.map_or(0.0, |g| g[r]);
-    let (coef_kl, kl_grad) = match &terms.kl {
+    match &terms.kl {
         Some(k) => {
-            let w = row(k.teacher, vocab, r);
-            let st = pair_state(z, w, tau);
-            let (lse, _, h) = canon::finish_lse(&st.student());
-            let (lse_w, _, _) = canon::finish_lse(&st.teacher());
-            let (f, _) = finish_kl(&st);
+            let st = pair_state(z, row_of(k.teacher, vocab, r), tau);
             let dir = match k.direction {
                 KlDirection::Forward => KlGrad::Forward,
                 KlDirection::Reverse => KlGrad::Reverse,
             };
-            ((-lse, h, k.grad[r], -lse_w, f), dir)
+            (GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]), y, dir)
         }
-        None => {
-            let (lse, _, h) = canon::finish_lse(&row_state(z, tau));
-            ((-lse, h, 0.0, 0.0, 0.0), KlGrad::None)
-        }
-    };
-    let (nlse, h, g_kl, nlse_w, kl) = coef_kl;
-    (
-        GradCoef {
-            tau,
-            nlse,
-            h,
-            g_lp,
-            g_h,
-            g_kl,
-            nlse_w,
-            kl,
-        },
-        y,
-        kl_grad,
-    )
+        None => (
+            GradCoef::from_lse(&row_state(z, tau), tau, g_lp, g_h),
+            y,
+            KlGrad::None,
+        ),
+    }
 }
 
 /// Fused backward over rows: `out[r, v] = ∂loss_r/∂z[r, v]` for
-/// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` [ours].
+/// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\].
 ///
 /// Formulas (p = softmax(z/T), q = softmax(w/T)):
 /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`; `∂H/∂z_v = −p_v (log p_v + H)/T`;
@@ -824,14 +826,15 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 /// # Errors
 /// As [`logprob_entropy_rows`] and [`kl_rows`] for the terms present, plus
 /// `LengthMismatch{what: "out" | "targets" | "grad_logp" | "grad_entropy" | "grad_kl"}`,
-/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight and `InvalidParam` for
-/// |weight| > [`MAX_GRAD_WEIGHT`]. On `Err`, `out` is untouched.
+/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight, `InvalidParam` for
+/// |weight| > [`MAX_GRAD_WEIGHT`] and for `T <` [`MIN_GRAD_TEMPERATURE`]. On `Err`, `out` is untouched.
 ///
 /// ```
 /// use grpo_core::vocab::{backward_rows, GradTerms};
 /// // one row [0, 0], target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
 /// let mut g = [0.0f32; 2];
-/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
 /// backward_rows(&[0.0f32, 0.0], 2, 1.0, &terms, &mut g).unwrap();
 /// assert!((g[0] - 0.5).abs() < 1e-7 && (g[1] + 0.5).abs() < 1e-7);
 /// ```
@@ -844,15 +847,15 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
 ) -> Result<()> {
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
     let rows = logits.len() / vocab;
-    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     check_len("out", logits.len(), out.len())?;
+    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     for r in 0..rows {
-        let z = row(logits, vocab, r);
+        let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
         let o = &mut out[r * vocab..(r + 1) * vocab];
         match &terms.kl {
             Some(k) => {
-                let w = row(k.teacher, vocab, r);
+                let w = row_of(k.teacher, vocab, r);
                 for v in 0..vocab {
                     o[v] = canon::grad_step(z[v].to_f32(), w[v].to_f32(), v == y, &c, kg);
                 }
@@ -868,7 +871,7 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
 }
 
 /// [`backward_rows`] writing the gradient over the logits themselves (rounded to the storage
-/// type `S` by `S::from_f32`, ties to even) [ours]. Each row's statistics are computed before
+/// type `S` by `S::from_f32`, ties to even) \[ours\]. Each row's statistics are computed before
 /// the row is overwritten, so the result equals the out-of-place one rounded to `S`.
 ///
 /// # Errors
@@ -892,9 +895,9 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
     let rows = logits.len() / vocab;
     let tau = check_backward(logits, vocab, rows, temperature, terms)?;
     for r in 0..rows {
-        let (c, y, kg) = coef_of(row(logits, vocab, r), vocab, r, tau, terms);
+        let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
         let z = &mut logits[r * vocab..(r + 1) * vocab];
-        let w = terms.kl.as_ref().map(|k| row(k.teacher, vocab, r));
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
         for v in 0..vocab {
             let wv = w.map_or(0.0, |w| w[v].to_f32());
             z[v] = S::from_f32(canon::grad_step(z[v].to_f32(), wv, v == y, &c, kg));

@@ -227,8 +227,13 @@ fn row_ops_use_the_canonical_fold() {
     let v = 3 * BLOCK + 37;
     let z = logits(&mut rng, v, 2.0, 1, 3);
     let tau = 1.0 / 1.3f32;
-    let st: LseState = fold_blocks(v, LseState::merge, |a, b| lse_block(&z[a..b], tau)).unwrap();
-    let (lse, _, h) = canon::finish_lse(&st);
+    let st: LseState = fold_blocks(
+        v,
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap();
+    let (lse, _, h) = canon::finish_lse(&st, tau);
     let got = row_stats(&z, 1.3).unwrap();
     assert_eq!(
         (got.lse.to_bits(), got.entropy.to_bits()),
@@ -574,4 +579,85 @@ fn backward_is_accurate_at_a_large_vocabulary_and_zero_on_masked_entries() {
     let sum: f64 = out.iter().map(|&x| x as f64).sum();
     assert!(sum.abs() < 1e-4, "{sum}");
     std::eprintln!("backward worst abs err {worst:e}");
+}
+
+#[test]
+fn merges_across_blocks_with_distant_maxima() {
+    // The student's mass sits in block 2, the teacher's in block 0; block 1 is masked in both.
+    // Every merge rescales by a factor that underflows, and the log-ratio shifts are large.
+    let mut rng = Rng(21);
+    let v = 3 * BLOCK + 5;
+    let mut z: Vec<f32> = (0..v).map(|_| rng.normal() as f32).collect();
+    let mut w: Vec<f32> = (0..v).map(|_| rng.normal() as f32).collect();
+    for i in 0..BLOCK {
+        w[i] += 40.0;
+        z[i] -= 40.0;
+    }
+    for i in BLOCK..2 * BLOCK {
+        z[i] = f32::NEG_INFINITY;
+        w[i] = f32::NEG_INFINITY;
+    }
+    for i in 2 * BLOCK..v {
+        z[i] += 30.0;
+    }
+    for t in [1.0f32, 2.5] {
+        let t64 = t as f64;
+        for (dir, want) in [
+            (KlDirection::Forward, kl64(&z, &w, t64)),
+            (KlDirection::Reverse, kl64(&w, &z, t64)),
+        ] {
+            let got = kl_divergence(&z, &w, t, dir).unwrap() as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 + 1e-6 * want,
+                "{dir:?} T={t}: {got} vs {want}"
+            );
+        }
+        let st = row_stats(&z, t).unwrap();
+        assert!((st.entropy as f64 - entropy64(&z, t64)).abs() <= 1e-5);
+        assert!((st.lse as f64 - lse64(&z, t64)).abs() <= 2e-6 + 1e-7 * lse64(&z, t64).abs());
+        let j = jsd(&z, &w, 0.3, t).unwrap() as f64;
+        let jr = jsd64(&z, &w, 0.3, t64);
+        assert!((j - jr).abs() <= 1e-5 + 1e-6 * jr, "JSD {j} vs {jr}");
+    }
+}
+
+#[test]
+fn tiny_temperatures_and_huge_scaled_logits_stay_finite() {
+    // Found by the fuzzer: with T = 2.9e-11, z·τ ≈ 6.7e11 whose rounding residual (up to
+    // 32768) used to reach exp as a positive argument. Differences are now taken before τ.
+    let t = 2.922_502_9e-11f32;
+    for z in [
+        &[19.670_816f32][..],
+        &[19.670_816, 19.0, f32::NEG_INFINITY, -1e30][..],
+    ] {
+        let st = row_stats(z, t).unwrap();
+        assert!(st.lse.is_finite() && st.entropy.is_finite());
+        // the maximum dominates completely: H = 0, lse = z_max/T (within f32 rounding)
+        assert_eq!(st.entropy, 0.0);
+        let want = z[0] as f64 / t as f64;
+        assert!(
+            (st.lse as f64 - want).abs() <= want * 1e-7,
+            "{} vs {want}",
+            st.lse
+        );
+        let lp = token_logprob(z, 0u32, t).unwrap();
+        assert_eq!(lp, 0.0);
+        let mut g = vec![1.0f32; z.len()];
+        let terms: GradTerms<'_, u32> = GradTerms {
+            logp: Some((&[0], &[1.0])),
+            entropy: Some(&[1.0]),
+            kl: None,
+        };
+        // 1/T ≈ 3.4e10 exceeds the backward's bound: refused, buffer untouched
+        assert!(matches!(
+            backward_rows(z, z.len(), t, &terms, &mut g),
+            Err(Error::InvalidParam {
+                name: "temperature",
+                ..
+            })
+        ));
+        assert!(g.iter().all(|&x| x == 1.0));
+        backward_rows(z, z.len(), MIN_GRAD_TEMPERATURE, &terms, &mut g).unwrap();
+        assert!(g.iter().all(|x| x.is_finite()), "{g:?}");
+    }
 }
