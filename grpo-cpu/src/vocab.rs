@@ -8,9 +8,8 @@
 //! which reports exactly the error grpo-core reports (and leaves the outputs untouched).
 
 use grpo_core::Result;
-use grpo_core::vocab::canon::{self, GradCoef, KlGrad, LseState, PairState};
-use grpo_core::vocab::exp_ln::{fma, ln};
-use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, TokenId};
+use grpo_core::vocab::canon::{self, GradCoef, KlGrad, LseState, PairState, finish_kl};
+use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, TokenId};
 use rayon::prelude::*;
 
 use crate::arch;
@@ -41,10 +40,9 @@ fn fallback<F>(core: F) -> F {
     core
 }
 
-/// `τ = 1/T` when grpo-core accepts `T` (finite, > 0, 1/T finite).
+/// `τ = 1/T` when grpo-core accepts `T`.
 fn tau_of(temperature: f32) -> Option<f32> {
-    let tau = 1.0 / temperature;
-    (temperature > 0.0 && temperature.is_finite() && tau.is_finite()).then_some(tau)
+    grpo_core::vocab::validate::inverse_temperature(temperature).ok()
 }
 
 /// `rows · vocab == len` with `vocab > 0` and no overflow.
@@ -57,15 +55,9 @@ fn weights_ok(g: &[f32], rows: usize) -> bool {
     g.len() == rows && g.iter().all(|x| x.abs() <= MAX_GRAD_WEIGHT)
 }
 
-/// `(KL(p‖q), KL(q‖p))` of a pair state, as grpo-core's `finish_kl`.
-fn finish_kl(st: &PairState) -> (f32, f32) {
-    let (lz, lw) = (ln(st.sz), ln(st.sw));
-    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
-}
-
-/// grpo-core's target check on a validated row: `z_y/T − max/T` finite.
+/// grpo-core's target check on a validated row: `(z_y − max)·τ` finite.
 fn target_ok(zy: f32, tau: f32, st: &LseState) -> bool {
-    fma(zy, tau, canon::offset(st.max)).is_finite()
+    ((zy - st.max) * tau).is_finite()
 }
 
 impl Cpu {
@@ -154,11 +146,11 @@ impl Cpu {
             return fallback(core)(lse_out, entropy_out);
         }
         let st = self.lse_states(logits, vocab, tau);
-        if !st.iter().all(lse_ok) {
+        if !st.iter().all(|s| lse_ok(s, tau)) {
             return fallback(core)(lse_out, entropy_out);
         }
         for (s, (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
-            let (lse, _, ent) = canon::finish_lse(s);
+            let (lse, _, ent) = canon::finish_lse(s, tau);
             (*l, *h) = (lse, ent);
         }
         Ok(())
@@ -213,14 +205,14 @@ impl Cpu {
         let ok = st
             .iter()
             .enumerate()
-            .all(|(r, s)| lse_ok(s) && target_ok(zy(r), tau, s));
+            .all(|(r, s)| lse_ok(s, tau) && target_ok(zy(r), tau, s));
         if !ok {
             return fallback(core)(logp_out, entropy_out);
         }
         for (r, s) in st.iter().enumerate() {
             logp_out[r] = canon::logp_of(zy(r), tau, s);
             if let Some(h) = entropy_out.as_deref_mut() {
-                h[r] = canon::finish_lse(s).2;
+                h[r] = canon::finish_lse(s, tau).2;
             }
         }
         Ok(())
@@ -265,7 +257,7 @@ impl Cpu {
                 KlDirection::Forward => !f.forward,
                 KlDirection::Reverse => !f.reverse,
             };
-            support && pair_ok(s)
+            support && pair_ok(s, tau)
         });
         if !ok {
             return fallback(core)(out);
@@ -350,7 +342,7 @@ impl Cpu {
         terms: &GradTerms<'_, I, U>,
     ) -> Option<(Vec<GradCoef>, Vec<usize>, KlGrad)> {
         let tau = tau_of(temperature)?;
-        if vocab == 0 {
+        if vocab == 0 || !(temperature >= MIN_GRAD_TEMPERATURE) {
             return None;
         }
         let rows = logits.len() / vocab;
@@ -373,7 +365,9 @@ impl Cpu {
             return None;
         }
         // Forward statistics of every row (validating them) before anything is written.
-        let (lse_part, kl_grad): (Vec<_>, KlGrad) = match &terms.kl {
+        let g_h = |r: usize| terms.entropy.map_or(0.0, |g| g[r]);
+        let g_lp = |r: usize| terms.logp.map_or(0.0, |(_, g)| g[r]);
+        let (st, kl_grad): (Vec<(LseState, GradCoef)>, KlGrad) = match &terms.kl {
             Some(k) => {
                 let st = self.pair_states(logits, k.teacher, vocab, tau);
                 let mut v = Vec::with_capacity(rows);
@@ -382,13 +376,11 @@ impl Cpu {
                         KlDirection::Forward => !f.forward,
                         KlDirection::Reverse => !f.reverse,
                     };
-                    if !support || !pair_ok(s) {
+                    if !support || !pair_ok(s, tau) {
                         return None;
                     }
-                    let (lse, _, h) = canon::finish_lse(&s.student());
-                    let (lse_w, _, _) = canon::finish_lse(&s.teacher());
-                    let (kl, _) = finish_kl(s);
-                    v.push((s.student(), -lse, h, k.grad[r], -lse_w, kl));
+                    let c = GradCoef::from_pair(s, tau, g_lp(r), g_h(r), k.grad[r]);
+                    v.push((s.student(), c));
                 }
                 let dir = match k.direction {
                     KlDirection::Forward => KlGrad::Forward,
@@ -399,39 +391,29 @@ impl Cpu {
             None => {
                 let st = self.lse_states(logits, vocab, tau);
                 let mut v = Vec::with_capacity(rows);
-                for s in &st {
-                    if !lse_ok(s) {
+                for (r, s) in st.iter().enumerate() {
+                    if !lse_ok(s, tau) {
                         return None;
                     }
-                    let (lse, _, h) = canon::finish_lse(s);
-                    v.push((*s, -lse, h, 0.0, 0.0, 0.0));
+                    v.push((*s, GradCoef::from_lse(s, tau, g_lp(r), g_h(r))));
                 }
                 (v, KlGrad::None)
             }
         };
         let mut coefs = Vec::with_capacity(rows);
         let mut ys = Vec::with_capacity(rows);
-        for (r, &(s, nlse, h, g_kl, nlse_w, kl)) in lse_part.iter().enumerate() {
-            let (g_lp, y) = match terms.logp {
-                Some((t, g)) => {
+        for (r, (s, c)) in st.into_iter().enumerate() {
+            let y = match terms.logp {
+                Some((t, _)) => {
                     let y = t[r].index();
                     if !target_ok(logits[r * vocab + y].to_f32(), tau, &s) {
                         return None;
                     }
-                    (g[r], y)
+                    y
                 }
-                None => (0.0, usize::MAX),
+                None => usize::MAX,
             };
-            coefs.push(GradCoef {
-                tau,
-                nlse,
-                h,
-                g_lp,
-                g_h: terms.entropy.map_or(0.0, |g| g[r]),
-                g_kl,
-                nlse_w,
-                kl,
-            });
+            coefs.push(c);
             ys.push(y);
         }
         Some((coefs, ys, kl_grad))

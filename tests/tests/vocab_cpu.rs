@@ -323,7 +323,7 @@ fn errors_match_core_and_leave_outputs_untouched() {
     let mut huge = Case::<f32>::new(4, 40, 11, 1e-30);
     huge.z[0] = 3e38;
     check_all(&huge, "max/T overflow");
-    for t in [0.0f32, -1.0, f32::NAN, f32::INFINITY, 1e-40] {
+    for t in [0.0f32, -1.0, f32::NAN, f32::INFINITY, 1e-40, 1e-7] {
         let mut c = Case::<f32>::new(4, 40, 11, 1.0);
         c.temperature = t;
         check_all(&c, &format!("temperature {t}"));

@@ -13,7 +13,9 @@
 
 use core::marker::PhantomData;
 
-use grpo_core::vocab::canon::{self, BLOCK, GradCoef, KlGrad, LseState, PairState};
+use grpo_core::vocab::canon::{
+    self, BLOCK, GradCoef, KlGrad, LOG_RATIO_FLOOR, LseState, PairState,
+};
 use grpo_core::vocab::exp_ln::D_MIN;
 
 use super::Kernel;
@@ -102,7 +104,8 @@ fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
     for &x in tail {
         r = canon_max(r, x.to_f32());
     }
-    r
+    // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max.
+    r + 0.0
 }
 
 /// Requests the cache line `PREFETCH_BYTES` ahead of `p` (one call per 64-byte line: every
@@ -151,7 +154,7 @@ fn canon_max(a: f32, b: f32) -> f32 {
 /// The lane form of `canon::lse_step` on accumulators `(s, t)`.
 #[inline(always)]
 fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
-    let d = z.mul_add(tau, c);
+    let d = z.sub(c).mul(tau);
     let dc = V::splat(D_MIN).max(d);
     let e = exp_nonpos_clamped(dc);
     *s = s.add(e);
@@ -161,7 +164,7 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
 /// `canon::lse_block` in lanes.
 #[inline(always)]
 fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    let m = canon::scaled_max(block_max::<V, S>(z), tau);
+    let m = block_max::<V, S>(z);
     let (vt, vc) = (V::splat(tau), V::splat(canon::offset(m)));
     let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
     let (chunks, tail) = z.as_chunks::<16>();
@@ -175,7 +178,7 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
         }
         let mut dc = [dmin; UNROLL];
         for k in 0..UNROLL {
-            dc[k] = dmin.max(S::load::<V>(&q[k]).mul_add(vt, vc));
+            dc[k] = dmin.max(S::load::<V>(&q[k]).sub(vc).mul(vt));
         }
         let e = exp_nonpos_clamped_n(dc);
         for k in 0..UNROLL {
@@ -203,17 +206,18 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 
 /// `(δc, e^δc)` of `canon`'s `rescale` for two maxima at once (lanes 0 and 1).
 #[inline(always)]
-fn rescale2<V: F32x16>(ma: f32, mb: f32, top: f32) -> ([f32; 16], [f32; 16]) {
+fn rescale2<V: F32x16>(ma: f32, mb: f32, top: f32, tau: f32) -> ([f32; 16], [f32; 16]) {
     let mut m = [0.0; 16];
     m[0] = ma;
     m[1] = mb;
-    let dc = V::splat(D_MIN).max(V::from_array(m).sub(V::splat(top)));
+    let d = V::from_array(m).sub(V::splat(top)).mul(V::splat(tau));
+    let dc = V::splat(D_MIN).max(d);
     (dc.to_array(), exp_nonpos_clamped(dc).to_array())
 }
 
 /// `LseState::merge` with lane arithmetic.
 #[inline(always)]
-pub(crate) fn merge_lse<V: F32x16>(a: LseState, b: LseState) -> LseState {
+pub(crate) fn merge_lse<V: F32x16>(a: LseState, b: LseState, tau: f32) -> LseState {
     let top = canon_max(a.max, b.max);
     if top == f32::NEG_INFINITY {
         return LseState {
@@ -222,7 +226,7 @@ pub(crate) fn merge_lse<V: F32x16>(a: LseState, b: LseState) -> LseState {
             dot: a.dot + b.dot,
         };
     }
-    let (d, e) = rescale2::<V>(a.max, b.max, top);
+    let (d, e) = rescale2::<V>(a.max, b.max, top, tau);
     LseState {
         max: top,
         sum: fma1::<V>(a.sum, e[0], b.sum * e[1]),
@@ -236,17 +240,17 @@ pub(crate) fn merge_lse<V: F32x16>(a: LseState, b: LseState) -> LseState {
 
 /// `PairState::merge` with lane arithmetic.
 #[inline(always)]
-pub(crate) fn merge_pair<V: F32x16>(a: PairState, b: PairState) -> PairState {
-    let z = merge_lse::<V>(a.student(), b.student());
-    let w = merge_lse::<V>(a.teacher(), b.teacher());
+pub(crate) fn merge_pair<V: F32x16>(a: PairState, b: PairState, tau: f32) -> PairState {
+    let z = merge_lse::<V>(a.student(), b.student(), tau);
+    let w = merge_lse::<V>(a.teacher(), b.teacher(), tau);
     // Lanes: 0 = a's student, 1 = b's student, 2 = a's teacher, 3 = b's teacher.
     let mut parts = [0.0; 16];
     let mut tops = [0.0; 16];
     parts[..4].copy_from_slice(&[a.zmax, b.zmax, a.wmax, b.wmax]);
     tops[..4].copy_from_slice(&[z.max, z.max, w.max, w.max]);
     let (vp, vt) = (V::from_array(parts), V::from_array(tops));
-    let diff = vp.sub(vt);
-    let shift = V::splat(-f32::MAX).max(diff).to_array();
+    let diff = vp.sub(vt).mul(V::splat(tau));
+    let shift = V::splat(LOG_RATIO_FLOOR).max(diff).to_array();
     let factor = exp_nonpos_clamped(V::splat(D_MIN).max(diff)).to_array();
     let g = |i: usize| {
         if tops[i] == f32::NEG_INFINITY {
@@ -344,7 +348,7 @@ impl<V: F32x16, S: Load> Blocks for LseBlocks<'_, V, S> {
     }
     #[inline(always)]
     fn merge(&mut self, a: LseState, b: LseState) -> LseState {
-        merge_lse::<V>(a, b)
+        merge_lse::<V>(a, b, self.tau)
     }
 }
 
@@ -365,7 +369,7 @@ impl<V: F32x16, S: Load, U: Load> Blocks for PairBlocks<'_, V, S, U> {
     }
     #[inline(always)]
     fn merge(&mut self, a: PairState, b: PairState) -> PairState {
-        merge_pair::<V>(a, b)
+        merge_pair::<V>(a, b, self.tau)
     }
 }
 
@@ -374,11 +378,17 @@ impl<V: F32x16, S: Load, U: Load> Blocks for PairBlocks<'_, V, S, U> {
 fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
     let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
     let dmin = V::splat(D_MIN);
-    let lp = dmin.max(z.mul_add(tau, V::splat(p.nlz)));
-    let lq = dmin.max(w.mul_add(tau, V::splat(p.nlw)));
+    let lp = dmin.max(
+        z.sub(V::splat(p.lz.max))
+            .mul_add(tau, V::splat(p.lz.neg_ln_sum)),
+    );
+    let lq = dmin.max(
+        w.sub(V::splat(p.lw.max))
+            .mul_add(tau, V::splat(p.lw.neg_ln_sum)),
+    );
     let e = exp_nonpos_clamped_n([lp, lq]);
     let (pe, qe) = (e[0], e[1]);
-    let lm = V::splat(JSD_LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
+    let lm = V::splat(canon::LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
     beta.mul(qe)
         .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
 }
@@ -430,8 +440,8 @@ pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 #[inline(always)]
 fn pair_step<V: F32x16>(z: V, w: V, tau: V, cz: V, cw: V, acc: &mut [V; 6]) {
     let dmin = V::splat(D_MIN);
-    let neg_max = V::splat(-f32::MAX);
-    let (dz, dw) = (z.mul_add(tau, cz), w.mul_add(tau, cw));
+    let neg_max = V::splat(LOG_RATIO_FLOOR);
+    let (dz, dw) = (z.sub(cz).mul(tau), w.sub(cw).mul(tau));
     let dzc = dmin.max(dz);
     let ez = exp_nonpos_clamped(dzc);
     let dwc = dmin.max(dw);
@@ -455,13 +465,11 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     tau: f32,
     flags: &mut PairFlags,
 ) -> PairState {
-    let zraw = block_max::<V, S>(z);
-    let wraw = block_max::<V, U>(w);
+    let zmax = block_max::<V, S>(z);
+    let wmax = block_max::<V, U>(w);
     let (fwd, rev) = support::<V, S, U>(z, w);
     flags.forward |= fwd;
     flags.reverse |= rev;
-    let zmax = canon::scaled_max(zraw, tau);
-    let wmax = canon::scaled_max(wraw, tau);
     let vt = V::splat(tau);
     let (cz, cw) = (V::splat(canon::offset(zmax)), V::splat(canon::offset(wmax)));
     let mut acc = [V::splat(0.0); 6];
@@ -471,19 +479,19 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     // sums updated in index order.
     let mut zp = zc.chunks_exact(2);
     let mut wp = wc.chunks_exact(2);
-    let (dmin, neg_max, sign) = (V::splat(D_MIN), V::splat(-f32::MAX), V::splat(-0.0));
+    let (dmin, neg_max, sign) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR), V::splat(-0.0));
     for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
         for k in 0..2 {
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
             prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
         let dz = [
-            S::load::<V>(&a[0]).mul_add(vt, cz),
-            S::load::<V>(&a[1]).mul_add(vt, cz),
+            S::load::<V>(&a[0]).sub(cz).mul(vt),
+            S::load::<V>(&a[1]).sub(cz).mul(vt),
         ];
         let dw = [
-            U::load::<V>(&b[0]).mul_add(vt, cw),
-            U::load::<V>(&b[1]).mul_add(vt, cw),
+            U::load::<V>(&b[0]).sub(cw).mul(vt),
+            U::load::<V>(&b[1]).sub(cw).mul(vt),
         ];
         let dc = [
             dmin.max(dz[0]),
@@ -542,17 +550,17 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     }
 }
 
-/// A pair state grpo-core's validation would accept, support aside: both maxima and sums
-/// finite (see `block_max`).
+/// A pair state grpo-core's validation would accept, support aside: both halves [`lse_ok`].
 #[inline(always)]
-pub(crate) fn pair_ok(st: &PairState) -> bool {
-    st.zmax.is_finite() && st.wmax.is_finite() && st.sz.is_finite() && st.sw.is_finite()
+pub(crate) fn pair_ok(st: &PairState, tau: f32) -> bool {
+    lse_ok(&st.student(), tau) && lse_ok(&st.teacher(), tau)
 }
 
-/// A row state grpo-core's validation would accept: finite maximum and sum (see `block_max`).
+/// A row state grpo-core's validation would accept: finite raw maximum, `max·τ` and sum (see
+/// `block_max`: NaN and +∞ logits always surface here).
 #[inline(always)]
-pub(crate) fn lse_ok(st: &LseState) -> bool {
-    st.max.is_finite() && st.sum.is_finite()
+pub(crate) fn lse_ok(st: &LseState, tau: f32) -> bool {
+    st.max.is_finite() && (st.max * tau).is_finite() && st.sum.is_finite()
 }
 
 /// What the fused support check of a row pair found (NaN/+∞ show in the state, see
@@ -590,7 +598,9 @@ pub(crate) fn pair_row<V: F32x16, S: Load, U: Load>(
 fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
     let tau = V::splat(c.tau);
     let sign = V::splat(-0.0);
-    let lp = z.mul_add(tau, V::splat(c.nlse));
+    let lp = z
+        .sub(V::splat(c.p.max))
+        .mul_add(tau, V::splat(c.p.neg_ln_sum));
     let lpc = V::splat(D_MIN).max(lp);
     let p = exp_nonpos_clamped(lpc);
     let mut k = V::splat(c.g_h).mul_add(lpc.add(V::splat(c.h)), V::splat(c.g_lp));
@@ -598,13 +608,17 @@ fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
     match kl {
         KlGrad::None => {}
         KlGrad::Forward => {
-            let lq = w.mul_add(tau, V::splat(c.nlse_w));
-            let neg_max = V::splat(-f32::MAX);
+            let lq = w
+                .sub(V::splat(c.q.max))
+                .mul_add(tau, V::splat(c.q.neg_ln_sum));
+            let neg_max = V::splat(LOG_RATIO_FLOOR);
             let g = neg_max.max(lp).sub(neg_max.max(lq));
             k = V::splat(-c.g_kl).mul_add(g.sub(V::splat(c.kl)), k);
         }
         KlGrad::Reverse => {
-            let lq = w.mul_add(tau, V::splat(c.nlse_w));
+            let lq = w
+                .sub(V::splat(c.q.max))
+                .mul_add(tau, V::splat(c.q.neg_ln_sum));
             let q = exp_nonpos_clamped(V::splat(D_MIN).max(lq));
             k = k.sub(V::splat(c.g_kl));
             o = V::splat(-c.g_kl).mul_add(q, o);
@@ -618,15 +632,16 @@ fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
 #[inline(always)]
 fn grad_step_n<V: F32x16, const N: usize>(z: [V; N], c: &GradCoef) -> [V; N] {
     let tau = V::splat(c.tau);
-    let (nlse, h, g_h, g_lp) = (
-        V::splat(c.nlse),
+    let (pmax, nls, h, g_h, g_lp) = (
+        V::splat(c.p.max),
+        V::splat(c.p.neg_ln_sum),
         V::splat(c.h),
         V::splat(c.g_h),
         V::splat(c.g_lp),
     );
     let mut lpc = z;
     for i in 0..N {
-        lpc[i] = V::splat(D_MIN).max(z[i].mul_add(tau, nlse));
+        lpc[i] = V::splat(D_MIN).max(z[i].sub(pmax).mul_add(tau, nls));
     }
     let mut p = exp_nonpos_clamped_n(lpc);
     let sign = V::splat(-0.0);
@@ -762,15 +777,12 @@ fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 
     canon_max(0.0, s)
 }
 
-/// grpo-core's floor of `ln(mixture)` in the JSD (its private `LN_FLOOR`): −104.
-const JSD_LN_FLOOR: f32 = -104.0;
-
 /// Per-row constants of the JSD's second pass.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct JsdParams {
     pub(crate) tau: f32,
-    pub(crate) nlz: f32,
-    pub(crate) nlw: f32,
+    pub(crate) lz: canon::LogSoftmax,
+    pub(crate) lw: canon::LogSoftmax,
     pub(crate) beta: f32,
     pub(crate) omb: f32,
 }
@@ -924,14 +936,11 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
             let (st, flags) = pair_row::<V, S, U>(z, w, self.tau);
-            let ok = pair_ok(&st);
-            let value = if ok {
-                let (lz, _, _) = canon::finish_lse(&st.student());
-                let (lw, _, _) = canon::finish_lse(&st.teacher());
+            let value = if pair_ok(&st, self.tau) {
                 let p = JsdParams {
                     tau: self.tau,
-                    nlz: -lz,
-                    nlw: -lw,
+                    lz: canon::LogSoftmax::of(&st.student()),
+                    lw: canon::LogSoftmax::of(&st.teacher()),
                     beta: self.beta,
                     omb: self.omb,
                 };
@@ -974,16 +983,20 @@ mod tests {
     }
 
     fn ref_lse(z: &[f32], tau: f32) -> LseState {
-        canon::fold_blocks(z.len(), LseState::merge, |s, e| {
-            canon::lse_block(&z[s..e], tau)
-        })
+        canon::fold_blocks(
+            z.len(),
+            |a: LseState, b| a.merge(b, tau),
+            |s, e| canon::lse_block(&z[s..e], tau),
+        )
         .unwrap_or(LseState::EMPTY)
     }
 
     fn ref_pair(z: &[f32], w: &[f32], tau: f32) -> PairState {
-        canon::fold_blocks(z.len(), PairState::merge, |s, e| {
-            canon::pair_block(&z[s..e], &w[s..e], tau)
-        })
+        canon::fold_blocks(
+            z.len(),
+            |a: PairState, b| a.merge(b, tau),
+            |s, e| canon::pair_block(&z[s..e], &w[s..e], tau),
+        )
         .unwrap_or(EMPTY_PAIR)
     }
 
@@ -1076,12 +1089,18 @@ mod tests {
             for kl in [KlGrad::None, KlGrad::Forward, KlGrad::Reverse] {
                 let c = GradCoef {
                     tau: 1.0 / 0.7,
-                    nlse: -12.5,
+                    p: canon::LogSoftmax {
+                        max: 14.5,
+                        neg_ln_sum: -3.25,
+                    },
                     h: 2.25,
                     g_lp: 0.75,
                     g_h: -0.3,
                     g_kl: if kl == KlGrad::None { 0.0 } else { 0.1 },
-                    nlse_w: -13.0,
+                    q: canon::LogSoftmax {
+                        max: 13.0,
+                        neg_ln_sum: -4.5,
+                    },
                     kl: 0.05,
                 };
                 let want: Vec<u32> = (0..n)
