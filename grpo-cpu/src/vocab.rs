@@ -342,7 +342,8 @@ impl Cpu {
         terms: &GradTerms<'_, I, U>,
     ) -> Option<(Vec<GradCoef>, Vec<usize>, KlGrad)> {
         let tau = tau_of(temperature)?;
-        if vocab == 0 || !(temperature >= MIN_GRAD_TEMPERATURE) {
+        // `tau_of` passed, so `temperature` is finite and > 0 here (no NaN to compare).
+        if vocab == 0 || temperature < MIN_GRAD_TEMPERATURE {
             return None;
         }
         let rows = logits.len() / vocab;
