@@ -119,30 +119,40 @@ fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
     }
 }
 
-/// Support flags of a student/teacher block: `(forward, reverse)` violations, i.e. some
-/// `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w` (KL(q‖p) = +∞).
+/// Both raw block maxima of a student/teacher block pair (as [`block_max`]) and its support
+/// flags `(forward, reverse)`: some `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w`
+/// (KL(q‖p) = +∞). One pass over both rows, so each is loaded once before the step pass.
 #[inline(always)]
-fn support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (bool, bool) {
+fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (f32, f32, bool, bool) {
     let ninf = V::splat(f32::NEG_INFINITY);
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
+    let (mut mz, mut mw) = (ninf, ninf);
     let (mut fwd, mut rev) = (V::mask_none(), V::mask_none());
     for (a, b) in zc.iter().zip(wc) {
-        let mz = S::load::<V>(a).eq(ninf);
-        let mw = U::load::<V>(b).eq(ninf);
-        fwd = V::mask_or(fwd, V::mask_andnot(mz, mw));
-        rev = V::mask_or(rev, V::mask_andnot(mw, mz));
+        let (x, y) = (S::load::<V>(a), U::load::<V>(b));
+        mz = mz.max(x);
+        mw = mw.max(y);
+        let (iz, iw) = (x.eq(ninf), y.eq(ninf));
+        fwd = V::mask_or(fwd, V::mask_andnot(iz, iw));
+        rev = V::mask_or(rev, V::mask_andnot(iw, iz));
     }
     let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
-    for (a, b) in zt.iter().zip(wt) {
-        let (mz, mw) = (
-            a.to_f32() == f32::NEG_INFINITY,
-            b.to_f32() == f32::NEG_INFINITY,
-        );
-        f |= mw && !mz;
-        r |= mz && !mw;
+    let (mut zr, mut wr) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (x, y) in mz.to_array().into_iter().zip(mw.to_array()) {
+        zr = canon_max(zr, x);
+        wr = canon_max(wr, y);
     }
-    (f, r)
+    for (a, b) in zt.iter().zip(wt) {
+        let (x, y) = (a.to_f32(), b.to_f32());
+        zr = canon_max(zr, x);
+        wr = canon_max(wr, y);
+        let (iz, iw) = (x == f32::NEG_INFINITY, y == f32::NEG_INFINITY);
+        f |= iw && !iz;
+        r |= iz && !iw;
+    }
+    // `+ 0.0`: as in `block_max`.
+    (zr + 0.0, wr + 0.0, f, r)
 }
 
 /// `max_r`: `if a > b { a } else { b }`.
@@ -465,9 +475,7 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     tau: f32,
     flags: &mut PairFlags,
 ) -> PairState {
-    let zmax = block_max::<V, S>(z);
-    let wmax = block_max::<V, U>(w);
-    let (fwd, rev) = support::<V, S, U>(z, w);
+    let (zmax, wmax, fwd, rev) = pair_max_support::<V, S, U>(z, w);
     flags.forward |= fwd;
     flags.reverse |= rev;
     let vt = V::splat(tau);
