@@ -72,3 +72,13 @@ impl<T: Real> Diagnostics<T> {
         self
     }
 }
+
+// z-score family (MATH.md §2): GRPO and its configurations, RLOO, pass@k, OPO, GPG, and the
+// multi-reward estimators (GDPO, reward combination, DVAO).
+pub mod gpg;
+mod group_scan;
+pub mod multi_reward;
+pub mod opo;
+pub mod passk;
+pub mod rloo;
+pub mod zscore;
