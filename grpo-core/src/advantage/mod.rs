@@ -7,6 +7,14 @@
 
 use crate::real::Real;
 
+pub mod baseline;
+pub mod filter;
+pub mod gae;
+pub mod overlong;
+pub mod rank;
+pub mod returns;
+pub mod whiten;
+
 /// What to do with a NaN reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NanPolicy {
