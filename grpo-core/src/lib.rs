@@ -20,6 +20,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod advantage;
+pub mod aggregate;
 pub mod divergence;
 pub mod error;
 pub mod layout;

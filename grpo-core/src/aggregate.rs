@@ -1,0 +1,414 @@
+//! Aggregation of per-token losses into the scalar that is differentiated (MATH.md §4).
+//!
+//! Every mode is linear in the per-token values: [`aggregate`] returns the scalar and writes the
+//! per-token weight `w_t` with `loss = Σ_t w_t·L_t` (invalid positions get `w_t = 0`), so the
+//! gradient of the scalar with respect to `lp_t` is `w_t·∂L_t/∂lp_t` for a token-level loss and
+//! `(Σ_{s∈seq(t)} w_s)·∂L_i/∂lp_t` for a sequence-level one — [`scale_gradients`] applies either
+//! in place.
+//!
+//! Notation: `m` = validity, `n_i` = valid tokens of sequence `i`, `N = Σ n_i`, `B` = number of
+//! sequences (rows of a padded batch, segments of a packed one — empty ones included, as
+//! `torch.mean` over rows does).
+//!
+//! | mode | loss | `w_t` | source |
+//! |---|---|---|---|
+//! | `TokenMean { global_tokens }` | `Σ L m / N'` | `1/N'` | verl `token-mean`; `N' = global_tokens` or the local N |
+//! | `SeqMeanTokenMean` | `(1/B) Σ_i Σ_t L m / n_i` | `1/(B·n_i)` | verl `seq-mean-token-mean`, TRL `grpo` |
+//! | `SeqMeanTokenSum` | `(1/B) Σ_i Σ_t L m` | `1/B` | verl `seq-mean-token-sum` |
+//! | `SeqMeanTokenSumNorm { max_len, divide_by_batch: true }` | `Σ L m / (B·L_max)` | `1/(B·L_max)` | Dr. GRPO 2503.20783, TRL `dr_grpo` |
+//! | `SeqMeanTokenSumNorm { max_len, divide_by_batch: false }` | `Σ L m / L_max` | `1/L_max` | verl's `seq-mean-token-sum-norm` (no ÷B) |
+//! | `Bnpo` | `Σ L m / N` | `1/N` | TRL `bnpo` |
+//! | `Dapo { global_tokens, processes }` | `Σ L m / (N_global / P)` | `P/N_global` | TRL `dapo` |
+//! | `Luspo` | `(1/B) Σ_i Σ_t L m` | `1/B` | LUSPO 2602.05261, TRL `luspo` |
+//!
+//! `L_max` is `max_len` if given, else the padded width (padded layout) or the longest segment
+//! (packed layout).
+//!
+//! **LUSPO** scales each sequence's loss by its length and averages over sequences. For a
+//! sequence-level loss written on each of its `n_i` tokens (GSPO), `Σ_t L m = n_i·L_i`, so the
+//! loss is `(1/B) Σ_i n_i·L_i` — TRL's `(per_token_loss * mask.sum(-1)).mean()` on `[B, 1]`
+//! losses and TRL ≥ 1.10's `(loss * mask).sum(-1).mean()`. As weights this is exactly
+//! `seq-mean-token-sum`; it is kept as its own mode for the name. (Older TRL applied the
+//! `[B, 1]` formula to `[B, T]` token losses, multiplying padded positions too; that reads
+//! padding and is not reproduced.)
+//!
+//! **Zero denominators** follow [`Denominator`]: `Strict` (default, verl semantics without the
+//! NaN) → [`Error::NoValidTokens`] for a batch-level count/size of 0 and
+//! [`Error::EmptySegment`] for an empty sequence under a per-sequence mean; `ClampOne` (TRL:
+//! every denominator `max(·, 1)`, so the loss is 0 instead); `PlusEps(ε)` (verl `masked_mean`:
+//! token-count denominators `+ ε`; batch sizes and `L_max` stay strict).
+
+use crate::error::{Error, Result, check_len, ensure};
+use crate::layout::{Segments, Tokens};
+use crate::loss::LossLevel;
+use crate::presets::Preset;
+use crate::real::Real;
+
+/// The aggregation formula (see the [module table](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggMode {
+    /// Mean over valid tokens; `global_tokens` replaces the local count (data-parallel runs that
+    /// normalise by the all-reduced token count).
+    TokenMean {
+        /// All-reduced token count, if any.
+        global_tokens: Option<usize>,
+    },
+    /// Mean over sequences of the per-sequence token mean.
+    SeqMeanTokenMean,
+    /// Mean over sequences of the per-sequence token sum.
+    SeqMeanTokenSum,
+    /// Dr. GRPO: token sum over the batch divided by `B·L_max` (or by `L_max` alone: verl).
+    SeqMeanTokenSumNorm {
+        /// Normaliser length; `None` = padded width / longest packed segment.
+        max_len: Option<usize>,
+        /// `true`: ÷(B·L_max) (Dr. GRPO, TRL); `false`: ÷L_max (verl).
+        divide_by_batch: bool,
+    },
+    /// TRL `bnpo`: mean over the local batch's valid tokens.
+    Bnpo,
+    /// TRL `dapo`: token sum divided by `global_tokens / processes`.
+    Dapo {
+        /// Valid tokens of the whole (all-reduced) batch.
+        global_tokens: usize,
+        /// Number of data-parallel processes (≥ 1).
+        processes: usize,
+    },
+    /// LUSPO: mean over sequences of the token sums (length-scaled sequence losses).
+    Luspo,
+}
+
+/// What a zero denominator does (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Denominator<T> {
+    /// A zero denominator is an error (verl computes NaN there).
+    #[default]
+    Strict,
+    /// Every denominator is `max(d, 1)` (TRL): empty parts contribute 0.
+    ClampOne,
+    /// Token-count denominators get `+ ε` (verl `masked_mean`, ε = 1e-8); others strict.
+    PlusEps(T),
+}
+
+/// Configuration of [`aggregate`].
+///
+/// `from_preset(preset, mode)` sets the zero-denominator rule and verl's Dr. GRPO variant:
+///
+/// | preset | `denominator` | `SeqMeanTokenSumNorm::divide_by_batch` |
+/// |---|---|---|
+/// | Paper | `Strict` | as given |
+/// | Verl, VerlVectorized | `Strict` | forced `false` (verl divides the batch sum by L_max only) |
+/// | Trl | `ClampOne` | forced `true` |
+/// | OpenRlhf | `PlusEps(1e-8)` (its `masked_mean`) | as given |
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AggConfig<T> {
+    /// The formula.
+    pub mode: AggMode,
+    /// The zero-denominator rule.
+    pub denominator: Denominator<T>,
+}
+
+impl<T: Real> Default for AggConfig<T> {
+    /// Token mean over local tokens, strict.
+    fn default() -> Self {
+        AggConfig {
+            mode: AggMode::TokenMean {
+                global_tokens: None,
+            },
+            denominator: Denominator::Strict,
+        }
+    }
+}
+
+impl<T: Real> AggConfig<T> {
+    /// `mode` with the preset's semantics (see the table on [`AggConfig`]).
+    pub fn from_preset(preset: Preset, mode: AggMode) -> Self {
+        let force = |div: bool| match mode {
+            AggMode::SeqMeanTokenSumNorm { max_len, .. } => AggMode::SeqMeanTokenSumNorm {
+                max_len,
+                divide_by_batch: div,
+            },
+            m => m,
+        };
+        match preset {
+            Preset::Verl | Preset::VerlVectorized => AggConfig {
+                mode: force(false),
+                denominator: Denominator::Strict,
+            },
+            Preset::Trl => AggConfig {
+                mode: force(true),
+                denominator: Denominator::ClampOne,
+            },
+            Preset::OpenRlhf => AggConfig {
+                mode,
+                denominator: Denominator::PlusEps(T::from_f64(1e-8)),
+            },
+            _ => AggConfig {
+                mode,
+                denominator: Denominator::Strict,
+            },
+        }
+    }
+}
+
+/// `1/d` for a token-count denominator under the rule; `err` if strict and zero.
+fn inv_count<T: Real>(d: usize, rule: Denominator<T>, err: Error) -> Result<T> {
+    match rule {
+        Denominator::Strict if d == 0 => Err(err),
+        Denominator::Strict => Ok(T::ONE / T::from_usize(d)),
+        Denominator::ClampOne => Ok(T::ONE / T::from_usize(d.max(1))),
+        Denominator::PlusEps(e) => Ok(T::ONE / (T::from_usize(d) + e)),
+    }
+}
+
+/// `1/d` for a batch-size / length denominator (never `+ε`).
+fn inv_size<T: Real>(d: usize, rule: Denominator<T>, err: Error) -> Result<T> {
+    match rule {
+        Denominator::ClampOne => Ok(T::ONE / T::from_usize(d.max(1))),
+        _ if d == 0 => Err(err),
+        _ => Ok(T::ONE / T::from_usize(d)),
+    }
+}
+
+/// The default `L_max`: padded width, or the longest packed segment.
+fn default_max_len(tokens: &Tokens<'_>) -> usize {
+    match tokens.segments {
+        Segments::Padded { cols, .. } => cols,
+        Segments::Packed(_) => (0..tokens.num_sequences())
+            .map(|i| tokens.span(i).len())
+            .max()
+            .unwrap_or(0),
+    }
+}
+
+/// How each sequence is weighted: `w_t = a_i` for every valid token of sequence `i`.
+enum SeqWeights<T> {
+    /// One weight for every valid token.
+    Uniform(T),
+    /// `scale / n_i` per sequence (empty sequences: weight irrelevant).
+    PerSequence { scale: T },
+}
+
+/// Aggregates per-token losses into a scalar and writes the per-token weights (see the
+/// [module table](self)): `loss = Σ_t w_t·values[t]` (computed in the formula's own nesting:
+/// per-sequence sums first), `weights[t] = 0` at invalid positions.
+///
+/// # Errors
+/// Length/layout mismatches; [`Error::NonFinite`] for a non-finite value at a valid position;
+/// [`Error::InvalidParam`] for `processes == 0`, a non-finite or non-positive `PlusEps`;
+/// zero denominators as the [`Denominator`] rule says. `weights` untouched on `Err`.
+///
+/// # Example
+/// ```
+/// use grpo_core::aggregate::{AggConfig, AggMode, aggregate};
+/// use grpo_core::{Preset, Tokens};
+/// // Two rows of width 3: row 0 has 2 valid tokens (1, 3), row 1 has 1 valid token (5).
+/// let v = [1.0, 3.0, f64::NAN, 5.0, f64::NAN, f64::NAN];
+/// let m = [true, true, false, true, false, false];
+/// let tok = Tokens::padded(2, 3, Some(&m));
+/// let mut w = [0.0; 6];
+/// // token-mean: (1 + 3 + 5)/3 = 3.
+/// assert_eq!(aggregate(&AggConfig::default(), tok, &v, &mut w).unwrap(), 3.0);
+/// assert_eq!(w, [1.0 / 3.0, 1.0 / 3.0, 0.0, 1.0 / 3.0, 0.0, 0.0]);
+/// // seq-mean-token-mean: ((1 + 3)/2 + 5/1)/2 = 3.5.
+/// let cfg = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+/// assert_eq!(aggregate(&cfg, tok, &v, &mut w).unwrap(), 3.5);
+/// // Dr. GRPO: 9/(2·3) = 1.5; verl's variant: 9/3 = 3.
+/// let dr = AggMode::SeqMeanTokenSumNorm { max_len: None, divide_by_batch: true };
+/// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Paper, dr), tok, &v, &mut w).unwrap(), 1.5);
+/// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Verl, dr), tok, &v, &mut w).unwrap(), 3.0);
+/// ```
+pub fn aggregate<T: Real>(
+    cfg: &AggConfig<T>,
+    tokens: Tokens<'_>,
+    values: &[T],
+    weights: &mut [T],
+) -> Result<T> {
+    let n = values.len();
+    let b = tokens.validate(n)?;
+    check_len("weights", n, weights.len())?;
+    if let Denominator::PlusEps(e) = cfg.denominator {
+        ensure(
+            e > T::ZERO && e.is_finite(),
+            "denominator eps",
+            "must be finite and > 0",
+        )?;
+    }
+    if let Some(index) = tokens.first_non_finite(values) {
+        return Err(Error::NonFinite {
+            what: "values",
+            index,
+        });
+    }
+    let rule = cfg.denominator;
+    let local = tokens.total_valid();
+    let sw = match cfg.mode {
+        AggMode::TokenMean { global_tokens } => SeqWeights::Uniform(inv_count(
+            global_tokens.unwrap_or(local),
+            rule,
+            Error::NoValidTokens,
+        )?),
+        AggMode::Bnpo => SeqWeights::Uniform(inv_count(local, rule, Error::NoValidTokens)?),
+        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
+            SeqWeights::Uniform(inv_size(b, rule, Error::NoValidTokens)?)
+        }
+        AggMode::SeqMeanTokenSumNorm {
+            max_len,
+            divide_by_batch,
+        } => {
+            let l = max_len.unwrap_or_else(|| default_max_len(&tokens));
+            let d = if divide_by_batch {
+                b.checked_mul(l).ok_or(Error::InvalidParam {
+                    name: "max_len",
+                    reason: "B * max_len overflows usize",
+                })?
+            } else {
+                l
+            };
+            SeqWeights::Uniform(inv_size(d, rule, Error::NoValidTokens)?)
+        }
+        AggMode::Dapo {
+            global_tokens,
+            processes,
+        } => {
+            ensure(processes >= 1, "processes", "must be >= 1")?;
+            let inv = inv_count::<T>(global_tokens, rule, Error::NoValidTokens)?;
+            SeqWeights::Uniform(inv * T::from_usize(processes))
+        }
+        AggMode::SeqMeanTokenMean => {
+            let inv_b = inv_size(b, rule, Error::NoValidTokens)?;
+            if let Denominator::Strict = rule
+                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
+            {
+                return Err(Error::EmptySegment { segment });
+            }
+            SeqWeights::PerSequence { scale: inv_b }
+        }
+    };
+    weights.fill(T::ZERO);
+    let mut loss = T::ZERO;
+    for i in 0..b {
+        let mut s = T::ZERO;
+        let mut c = 0usize;
+        for t in tokens.valid_positions(i) {
+            s += values[t];
+            c += 1;
+        }
+        let w = match sw {
+            SeqWeights::Uniform(w) => {
+                loss += s * w;
+                w
+            }
+            SeqWeights::PerSequence { scale } => {
+                if c == 0 {
+                    continue;
+                }
+                // Validated above: c > 0 here, so the count rule never errs.
+                let inv_n = inv_count(c, rule, Error::EmptySegment { segment: i })?;
+                loss += s * inv_n * scale;
+                inv_n * scale
+            }
+        };
+        for t in tokens.valid_positions(i) {
+            weights[t] = w;
+        }
+    }
+    Ok(loss)
+}
+
+/// Multiplies per-token loss gradients in place by the aggregation weights, giving the gradient
+/// of the aggregated scalar: `grad[t] *= w_t` for [`LossLevel::Token`], `grad[t] *= Σ_{s∈i} w_s`
+/// (the weight mass of the token's sequence) for [`LossLevel::Sequence`]. Invalid positions are
+/// set to 0.
+///
+/// # Errors
+/// Length/layout mismatches. (Gradients are not inspected: they come from a loss of this crate.)
+///
+/// # Example
+/// ```
+/// use grpo_core::aggregate::scale_gradients;
+/// use grpo_core::loss::LossLevel;
+/// use grpo_core::Tokens;
+/// let tok = Tokens::padded(1, 2, None);
+/// let w = [0.25, 0.25];
+/// let mut g = [2.0, 4.0];
+/// scale_gradients(tok, &w, LossLevel::Token, &mut g).unwrap();
+/// assert_eq!(g, [0.5, 1.0]);
+/// let mut g = [2.0, 4.0];
+/// scale_gradients(tok, &w, LossLevel::Sequence, &mut g).unwrap();
+/// assert_eq!(g, [1.0, 2.0]); // × (0.25 + 0.25)
+/// ```
+pub fn scale_gradients<T: Real>(
+    tokens: Tokens<'_>,
+    weights: &[T],
+    level: LossLevel,
+    grad: &mut [T],
+) -> Result<()> {
+    let n = grad.len();
+    let b = tokens.validate(n)?;
+    check_len("weights", n, weights.len())?;
+    for i in 0..b {
+        let mass = match level {
+            LossLevel::Token => None,
+            LossLevel::Sequence => {
+                let mut s = T::ZERO;
+                for t in tokens.valid_positions(i) {
+                    s += weights[t];
+                }
+                Some(s)
+            }
+        };
+        for t in tokens.span(i) {
+            grad[t] = if tokens.is_valid(t) {
+                grad[t] * mass.unwrap_or(weights[t])
+            } else {
+                T::ZERO
+            };
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_masked_batch() {
+        let v = [f64::NAN; 4];
+        let m = [false; 4];
+        let tok = Tokens::padded(2, 2, Some(&m));
+        let mut w = [7.0; 4];
+        assert_eq!(
+            aggregate(&AggConfig::default(), tok, &v, &mut w),
+            Err(Error::NoValidTokens)
+        );
+        assert_eq!(w, [7.0; 4]);
+        let trl = AggConfig::from_preset(Preset::Trl, AggMode::Bnpo);
+        assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(0.0));
+        assert_eq!(w, [0.0; 4]);
+        let smtm = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+        let mut w = [7.0; 4];
+        assert_eq!(
+            aggregate(&smtm, tok, &v, &mut w),
+            Err(Error::EmptySegment { segment: 0 })
+        );
+        assert_eq!(w, [7.0; 4]);
+    }
+
+    #[test]
+    fn dapo_uses_global_count_per_process() {
+        // Σ = 6 over local tokens, global 12 tokens over 2 processes → 6 / (12/2) = 1.
+        let v = [1.0f64, 2.0, 3.0];
+        let tok = Tokens::padded(1, 3, None);
+        let mut w = [0.0; 3];
+        let cfg = AggConfig::from_preset(
+            Preset::Trl,
+            AggMode::Dapo {
+                global_tokens: 12,
+                processes: 2,
+            },
+        );
+        assert_eq!(aggregate(&cfg, tok, &v, &mut w), Ok(1.0));
+        assert_eq!(w, [1.0 / 6.0; 3]);
+    }
+}
