@@ -21,12 +21,15 @@
 
 pub mod advantage;
 pub mod aggregate;
+pub mod control;
 pub mod divergence;
 pub mod error;
+pub mod is_correction;
 pub mod layout;
 pub mod loss;
 pub mod presets;
 pub mod real;
+pub mod selection;
 pub mod stats;
 pub mod vocab;
 

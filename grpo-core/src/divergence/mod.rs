@@ -1,5 +1,14 @@
 //! Divergence measures between policies and the unified clipping framework (MATH.md §3).
 
+pub mod bounds;
+pub mod kl_penalty;
+pub mod lambert_w;
+pub mod measures;
+
+pub use bounds::{DeltaCap, DualClip, ElasticTrustRegion};
+pub use kl_penalty::{KlEstimator, KlPenaltyConfig};
+pub use measures::{Measure, ValueGrad};
+
 use crate::error::{Error, Result};
 use crate::real::Real;
 
