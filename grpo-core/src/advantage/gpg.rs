@@ -1,4 +1,4 @@
-//! GPG: group policy gradient advantages (MATH.md §2; [verl] `gpg`).
+//! GPG: group policy gradient advantages (MATH.md §2; \[verl\] `gpg`).
 
 use super::group_scan::{GroupStats, check_then_write, check_values, scorable, validate_groups};
 use super::{Diagnostics, NanPolicy, SingletonRule};
@@ -68,7 +68,7 @@ impl GpgConfig {
 /// successes. `f_norm` is a constant normaliser from the config (verl default 1). μ_g is the
 /// Welford mean (equal scores → exactly 0; two samples → exactly ±c).
 ///
-/// Source: GPG [2504.02546] as implemented by [verl] (the paper counts the samples of
+/// Source: GPG [2504.02546] as implemented by \[verl\] (the paper counts the samples of
 /// non-degenerate groups instead; MATH.md fixes verl's count).
 ///
 /// # Errors
@@ -110,6 +110,11 @@ pub fn gpg<T: Real>(
         .count();
     let alpha = T::from_usize(batch) / T::from_usize(nonzero.max(1));
     let f_norm = T::from_f64(cfg.f_norm);
+    ensure(
+        f_norm > T::ZERO && f_norm.is_finite(),
+        "f_norm",
+        "must be representable (finite and nonzero) in the scalar type",
+    )?;
     check_then_write(out, |emit| {
         let mut diag = Diagnostics {
             groups: num_groups,

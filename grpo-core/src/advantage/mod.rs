@@ -90,3 +90,12 @@ pub mod opo;
 pub mod passk;
 pub mod rloo;
 pub mod zscore;
+
+pub use gpg::{GpgConfig, gpg};
+pub use multi_reward::{
+    DvaoConfig, GdpoConfig, dvao, dvao_scratch_len, gdpo, gdpo_scratch_len, reward_combination,
+};
+pub use opo::{OpoConfig, opo};
+pub use passk::{PassKConfig, pass_at_k};
+pub use rloo::{RlooConfig, rloo};
+pub use zscore::{Scale, ZScoreConfig, zscore};

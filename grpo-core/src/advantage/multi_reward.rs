@@ -119,7 +119,7 @@ impl GdpoConfig {
 ///
 /// `scratch` needs [`gdpo_scratch_len`]`(num_rewards)` elements (one group's μ_k and σ_k + ε).
 ///
-/// Sources: GDPO [2601.05242]; [TRL] `normalize_then_sum`.
+/// Sources: GDPO [2601.05242]; \[TRL\] `normalize_then_sum`.
 ///
 /// # Errors
 /// Nothing is written on error. [`Error::InvalidParam`] for `num_rewards == 0`, a negative or
@@ -244,7 +244,7 @@ pub fn gdpo<T: Real>(
 /// NaN is unscorable (excluded from the statistics, advantage 0) — TRL's `nansum` would give
 /// it S = 0 and let it pull the group mean; our choice makes K = 1 identical to `zscore`.
 ///
-/// Sources: [TRL] `sum_then_normalize`; GRPO z-score as in [`zscore`](super::zscore::zscore).
+/// Sources: \[TRL\] `sum_then_normalize`; GRPO z-score as in [`zscore`](super::zscore::zscore).
 ///
 /// # Errors
 /// As [`zscore`](super::zscore::zscore), plus [`Error::InvalidParam`] for `num_rewards == 0`,
@@ -349,7 +349,8 @@ impl DvaoConfig {
 ///
 /// Equivalently `A = Σ_k w_k z_k` with `z_k = (r_k − μ_k)/σ_k` and variance-aware weights
 /// `w_k = σ_k / sqrt(Σ_l σ_l² + ε)`: a reward with more spread in the group weighs more, and
-/// the shared scale bounds the result — by Cauchy–Schwarz, the group mean of A² is at most K.
+/// the shared scale bounds the result — by Cauchy–Schwarz, the group mean of A² is at most K
+/// in every group of two or more samples.
 /// A group with no spread in any reward gets exactly 0.
 ///
 /// `scratch` needs [`dvao_scratch_len`]`(num_rewards)` elements.

@@ -1,4 +1,4 @@
-//! OPO: the length-weighted baseline (MATH.md §2; [verl] `opo`).
+//! OPO: the length-weighted baseline (MATH.md §2; \[verl\] `opo`).
 
 use super::group_scan::{check_then_write, check_values, scorable, validate_groups};
 use super::{Diagnostics, NanPolicy, SingletonRule};
@@ -52,7 +52,7 @@ impl OpoConfig {
 /// a group whose scorable responses all have length 0 gets 0 (its advantage multiplies no
 /// token); unscorable samples get 0.
 ///
-/// Source: OPO [2505.23585] as implemented by [verl].
+/// Source: OPO [2505.23585] as implemented by \[verl\].
 ///
 /// # Errors
 /// Nothing is written on error. [`Error::LengthMismatch`] if `lengths` or `out` differ in

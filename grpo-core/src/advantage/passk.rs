@@ -1,4 +1,4 @@
-//! pass@k advantages: only each group's best sample learns (MATH.md §2; [verl] `grpo_passk`).
+//! pass@k advantages: only each group's best sample learns (MATH.md §2; \[verl\] `grpo_passk`).
 
 use super::group_scan::{
     GroupStats, check_nonneg, check_then_write, check_values, ratio, scorable, validate_groups,
@@ -58,10 +58,12 @@ impl PassKConfig {
 /// `r_2nd` is the largest score among the *other* scorable samples, so a tie for the maximum
 /// gives 0 everywhere. **Tie policy**: the argmax is the first maximal sample in the group's
 /// member order (batch order; for [`Groups::from_group_ids`] the stable order it builds),
-/// a deterministic replacement for `torch.topk`'s unspecified choice.
+/// a deterministic replacement for `torch.topk`'s unspecified choice. Since a tie for the
+/// maximum makes the gap 0, the policy never changes a value; it only makes the result
+/// independent of sort internals.
 /// Zero-variance groups (all scores equal) are counted in [`Diagnostics`].
 ///
-/// Source: [2503.19595] as implemented by [verl] `grpo_passk`.
+/// Source: [2503.19595] as implemented by \[verl\] `grpo_passk`.
 ///
 /// # Errors
 /// Nothing is written on error. [`Error::GroupTooSmall`] for a group with fewer than two
@@ -115,10 +117,10 @@ pub fn pass_at_k<T: Real>(
             // First maximal member (strict `>` keeps the earliest), then the best of the rest.
             let mut best: Option<(usize, T)> = None;
             for i in groups.members(k) {
-                if let Some(s) = value(i) {
-                    if best.is_none_or(|(_, b)| s > b) {
-                        best = Some((i, s));
-                    }
+                if let Some(s) = value(i)
+                    && best.is_none_or(|(_, b)| s > b)
+                {
+                    best = Some((i, s));
                 }
             }
             let Some((arg, top)) = best else {
@@ -126,10 +128,10 @@ pub fn pass_at_k<T: Real>(
             };
             let mut second = T::NEG_INFINITY;
             for i in groups.members(k) {
-                if i != arg {
-                    if let Some(s) = value(i) {
-                        second = second.max(s);
-                    }
+                if i != arg
+                    && let Some(s) = value(i)
+                {
+                    second = second.max(s);
                 }
             }
             let gap = top - second;

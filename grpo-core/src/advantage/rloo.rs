@@ -55,7 +55,7 @@ impl RlooConfig {
 /// exactly). Singletons follow `cfg.singleton`; unscorable samples (NaN under
 /// [`NanPolicy::Exclude`]) get 0 and are left out of the baseline.
 ///
-/// Source: RLOO [2402.14740], [verl], [OpenRLHF] (see [`RlooConfig`]).
+/// Source: RLOO [2402.14740], \[verl\], \[OpenRLHF\] (see [`RlooConfig`]).
 ///
 /// # Errors
 /// Nothing is written on error. [`Error::LengthMismatch`], [`Error::InvalidParam`] /

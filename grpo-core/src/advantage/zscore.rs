@@ -164,8 +164,8 @@ impl ZScoreConfig {
 /// * a NaN score under [`NanPolicy::Exclude`] is left out of every statistic and gets 0; a group
 ///   with no scorable sample gets 0 everywhere.
 ///
-/// Sources: GRPO [2402.03300], the dial [2607.00152], Dr. GRPO [2503.20783], [verl], [TRL],
-/// [OpenRLHF] (see [`ZScoreConfig`] for the presets).
+/// Sources: GRPO [2402.03300], the dial [2607.00152], Dr. GRPO [2503.20783], \[verl\], \[TRL\],
+/// \[OpenRLHF\] (see [`ZScoreConfig`] for the presets).
 ///
 /// # Errors
 /// Nothing is written on error. [`Error::LengthMismatch`] if `out.len() != scores.len()`;
