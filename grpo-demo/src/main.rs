@@ -35,9 +35,12 @@ struct Cli {
     /// Output directory for metrics.csv, reward.png and summary.txt.
     #[arg(long, default_value = "out")]
     out: PathBuf,
-    /// Supervised warm-up steps (batch 64 from a 2000-example subset).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    /// Most supervised warm-up steps (batch 64 from a 2000-example subset).
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     warmup_steps: u32,
+    /// The warm-up stops early once greedy accuracy on 256 warm-up examples reaches this.
+    #[arg(long, default_value_t = 0.10, value_parser = parse_fraction)]
+    warmup_target: f64,
     /// Prompts per GRPO step.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     prompts: u32,
@@ -81,6 +84,15 @@ fn setup_threads(threads: Option<u32>) -> Result<usize, String> {
     Ok(n)
 }
 
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in [0, 1]"))
+    }
+}
+
 fn pct(v: f64) -> String {
     format!("{:.1}%", 100.0 * v)
 }
@@ -96,6 +108,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         group_size: cli.group_size as usize,
         loss: cli.loss,
         warmup_steps: cli.warmup_steps as usize,
+        warmup_target: cli.warmup_target,
         prompts_per_step: cli.prompts as usize,
         eval_every: cli.eval_every as usize,
         n_held_out: cli.held_out as usize,
@@ -118,18 +131,17 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| e.to_string())?
         .progress_chars("=> ");
     let bar = ProgressBar::new(cfg.warmup_steps as u64).with_style(style.clone()).with_prefix("warm-up");
-    for i in 0..cfg.warmup_steps {
-        let nll = t.warmup_step()?;
-        if i % 10 == 0 {
+    let warmup_steps = t.warmup(|i, nll| {
+        if i % 5 == 0 {
             bar.set_message(format!("nll {nll:.3}"));
         }
         bar.inc(1);
-    }
-    bar.finish();
+    })?;
+    bar.finish_with_message(format!("stopped after {warmup_steps} steps"));
     let warmup_s = t.elapsed();
     let warmup_acc = t.held_out_accuracy()?;
     eprintln!(
-        "held-out accuracy: random init {}, after warm-up {} ({warmup_s:.1} s)",
+        "held-out accuracy: random init {}, after {warmup_steps} warm-up steps {} ({warmup_s:.1} s)",
         pct(random_acc),
         pct(warmup_acc)
     );
@@ -177,6 +189,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         best_acc: accs.iter().cloned().fold(0.0, f64::max),
         reward_first: mean(&rewards[..k]),
         reward_last: mean(&rewards[rewards.len() - k..]),
+        warmup_steps,
         warmup_s,
         grpo_s: total_s - warmup_s,
         steps: cfg.steps,

@@ -122,6 +122,8 @@ pub struct Summary {
     pub reward_first: f64,
     /// Mean train reward over the last 10 steps.
     pub reward_last: f64,
+    /// Warm-up steps taken.
+    pub warmup_steps: usize,
     /// Warm-up seconds.
     pub warmup_s: f64,
     /// GRPO seconds.
@@ -149,7 +151,8 @@ impl Summary {
             format!("gain (final - warm-up)      {:+5.1} points, {ratio}", 100.0 * gain),
             format!("train reward, first 10 st.  {:.3}", self.reward_first),
             format!("train reward, last 10 st.   {:.3}", self.reward_last),
-            format!("time: warm-up / GRPO        {:.1} s / {:.1} s ({} steps)", self.warmup_s, self.grpo_s, self.steps),
+            format!("warm-up / GRPO steps        {} / {}", self.warmup_steps, self.steps),
+            format!("wall time: warm-up / GRPO   {:.1} s / {:.1} s", self.warmup_s, self.grpo_s),
         ];
         let w = lines.iter().map(|l| l.chars().count()).max().unwrap_or(0);
         let bar = format!("+{}+", "-".repeat(w + 2));

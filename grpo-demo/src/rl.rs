@@ -6,6 +6,15 @@
 
 use std::fmt;
 
+use grpo_core::advantage::filter::dynamic_sampling_keep;
+use grpo_core::advantage::zscore::{ZScoreConfig, zscore};
+use grpo_core::aggregate::{AggConfig, AggMode, aggregate, scale_gradients};
+use grpo_core::divergence::RatioBounds;
+use grpo_core::loss::{
+    CispoConfig, CispoWeight, GspoConfig, PolicyInputs, PpoClipConfig, cispo, gspo, ppo_clip,
+};
+use grpo_core::{Groups, Preset, Tokens};
+
 /// The `--loss` recipes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LossKind {
@@ -15,12 +24,12 @@ pub enum LossKind {
     Dapo,
     /// Dr.GRPO: A = s − μ (no std), symmetric clip 0.2, seq-mean-token-sum-norm, all groups.
     DrGrpo,
-    /// ATR-GRPO: z-score, KL3 trust region ρ − 1 − ln ρ ≤ δ (δ = 0.05), token-mean, dynamic sampling.
+    /// ATR-GRPO: z-score, PPO-clip with the KL3 trust region ρ − 1 − ln ρ ≤ δ (δ = 0.05),
+    /// token-mean, dynamic sampling.
     AtrKl3,
     /// GSPO: sequence-level geometric-mean ratio, clip [1 − 3e-4, 1 + 4e-4], seq-mean, dynamic sampling.
     Gspo,
-    /// CISPO: −sg(clamp(ρ, 0, 1 + 0.28))·A·lp (verl form, ε_low = 1 i.e. no lower clip is not
-    /// allowed by the bounds type, so ε_low = 0.999), token-mean, dynamic sampling.
+    /// CISPO: −sg(clamp(ρ, 0.8, 1.28))·A·lp (verl form), token-mean, dynamic sampling.
     Cispo,
 }
 
@@ -45,28 +54,23 @@ impl LossKind {
     }
 }
 
-/// Per-sample advantages for uniform groups of `group_size` (library estimator per recipe).
-pub fn advantages(kind: LossKind, scores: &[f32], group_size: usize, out: &mut [f32]) {
-    // TEMP(adv-a): replaced by grpo_core::advantage calls when the branch lands.
-    for (s, a) in scores.chunks(group_size).zip(out.chunks_mut(group_size)) {
-        let n = s.len() as f32;
-        let mu = s.iter().sum::<f32>() / n;
-        let var = s.iter().map(|x| (x - mu) * (x - mu)).sum::<f32>() / (n - 1.0).max(1.0);
-        for (x, y) in s.iter().zip(a.iter_mut()) {
-            *y = match kind {
-                LossKind::DrGrpo => x - mu,
-                _ => (x - mu) / (var.sqrt() + 1e-6),
-            };
-        }
-    }
+/// Errors of the library calls (invalid shapes or non-finite values would be demo bugs).
+pub type Result<T> = std::result::Result<T, grpo_core::Error>;
+
+/// Per-sample advantages for uniform groups of `group_size`: grpo-core's z-score
+/// (`(s − μ_g)/(σ_g + 1e-6)`, unbiased σ) or, for Dr.GRPO, its `Scale::None` form `s − μ_g`.
+pub fn advantages(kind: LossKind, scores: &[f32], group_size: usize, out: &mut [f32]) -> Result<()> {
+    let cfg = match kind {
+        LossKind::DrGrpo => ZScoreConfig::dr_grpo(),
+        _ => ZScoreConfig::default(),
+    };
+    zscore(scores, Groups::Uniform(group_size), &cfg, out)?;
+    Ok(())
 }
 
-/// DAPO dynamic-sampling keep mask per group (keep iff the group's rewards are not all equal).
-pub fn keep_groups(scores: &[f32], group_size: usize, keep: &mut [bool]) {
-    // TEMP(adv-b): replaced by the grpo_core filter when the branch lands.
-    for (s, k) in scores.chunks(group_size).zip(keep.iter_mut()) {
-        *k = s.iter().any(|&x| x != s[0]);
-    }
+/// DAPO dynamic-sampling keep mask per group (grpo-core: keep iff the group's rewards differ).
+pub fn keep_groups(scores: &[f32], group_size: usize, keep: &mut [bool]) -> Result<usize> {
+    dynamic_sampling_keep(scores, Groups::Uniform(group_size), keep)
 }
 
 /// What one policy-loss evaluation reports.
@@ -74,12 +78,27 @@ pub fn keep_groups(scores: &[f32], group_size: usize, keep: &mut [bool]) {
 pub struct LossStats {
     /// Aggregated loss value.
     pub loss: f64,
-    /// Fraction of valid tokens (or sequences, for GSPO) whose gradient the clip removed.
+    /// Fraction of valid tokens whose gradient the clip removed (for CISPO: whose weight the
+    /// clamp changed; for GSPO: tokens of clipped sequences).
     pub clip_frac: f64,
 }
 
-/// Per-token gradient of the aggregated policy loss w.r.t. lp, for `n_seq` sequences of
-/// `seq_len` tokens each (all valid). `adv` is per sequence.
+/// The aggregation each recipe uses.
+fn agg_config(kind: LossKind, seq_len: usize) -> AggConfig<f32> {
+    let mode = match kind {
+        LossKind::Grpo | LossKind::Gspo => AggMode::SeqMeanTokenMean,
+        LossKind::DrGrpo => AggMode::SeqMeanTokenSumNorm {
+            max_len: Some(seq_len),
+            divide_by_batch: true,
+        },
+        LossKind::Dapo | LossKind::AtrKl3 | LossKind::Cispo => AggMode::TokenMean { global_tokens: None },
+    };
+    AggConfig::from_preset(Preset::Paper, mode)
+}
+
+/// Per-token policy loss of the recipe (grpo-core), then its aggregation (grpo-core): writes
+/// `g_lp[t] = ∂(aggregated loss)/∂lp_t` for `lp.len() / seq_len` sequences of `seq_len` valid
+/// tokens. `adv` is per sequence; it is broadcast to the sequence's tokens here.
 pub fn policy_loss_grad(
     kind: LossKind,
     lp: &[f32],
@@ -87,56 +106,39 @@ pub fn policy_loss_grad(
     adv: &[f32],
     seq_len: usize,
     g_lp: &mut [f32],
-) -> LossStats {
-    // TEMP(loss, div): replaced by grpo_core::loss / aggregate calls when the branches land.
-    let n_tok = lp.len();
-    let (lo, hi) = match kind {
-        LossKind::Grpo | LossKind::DrGrpo => (0.8f32, 1.2f32),
-        LossKind::Dapo => (0.8, 1.28),
-        LossKind::AtrKl3 => (0.71619, 1.35040),
-        LossKind::Gspo => (1.0 - 3e-4, 1.0 + 4e-4),
-        LossKind::Cispo => (0.001, 1.28),
+) -> Result<LossStats> {
+    let n = lp.len();
+    let tokens = Tokens::padded(n / seq_len, seq_len, None);
+    let adv_tok: Vec<f32> = adv.iter().flat_map(|&a| std::iter::repeat_n(a, seq_len)).collect();
+    let inp = PolicyInputs { lp, old, adv: &adv_tok, tokens };
+    let mut value = vec![0f32; n];
+    let diag = match kind {
+        LossKind::Grpo | LossKind::DrGrpo => ppo_clip(&PpoClipConfig::default(), &inp, &mut value, g_lp)?,
+        LossKind::Dapo => ppo_clip(&PpoClipConfig::dapo(), &inp, &mut value, g_lp)?,
+        LossKind::AtrKl3 => {
+            let cfg = PpoClipConfig { bounds: RatioBounds::kl3(ATR_DELTA)?, ..PpoClipConfig::default() };
+            ppo_clip(&cfg, &inp, &mut value, g_lp)?
+        }
+        LossKind::Gspo => gspo(&GspoConfig::default(), &inp, &mut value, g_lp)?,
+        LossKind::Cispo => {
+            let cfg = CispoConfig {
+                weight: CispoWeight::Clamp(RatioBounds::asymmetric(0.2, 0.28)?),
+                ..CispoConfig::default()
+            };
+            cispo(&cfg, &inp, &mut value, g_lp)?
+        }
     };
-    let mut loss = 0.0f64;
-    let mut clipped = 0usize;
-    let w = 1.0 / n_tok as f32; // all sequences have the same length: every mode is token-mean
-    if kind == LossKind::Gspo {
-        for (i, a) in adv.iter().enumerate() {
-            let r = i * seq_len..(i + 1) * seq_len;
-            let mx: f32 = r.clone().map(|t| lp[t] - old[t]).sum::<f32>() / seq_len as f32;
-            let s = mx.exp();
-            let off = (*a > 0.0 && s > hi) || (*a < 0.0 && s < lo);
-            let cs = s.clamp(lo, hi);
-            loss -= ((s * a).min(cs * a) / adv.len() as f32) as f64;
-            clipped += usize::from(off);
-            for t in r {
-                g_lp[t] = if off { 0.0 } else { -a * s / seq_len as f32 / adv.len() as f32 };
-            }
-        }
-        return LossStats {
-            loss,
-            clip_frac: clipped as f64 / adv.len() as f64,
-        };
-    }
-    for t in 0..n_tok {
-        let a = adv[t / seq_len];
-        let rho = (lp[t] - old[t]).clamp(-20.0, 20.0).exp();
-        let off = (a > 0.0 && rho > hi) || (a < 0.0 && rho < lo);
-        clipped += usize::from(off);
-        if kind == LossKind::Cispo {
-            let c = rho.clamp(lo, hi);
-            loss -= (c * a * lp[t] * w) as f64;
-            g_lp[t] = -c * a * w;
-        } else {
-            loss -= ((rho * a).min(rho.clamp(lo, hi) * a) * w) as f64;
-            g_lp[t] = if off { 0.0 } else { -a * rho * w };
-        }
-    }
-    LossStats {
-        loss,
-        clip_frac: clipped as f64 / n_tok as f64,
-    }
+    let mut weights = vec![0f32; n];
+    let loss = aggregate(&agg_config(kind, seq_len), tokens, &value, &mut weights)?;
+    scale_gradients(tokens, &weights, diag.level, g_lp)?;
+    Ok(LossStats {
+        loss: loss as f64,
+        clip_frac: (diag.clipped_low + diag.clipped_high) as f64 / diag.tokens.max(1) as f64,
+    })
 }
+
+/// ATR-GRPO's KL3 trust-region bound δ: ρ − 1 − ln ρ ≤ δ ⇔ ρ ∈ [0.71619, 1.35040].
+pub const ATR_DELTA: f32 = 0.05;
 
 /// Fused vocabulary forward over `rows` logit rows of width `vocab`: log-prob of each target
 /// and entropy of each row.

@@ -29,8 +29,17 @@ pub struct TrainConfig {
     pub n_held_out: usize,
     /// Size of the warm-up subset.
     pub warmup_examples: usize,
-    /// Supervised warm-up optimizer steps.
+    /// Most supervised warm-up optimizer steps.
     pub warmup_steps: usize,
+    /// The warm-up stops once greedy accuracy on a probe of the warm-up subset reaches this
+    /// (checked every `warmup_check_every` steps). Supervised training of this task has a sharp
+    /// phase transition (≈0 % → ≈70 % held-out within ~50 steps), so a fixed step count would
+    /// land on either side of it depending on the seed; a target lands just after its onset.
+    pub warmup_target: f64,
+    /// Interval of the warm-up probe.
+    pub warmup_check_every: usize,
+    /// Size of the warm-up probe (a prefix of the warm-up subset).
+    pub warmup_probe: usize,
     /// Warm-up batch size.
     pub warmup_batch: usize,
     /// Warm-up learning rate.
@@ -72,7 +81,10 @@ impl Default for TrainConfig {
             n_train: 50_000,
             n_held_out: 500,
             warmup_examples: 2000,
-            warmup_steps: 300,
+            warmup_steps: 600,
+            warmup_target: 0.10,
+            warmup_check_every: 5,
+            warmup_probe: 256,
             warmup_batch: 64,
             warmup_lr: 1e-3,
             steps: 150,
@@ -132,6 +144,11 @@ pub fn surrogate(logits: &Tensor, dlogits: Vec<f32>) -> Result<Tensor> {
     // A tensor built from a Vec is a constant of the graph: that is the stop-gradient.
     let d = Tensor::from_vec(dlogits, logits.shape(), &Device::Cpu)?;
     (logits * d)?.sum_all()
+}
+
+/// A library error as a candle error (the demo's `Result`).
+fn lib_err(e: grpo_core::Error) -> candle_core::Error {
+    candle_core::Error::Msg(format!("grpo-core: {e}"))
 }
 
 fn clip_grad_norm(grads: &mut GradStore, model: &Transformer, max_norm: f64) -> Result<f64> {
@@ -298,6 +315,27 @@ impl Trainer {
         Ok(-lp.iter().map(|&v| v as f64).sum::<f64>() / rows as f64)
     }
 
+    /// Greedy accuracy on the warm-up probe (seen examples).
+    pub fn warmup_probe_accuracy(&self) -> Result<f64> {
+        let n = self.cfg.warmup_probe.min(self.cfg.warmup_examples).min(self.data.train.len());
+        accuracy(&self.model, &self.data.train[..n])
+    }
+
+    /// The supervised warm-up: steps until the probe accuracy reaches `warmup_target` or
+    /// `warmup_steps` were taken; `on_step(step, nll)` after each step. Returns the steps taken.
+    pub fn warmup(&mut self, mut on_step: impl FnMut(usize, f64)) -> Result<usize> {
+        for i in 1..=self.cfg.warmup_steps {
+            let nll = self.warmup_step()?;
+            on_step(i, nll);
+            if i % self.cfg.warmup_check_every.max(1) == 0
+                && self.warmup_probe_accuracy()? >= self.cfg.warmup_target
+            {
+                return Ok(i);
+            }
+        }
+        Ok(self.cfg.warmup_steps)
+    }
+
     /// Samples `group_size` completions for each of `prompts_per_step` random train prompts;
     /// returns (problems, sequences, rewards).
     fn rollouts(&mut self) -> Result<(Vec<Problem>, Vec<u32>, Vec<f32>)> {
@@ -341,7 +379,7 @@ impl Trainer {
             m.groups_sampled += target;
             let mut keep = vec![true; target];
             if self.cfg.loss.dynamic_sampling() {
-                rl::keep_groups(&r, g, &mut keep);
+                rl::keep_groups(&r, g, &mut keep).map_err(lib_err)?;
             }
             for (k, kept) in keep.iter().enumerate() {
                 if *kept && rewards.len() / g < target {
@@ -359,7 +397,7 @@ impl Trainer {
         }
         let n = rewards.len();
         let mut adv = vec![0f32; n];
-        rl::advantages(self.cfg.loss, &rewards, g, &mut adv);
+        rl::advantages(self.cfg.loss, &rewards, g, &mut adv).map_err(lib_err)?;
         let (inputs, targets) = split_sequences(&seqs);
         let rows = targets.len();
         let mut old = vec![0f32; rows];
@@ -375,7 +413,8 @@ impl Trainer {
                 old.copy_from_slice(&lp);
                 m.entropy = ent.iter().map(|&v| v as f64).sum::<f64>() / rows as f64;
             }
-            let stats = rl::policy_loss_grad(self.cfg.loss, &lp, &old, &adv, ANSWER_LEN, &mut g_lp);
+            let stats = rl::policy_loss_grad(self.cfg.loss, &lp, &old, &adv, ANSWER_LEN, &mut g_lp)
+                .map_err(lib_err)?;
             if u == 0 {
                 m.loss = stats.loss;
             } else {

@@ -6,7 +6,8 @@ use grpo_core::Error;
 use grpo_core::Preset;
 use grpo_core::advantage::baseline::{BaselineConfig, reinforce_pp_baseline};
 use grpo_core::advantage::filter::{
-    RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct, range_filter_keep,
+    DynamicSamplingConfig, RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct,
+    range_filter_keep,
 };
 use grpo_core::advantage::gae::{GaeConfig, gae};
 use grpo_core::advantage::overlong::{OverlongConfig, overlong_penalty};
@@ -76,7 +77,8 @@ fn token() -> impl Strategy<Value = (f64, bool)> {
 }
 
 fn batch() -> impl Strategy<Value = Batch> {
-    prop::collection::vec(prop::collection::vec(token(), 0..8), 1..6).prop_map(|seqs| Batch { seqs })
+    prop::collection::vec(prop::collection::vec(token(), 0..8), 1..6)
+        .prop_map(|seqs| Batch { seqs })
 }
 
 /// Two-pass mean and variance of a slice (f64 reference).
@@ -92,7 +94,12 @@ fn mean_var(xs: &[f64], bessel: Bessel) -> (f64, f64) {
 }
 
 fn reference_whiten(raw: &[f64], valid: &[bool], cfg: &WhitenConfig<f64>) -> Vec<f64> {
-    let vals: Vec<f64> = raw.iter().zip(valid).filter(|p| *p.1).map(|p| *p.0).collect();
+    let vals: Vec<f64> = raw
+        .iter()
+        .zip(valid)
+        .filter(|p| *p.1)
+        .map(|p| *p.0)
+        .collect();
     let (mean, var) = mean_var(&vals, cfg.bessel);
     let denom = match cfg.eps_placement {
         grpo_core::advantage::whiten::EpsPlacement::Add => var + cfg.eps,
@@ -110,9 +117,13 @@ proptest! {
     #[test]
     fn whitening_mean_zero_unit_variance_ignores_garbage(b in batch(), openrlhf in any::<bool>()) {
         let valid = b.valid_values();
-        prop_assume!(valid.len() >= 2);
+        if valid.len() < 2 {
+            return Ok(());
+        }
         let (_, var) = mean_var(&valid, Bessel::Population);
-        prop_assume!(var > 1e-3);
+        if var <= 1e-3 {
+            return Ok(());
+        }
         let preset = if openrlhf { Preset::OpenRlhf } else { Preset::Verl };
         let cfg = WhitenConfig::<f64>::from_preset(preset);
         let (cu, mask, vals) = b.packed();
@@ -141,7 +152,9 @@ proptest! {
     fn merged_shard_moments_whiten_like_one_batch(b in batch(), split in 0usize..6) {
         let (cu, mask, vals) = b.packed();
         let tokens = Tokens::packed(&cu, Some(&mask));
-        prop_assume!(b.valid_values().len() >= 2);
+        if b.valid_values().len() < 2 {
+            return Ok(());
+        }
         let cfg = WhitenConfig::<f64>::default();
         let mut whole = vec![0.0; vals.len()];
         whiten(&vals, &tokens, &cfg, &mut whole).unwrap();
@@ -168,9 +181,13 @@ proptest! {
     #[test]
     fn whitening_f32_matches_f64(b in batch()) {
         let (cu, mask, vals) = b.packed();
-        prop_assume!(b.valid_values().len() >= 2);
+        if b.valid_values().len() < 2 {
+            return Ok(());
+        }
         let (_, var) = mean_var(&b.valid_values(), Bessel::Unbiased);
-        prop_assume!(var > 1e-2);
+        if var <= 1e-2 {
+            return Ok(());
+        }
         let v32: Vec<f32> = vals.iter().map(|&v| v as f32).collect();
         let t = Tokens::packed(&cu, Some(&mask));
         let mut o32 = vec![0.0f32; vals.len()];
@@ -203,7 +220,10 @@ fn chain(seq: &[(f64, f64, bool)], t: usize, mode: MaskedTokens) -> Vec<(f64, f6
 
 /// G_t = Σ_k γ^k r_k over the chain.
 fn ref_return(c: &[(f64, f64)], gamma: f64) -> f64 {
-    c.iter().enumerate().map(|(k, (r, _))| gamma.powi(k as i32) * r).sum()
+    c.iter()
+        .enumerate()
+        .map(|(k, (r, _))| gamma.powi(k as i32) * r)
+        .sum()
 }
 
 /// ℓ_t = Σ_k (γλ)^k (r_k + γ V_{k+1} − V_k), V past the chain = 0.
@@ -349,7 +369,9 @@ proptest! {
         let n = g * k;
         let scores = &scores[..n];
         let lens = &lens[..n];
-        prop_assume!(lens.iter().sum::<usize>() >= 2);
+        if lens.iter().sum::<usize>() < 2 {
+            return Ok(());
+        }
         let mut cu = vec![0];
         for l in lens {
             cu.push(cu.last().unwrap() + l);
@@ -386,7 +408,10 @@ fn grouped_scores() -> impl Strategy<Value = (usize, Vec<f64>)> {
     (1usize..7, 1usize..4).prop_flat_map(|(g, k)| {
         (
             Just(g),
-            prop::collection::vec(prop_oneof![(0i32..4).prop_map(f64::from), -3.0f64..3.0], g * k),
+            prop::collection::vec(
+                prop_oneof![(0i32..4).prop_map(f64::from), -3.0f64..3.0],
+                g * k,
+            ),
         )
     })
 }
@@ -405,7 +430,9 @@ fn ref_rank_desc(s: &[f64], i: usize, ties: TiePolicy) -> f64 {
 proptest! {
     #[test]
     fn gopo_matches_rank_formula((g, s) in grouped_scores(), average in any::<bool>()) {
-        prop_assume!(g >= 2);
+        if g < 2 {
+            return Ok(());
+        }
         let ties = if average { TiePolicy::Average } else { TiePolicy::Ordinal };
         let cfg = GopoConfig { ties, nan: NanPolicy::Reject };
         let mut scratch = vec![0; rank_scratch_len(s.len())];
@@ -489,8 +516,9 @@ proptest! {
         let metric: Vec<f64> = flags.iter().map(|&c| f64::from(u8::from(c))).collect();
         let k = n / g;
         let (mut a, mut b, mut c) = (vec![false; k], vec![false; k], vec![false; k]);
-        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &mut a).unwrap();
-        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &mut b).unwrap();
+        let ds = DynamicSamplingConfig::default();
+        let na = dynamic_sampling_keep_correct(flags, Groups::Uniform(g), &ds, &mut a).unwrap();
+        let nb = dynamic_sampling_keep(&metric, Groups::Uniform(g), &ds, &mut b).unwrap();
         let nc = range_filter_keep(&metric, Groups::Uniform(g), &RangeFilterConfig::default(), &mut c).unwrap();
         prop_assert_eq!(&a, &b);
         prop_assert_eq!(&a, &c);
@@ -498,6 +526,12 @@ proptest! {
         for (kk, keep) in a.iter().enumerate() {
             let hits = flags[kk * g..(kk + 1) * g].iter().filter(|x| **x).count();
             prop_assert_eq!(*keep, hits > 0 && hits < g);
+        }
+        // verl keeps groups of one as well.
+        let verl = DynamicSamplingConfig::from_preset(Preset::Verl);
+        dynamic_sampling_keep(&metric, Groups::Uniform(g), &verl, &mut b).unwrap();
+        for (kk, keep) in b.iter().enumerate() {
+            prop_assert_eq!(*keep, a[kk] || g == 1);
         }
     }
 
@@ -534,15 +568,33 @@ fn bad_input_errors_leave_outputs_untouched() {
     // Mask length mismatch.
     let bad_mask = Tokens::padded(1, 3, Some(&short_mask));
     assert!(matches!(
-        gae(&[1.0; 3], &[0.0; 3], &bad_mask, &GaeConfig::default(), &mut a, &mut g),
+        gae(
+            &[1.0; 3],
+            &[0.0; 3],
+            &bad_mask,
+            &GaeConfig::default(),
+            &mut a,
+            &mut g
+        ),
         Err(Error::LengthMismatch { what: "mask", .. })
     ));
     assert!(matches!(
-        reinforce_pp_returns(&[1.0; 3], &bad_mask, &ReturnsConfig::default(), &mut a, &mut g),
+        reinforce_pp_returns(
+            &[1.0; 3],
+            &bad_mask,
+            &ReturnsConfig::default(),
+            &mut a,
+            &mut g
+        ),
         Err(Error::LengthMismatch { what: "mask", .. })
     ));
     // GAE γ, λ outside [0, 1].
-    for (gamma, lambda) in [(1.01, 1.0), (1.0, -0.01), (f64::NAN, 1.0), (1.0, f64::INFINITY)] {
+    for (gamma, lambda) in [
+        (1.01, 1.0),
+        (1.0, -0.01),
+        (f64::NAN, 1.0),
+        (1.0, f64::INFINITY),
+    ] {
         let cfg = GaeConfig {
             gamma,
             lambda,
@@ -555,7 +607,14 @@ fn bad_input_errors_leave_outputs_untouched() {
     }
     // NaN reward at a valid position under the default policy (garbage at the masked one is fine).
     assert_eq!(
-        gae(&[f64::NAN, 1.0, 0.0], &[0.0; 3], &t, &GaeConfig::default(), &mut a, &mut g),
+        gae(
+            &[f64::NAN, 1.0, 0.0],
+            &[0.0; 3],
+            &t,
+            &GaeConfig::default(),
+            &mut a,
+            &mut g
+        ),
         Err(Error::NonFinite {
             what: "rewards",
             index: 0
@@ -563,8 +622,18 @@ fn bad_input_errors_leave_outputs_untouched() {
     );
     // Length mismatch of an output.
     assert!(matches!(
-        gae(&[1.0; 3], &[0.0; 3], &t, &GaeConfig::default(), &mut a, &mut g[..2]),
-        Err(Error::LengthMismatch { what: "returns", .. })
+        gae(
+            &[1.0; 3],
+            &[0.0; 3],
+            &t,
+            &GaeConfig::default(),
+            &mut a,
+            &mut g[..2]
+        ),
+        Err(Error::LengthMismatch {
+            what: "returns",
+            ..
+        })
     ));
     assert_eq!((a, g), ([S; 3], [S; 3]));
 
@@ -572,29 +641,185 @@ fn bad_input_errors_leave_outputs_untouched() {
     let mut scratch = [0usize; 4];
     // GOPO with G = 1, empty group, NaN score.
     assert!(matches!(
-        gopo(&[1.0; 4], Groups::Uniform(1), &GopoConfig::default(), &mut scratch, &mut out),
+        gopo(
+            &[1.0; 4],
+            Groups::Uniform(1),
+            &GopoConfig::default(),
+            &mut scratch,
+            &mut out
+        ),
         Err(Error::GroupTooSmall { needed: 2, .. })
     ));
     assert_eq!(
-        g2rpo(&[1.0; 4], Groups::Offsets(&[0, 2, 2, 4]), &G2rpoConfig::default(), &mut scratch, &mut out),
+        g2rpo(
+            &[1.0; 4],
+            Groups::Offsets(&[0, 2, 2, 4]),
+            &G2rpoConfig::default(),
+            &mut scratch,
+            &mut out
+        ),
         Err(Error::EmptyGroup { group: 1 })
     );
     assert!(matches!(
-        g2rpo(&[1.0, 2.0, f64::NAN, 0.0], Groups::Uniform(2), &G2rpoConfig::default(), &mut scratch, &mut out),
-        Err(Error::NonFinite { what: "scores", index: 2 })
+        g2rpo(
+            &[1.0, 2.0, f64::NAN, 0.0],
+            Groups::Uniform(2),
+            &G2rpoConfig::default(),
+            &mut scratch,
+            &mut out
+        ),
+        Err(Error::NonFinite {
+            what: "scores",
+            index: 2
+        })
     ));
     let rej = BaselineConfig {
         singleton: SingletonRule::Reject,
         ..BaselineConfig::default()
     };
     assert!(matches!(
-        reinforce_pp_baseline(&[1.0, 2.0, 3.0, 4.0], Groups::Offsets(&[0, 3, 4]),
-            &Tokens::padded(4, 1, None), &rej, &mut out),
+        reinforce_pp_baseline(
+            &[1.0, 2.0, 3.0, 4.0],
+            Groups::Offsets(&[0, 3, 4]),
+            &Tokens::padded(4, 1, None),
+            &rej,
+            &mut out
+        ),
         Err(Error::GroupTooSmall { group: 1, .. })
     ));
     assert!(matches!(
-        whiten(&[1.0, 2.0, 3.0], &Tokens::padded(1, 3, None), &WhitenConfig::default(), &mut out),
+        whiten(
+            &[1.0, 2.0, 3.0],
+            &Tokens::padded(1, 3, None),
+            &WhitenConfig::default(),
+            &mut out
+        ),
         Err(Error::LengthMismatch { what: "out", .. })
     ));
     assert_eq!(out, [S; 4]);
+}
+
+proptest! {
+    #[test]
+    fn rank_estimators_follow_scattered_groups((g, s) in grouped_scores(), seed in any::<u64>()) {
+        // Scatter the samples: position p holds original sample perm[p], of group perm[p] / g.
+        let n = s.len();
+        let k = n / g;
+        let mut perm: Vec<usize> = (0..n).collect();
+        perm.sort_by_key(|&i| (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let shuffled: Vec<f64> = perm.iter().map(|&i| s[i]).collect();
+        let ids: Vec<usize> = perm.iter().map(|&i| i / g).collect();
+        let mut gs = vec![0; Groups::group_ids_scratch_len(n, k)];
+        let scattered = Groups::from_group_ids(&ids, k, &mut gs).unwrap();
+        let mut scratch = vec![0; rank_scratch_len(n)];
+        let (mut a, mut b) = (vec![f64::NAN; n], vec![f64::NAN; n]);
+        g2rpo(&s, Groups::Uniform(g), &G2rpoConfig::default(), &mut scratch, &mut a).unwrap();
+        g2rpo(&shuffled, scattered, &G2rpoConfig::default(), &mut scratch, &mut b).unwrap();
+        for p in 0..n {
+            prop_assert_eq!(b[p], a[perm[p]]);
+        }
+        if g >= 2 {
+            // Average ties do not depend on the order of the members.
+            let cfg = GopoConfig { ties: TiePolicy::Average, nan: NanPolicy::Reject };
+            gopo(&s, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+            gopo(&shuffled, scattered, &cfg, &mut scratch, &mut b).unwrap();
+            for p in 0..n {
+                prop_assert_eq!(b[p], a[perm[p]]);
+            }
+        }
+    }
+
+    #[test]
+    fn nan_exclusion_equals_dropping_the_sample((g, s) in grouped_scores(), drop in 0usize..18) {
+        // Under NanPolicy::Exclude a NaN sample gets 0 and the rest rank as if it were absent.
+        if g < 3 {
+            return Ok(());
+        }
+        let drop = drop % g; // in group 0
+        let mut with_nan = s[..g].to_vec();
+        with_nan[drop] = f64::NAN;
+        let kept: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| s[i]).collect();
+        let mut scratch = vec![0; g];
+        let (mut a, mut b) = (vec![0.0; g], vec![0.0; g - 1]);
+        let cfg = G2rpoConfig { nan: NanPolicy::Exclude };
+        let d = g2rpo(&with_nan, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+        g2rpo(&kept, Groups::Uniform(g - 1), &cfg, &mut scratch, &mut b).unwrap();
+        prop_assert_eq!(d.nan_excluded, 1);
+        prop_assert_eq!(a[drop], 0.0);
+        let rest: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| a[i]).collect();
+        prop_assert_eq!(&rest, &b);
+        let cfg = GopoConfig { ties: TiePolicy::Ordinal, nan: NanPolicy::Exclude };
+        gopo(&with_nan, Groups::Uniform(g), &cfg, &mut scratch, &mut a).unwrap();
+        gopo(&kept, Groups::Uniform(g - 1), &cfg, &mut scratch, &mut b).unwrap();
+        let rest: Vec<f64> = (0..g).filter(|&i| i != drop).map(|i| a[i]).collect();
+        prop_assert_eq!(&rest, &b);
+    }
+}
+
+proptest! {
+    #[test]
+    fn data_parallel_protocol_matches_one_batch(seqs in rv_batch(), split in 0usize..5, lambda in 0.0f64..=1.0) {
+        // Each rank runs GAE without whitening, the raw moments are merged, and each rank
+        // whitens its shard with the merged moments: same as whitening the whole batch.
+        let (cu, r, v, m) = flatten(&seqs);
+        if m.iter().filter(|x| **x).count() < 2 {
+            return Ok(());
+        }
+        let cfg = GaeConfig { gamma: 0.9, lambda, masked: MaskedTokens::Skip, whiten: Some(WhitenConfig::default()) };
+        let n = r.len();
+        let (mut whole, mut ret) = (vec![0.0; n], vec![0.0; n]);
+        gae(&r, &v, &Tokens::packed(&cu, Some(&m)), &cfg, &mut whole, &mut ret).unwrap();
+        let split = split.min(seqs.len());
+        let cut = cu[split];
+        let cu_a = cu[..=split].to_vec();
+        let cu_b: Vec<usize> = cu[split..].iter().map(|c| c - cut).collect();
+        let ta = Tokens::packed(&cu_a, Some(&m[..cut]));
+        let tb = Tokens::packed(&cu_b, Some(&m[cut..]));
+        let raw = GaeConfig { whiten: None, ..cfg };
+        let (mut adv, mut ret2) = (vec![0.0; n], vec![0.0; n]);
+        let ra = gae(&r[..cut], &v[..cut], &ta, &raw, &mut adv[..cut], &mut ret2[..cut]).unwrap();
+        let rb = gae(&r[cut..], &v[cut..], &tb, &raw, &mut adv[cut..], &mut ret2[cut..]).unwrap();
+        let global = ra.raw_moments.merge(rb.raw_moments);
+        apply_whitening_in_place(&mut adv[..cut], &ta, &global, &WhitenConfig::default()).unwrap();
+        apply_whitening_in_place(&mut adv[cut..], &tb, &global, &WhitenConfig::default()).unwrap();
+        prop_assert_eq!(&ret, &ret2);
+        for (x, y) in whole.iter().zip(&adv) {
+            prop_assert!(close(*x, *y, 1e-9, 1e-9), "{} vs {}", x, y);
+        }
+    }
+
+    #[test]
+    fn gae_and_returns_f32_close_to_f64_reference(seqs in rv_batch(), gamma in 0.0f64..=1.0, lambda in 0.0f64..=1.0, md in mode()) {
+        let (cu, r, v, m) = flatten(&seqs);
+        let r32: Vec<f32> = r.iter().map(|&x| x as f32).collect();
+        let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+        let tokens = Tokens::packed(&cu, Some(&m));
+        let (g32, l32) = (gamma as f32, lambda as f32);
+        let cfg = GaeConfig { gamma: g32, lambda: l32, masked: md, whiten: None };
+        let (mut a, mut g) = (vec![0.0f32; r.len()], vec![0.0f32; r.len()]);
+        gae(&r32, &v32, &tokens, &cfg, &mut a, &mut g).unwrap();
+        let rcfg = ReturnsConfig { gamma: g32, masked: md, whiten: None };
+        let (mut ra, mut rg) = (vec![0.0f32; r.len()], vec![0.0f32; r.len()]);
+        reinforce_pp_returns(&r32, &tokens, &rcfg, &mut ra, &mut rg).unwrap();
+        // Reference in f64 from the f32-rounded inputs.
+        let seqs64: Vec<Vec<(f64, f64, bool)>> = seqs
+            .iter()
+            .map(|s| s.iter().map(|&(x, y, b)| ((x as f32) as f64, (y as f32) as f64, b)).collect())
+            .collect();
+        let mut j = 0;
+        for s in &seqs64 {
+            for t in 0..s.len() {
+                if s[t].2 {
+                    let c = chain(s, t, md);
+                    let l = ref_gae(&c, g32 as f64, l32 as f64);
+                    prop_assert!(close(a[j] as f64, l, 1e-5, 1e-5), "{} vs {}", a[j], l);
+                    let ret = ref_return(&c, g32 as f64);
+                    prop_assert!(close(rg[j] as f64, ret, 1e-5, 1e-5), "{} vs {}", rg[j], ret);
+                } else {
+                    prop_assert_eq!((a[j], g[j], ra[j], rg[j]), (0.0, 0.0, 0.0, 0.0));
+                }
+                j += 1;
+            }
+        }
+    }
 }

@@ -109,8 +109,8 @@ impl<T: Real> GroupMean<T> {
 /// tokens of sequence `i`, then `A = whiten(c)` over all valid tokens of the batch (see
 /// [`WhitenConfig`]); masked positions get 0. Sequence `i` of `tokens` is sample `i`.
 ///
-/// Source: [verl] `compute_reinforce_plus_plus_baseline_outcome_advantage`, [OpenRLHF]
-/// `reinforce_baseline` (REINFORCE++ [2501.03262]). Groups of one follow
+/// Source: \[verl\] `compute_reinforce_plus_plus_baseline_outcome_advantage`, \[OpenRLHF\]
+/// `reinforce_baseline` (REINFORCE++ \[2501.03262\]). Groups of one follow
 /// [`BaselineConfig::singleton`]. The whitening statistics are accumulated per sequence (each
 /// sequence contributes `valid_count` copies of `c_i`, merged in group order); the returned
 /// `raw_moments` are this shard's, for all-reduce.
@@ -339,13 +339,7 @@ mod tests {
             Err(Error::LengthMismatch { what: "scores", .. })
         ));
         assert_eq!(
-            reinforce_pp_baseline(
-                &[1.0, 2.0],
-                Groups::Offsets(&[0, 0, 2]),
-                &t,
-                &cfg,
-                &mut out
-            ),
+            reinforce_pp_baseline(&[1.0, 2.0], Groups::Offsets(&[0, 0, 2]), &t, &cfg, &mut out),
             Err(Error::EmptyGroup { group: 0 })
         );
         let rej = BaselineConfig {

@@ -19,7 +19,7 @@ use super::whiten::{Acc, Summary, WhitenConfig, WhitenReport, prepare};
 /// Sources: verl (b178a3cd) `compute_gae_advantage_return` (`algorithm.gamma` = `lam` = 1.0 by
 /// default; masked positions skipped); OpenRLHF (3c3be62) `get_advantages_and_returns`
 /// (`--gamma 1`, `--lambd 0.95`; values and rewards multiplied by the action mask) followed by
-/// global whitening. The GAE paper [1506.02438] has no masks; its recurrence is what every mode
+/// global whitening. The GAE paper \[1506.02438\] has no masks; its recurrence is what every mode
 /// computes on a fully valid sequence.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GaeConfig<T> {
@@ -108,7 +108,7 @@ fn for_each_gae<T: Real>(
 /// `returns = ℓ + V` (raw ℓ, the critic's target) and `A = whiten(ℓ)` over the valid tokens;
 /// both outputs are 0 at masked positions. Rewards and values at masked positions are never read.
 ///
-/// Source: GAE [1506.02438]; [verl] `compute_gae_advantage_return`; [OpenRLHF]
+/// Source: GAE \[1506.02438\]; \[verl\] `compute_gae_advantage_return`; \[OpenRLHF\]
 /// `get_advantages_and_returns`. With γ = λ = 1, `ℓ_t = Σ_{t'≥t} r_{t'} − V_t` (telescoping).
 ///
 /// Returns the raw moments of ℓ over the valid tokens (accumulated in reverse position order
@@ -269,14 +269,33 @@ mod tests {
         let t = Tokens::padded(1, 2, None);
         let (mut a, mut g) = ([0.0; 2], [0.0; 2]);
         // verl: var_unb = 0.5 → A = ±0.5/sqrt(0.5 + 1e-8).
-        gae(&r, &v, &t, &GaeConfig::from_preset(Preset::Verl), &mut a, &mut g).unwrap();
+        gae(
+            &r,
+            &v,
+            &t,
+            &GaeConfig::from_preset(Preset::Verl),
+            &mut a,
+            &mut g,
+        )
+        .unwrap();
         let d = (0.5f64 + 1e-8).sqrt();
         assert!((a[0] - 0.5 / d).abs() < 1e-15 && (a[1] + 0.5 / d).abs() < 1e-15);
         assert_eq!(g, [2.0, 1.0]);
         // OpenRLHF (λ = 0.95): ℓ1 = 1, ℓ0 = 1 + 0.95·1 = 1.95: mean 1.475, var_pop = 0.475²
         // → A = ±1 (up to rounding).
-        gae(&r, &v, &t, &GaeConfig::from_preset(Preset::OpenRlhf), &mut a, &mut g).unwrap();
-        assert!((a[0] - 1.0).abs() < 1e-12 && (a[1] + 1.0).abs() < 1e-12, "{a:?}");
+        gae(
+            &r,
+            &v,
+            &t,
+            &GaeConfig::from_preset(Preset::OpenRlhf),
+            &mut a,
+            &mut g,
+        )
+        .unwrap();
+        assert!(
+            (a[0] - 1.0).abs() < 1e-12 && (a[1] + 1.0).abs() < 1e-12,
+            "{a:?}"
+        );
         assert!((g[0] - 1.95).abs() < 1e-15 && g[1] == 1.0);
     }
 
@@ -306,7 +325,14 @@ mod tests {
             );
         }
         assert!(matches!(
-            gae(&[1.0; 2], &[0.0; 3], &t, &GaeConfig::default(), &mut a, &mut g),
+            gae(
+                &[1.0; 2],
+                &[0.0; 3],
+                &t,
+                &GaeConfig::default(),
+                &mut a,
+                &mut g
+            ),
             Err(Error::LengthMismatch { what: "values", .. })
         ));
         assert_eq!(

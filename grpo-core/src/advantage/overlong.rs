@@ -10,7 +10,7 @@ use crate::real::Real;
 /// |---|---|---|---|
 /// | every preset (= `Default`) | 20480 | 4096 | 1 |
 ///
-/// The defaults are DAPO's [2503.14476] (expected length 16384 + a 4096-token soft cache).
+/// The defaults are DAPO's \[2503.14476\] (expected length 16384 + a 4096-token soft cache).
 /// verl (b178a3cd) `DAPORewardManager` has the same middle branch (`overlong_buffer.len`,
 /// `penalty_factor`) but computes `min(−(|y| − L_exp)/L_cache · factor, 0)` without the `−factor`
 /// floor beyond `L_max` (its responses cannot exceed `L_max`); we follow the paper's piecewise
@@ -47,7 +47,7 @@ impl<T: Real> OverlongConfig<T> {
 /// (linear from 0 to −factor); `R = −factor` beyond `L_max`. The caller adds `R` to the reward.
 /// `cache_len == 0` is a hard cut-off at `L_max` (the middle interval is empty).
 ///
-/// Source: DAPO [2503.14476] eq. 13; [verl] `DAPORewardManager`.
+/// Source: DAPO \[2503.14476\] (soft overlong punishment); \[verl\] `DAPORewardManager`.
 ///
 /// # Errors
 /// [`Error::InvalidParam`](crate::Error::InvalidParam) for `cache_len > max_len` or a factor

@@ -26,7 +26,7 @@ pub const fn rank_scratch_len(n: usize) -> usize {
 /// |---|---|---|
 /// | `Paper` (= `Default`) and every other preset | `Ordinal` | `Reject` |
 ///
-/// GOPO exists only in its paper's code [2602.03876], which sorts scores and assigns distinct
+/// GOPO exists only in its paper's code \[2602.03876\], which sorts scores and assigns distinct
 /// ranks in whatever order the sort leaves ties; `Ordinal` reproduces it with a defined order
 /// (earlier batch index = better rank). `Average` gives tied samples the same advantage, and an
 /// all-tied group advantage 0.
@@ -155,12 +155,14 @@ fn all_equal<T: Real>(scores: &[T], idx: &[usize]) -> bool {
 /// GOPO advantages: `A = 2 − 4(rank − 1)/(G − 1)`, rank 1 = the best (highest) score of the
 /// group, so advantages run linearly from +2 (best) to −2 (worst) and sum to 0 per group.
 ///
-/// Source: GOPO [2602.03876]. Ties per [`GopoConfig::ties`]: `Ordinal` gives distinct ranks,
+/// Source: GOPO \[2602.03876\]. Ties per [`GopoConfig::ties`]: `Ordinal` gives distinct ranks,
 /// the earlier batch index first (the paper's code, with its arbitrary tie order made stable);
 /// `Average` gives tied samples the mean of their ranks (an all-tied group gets 0).
 /// Under [`NanPolicy::Exclude`] NaN samples get 0 and `G` is the number of scorable members; a
 /// group left with fewer than two scorable members gets 0 (counted in
-/// [`Diagnostics::singleton_groups`] when exactly one remains).
+/// [`Diagnostics::singleton_groups`] when exactly one remains). All-equal groups are counted in
+/// [`Diagnostics::zero_variance_groups`]; note that under `Ordinal` they still get the full
+/// +2…−2 spread (the paper's behaviour), under `Average` they get 0.
 ///
 /// # Errors
 /// Layout errors of [`Groups::validate`]; [`Error::LengthMismatch`] for `out`;
@@ -239,7 +241,7 @@ fn normal_score(r: usize, g: usize) -> f64 {
 /// G²RPO advantages (our definition of the mapping): the normal score of each sample's
 /// ascending rank in its group, `A = Φ⁻¹((rank − ½)/G)`.
 ///
-/// Source: G²RPO [2604.08539]; the exact mapping and the tie rule are ours. Ties: a block of
+/// Source: G²RPO \[2604.08539\]; the exact mapping and the tie rule are ours. Ties: a block of
 /// tied samples spanning ranks `a..=b` shares the *mean of the normal scores* of those ranks,
 /// `(1/(b−a+1)) Σ_{r=a..b} Φ⁻¹((r − ½)/G)` (the "average scores" rule of rank statistics).
 /// (Φ⁻¹ of the average mid-rank, read literally, would not have mean 0: scores [0, 0, 1] give
@@ -349,21 +351,36 @@ mod tests {
     fn gopo_hand_computed_g3_g4() {
         // G = 3: A = 2 − 2(rank − 1) ∈ {2, 0, −2}.
         // [5, 5, 1] ordinal: ranks 1, 2, 3 → [2, 0, −2]; average: 1.5, 1.5, 3 → [1, 1, −2].
-        assert_eq!(run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Ordinal)[..3], [2.0, 0.0, -2.0]);
-        assert_eq!(run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Average)[..3], [1.0, 1.0, -2.0]);
+        assert_eq!(
+            run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Ordinal)[..3],
+            [2.0, 0.0, -2.0]
+        );
+        assert_eq!(
+            run_gopo(&[5.0, 5.0, 1.0], TiePolicy::Average)[..3],
+            [1.0, 1.0, -2.0]
+        );
         // G = 4: A = 2 − (4/3)(rank − 1) ∈ {2, 2/3, −2/3, −2}.
         // [1, 3, 3, 0] ordinal: ranks 3, 1, 2, 4 → [−2/3, 2, 2/3, −2];
         // average: 3, 1.5, 1.5, 4 → [−2/3, 2 − 2/3 = 4/3, 4/3, −2].
         let o = run_gopo(&[1.0, 3.0, 3.0, 0.0], TiePolicy::Ordinal);
         let want = [-2.0 / 3.0, 2.0, 2.0 / 3.0, -2.0];
-        assert!(o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15), "{o:?}");
+        assert!(
+            o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15),
+            "{o:?}"
+        );
         let a = run_gopo(&[1.0, 3.0, 3.0, 0.0], TiePolicy::Average);
         let want = [-2.0 / 3.0, 4.0 / 3.0, 4.0 / 3.0, -2.0];
-        assert!(a.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-15), "{a:?}");
+        assert!(
+            a.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-15),
+            "{a:?}"
+        );
         // All tied, G = 4: ordinal keeps index order → [2, 2/3, −2/3, −2]; average → 0.
         let o = run_gopo(&[0.3; 4], TiePolicy::Ordinal);
         let want = [2.0, 2.0 / 3.0, -2.0 / 3.0, -2.0];
-        assert!(o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15), "{o:?}");
+        assert!(
+            o.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-15),
+            "{o:?}"
+        );
         assert_eq!(run_gopo(&[0.3; 4], TiePolicy::Average), [0.0; 4]);
     }
 
@@ -392,7 +409,13 @@ mod tests {
         let mut out = [7.0f64; 4];
         let cfg = GopoConfig::default();
         assert_eq!(
-            gopo(&[1.0, 2.0, 3.0, 4.0], Groups::Offsets(&[0, 1, 4]), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, 2.0, 3.0, 4.0],
+                Groups::Offsets(&[0, 1, 4]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::GroupTooSmall {
                 group: 0,
                 needed: 2,
@@ -400,11 +423,23 @@ mod tests {
             })
         );
         assert_eq!(
-            gopo(&[1.0, 2.0, 3.0, 4.0], Groups::Offsets(&[0, 4, 4]), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, 2.0, 3.0, 4.0],
+                Groups::Offsets(&[0, 4, 4]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::EmptyGroup { group: 1 })
         );
         assert_eq!(
-            gopo(&[1.0, f64::NAN, 3.0, 4.0], Groups::Uniform(2), &cfg, &mut s, &mut out),
+            gopo(
+                &[1.0, f64::NAN, 3.0, 4.0],
+                Groups::Uniform(2),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::NonFinite {
                 what: "scores",
                 index: 1
@@ -412,7 +447,10 @@ mod tests {
         );
         assert!(matches!(
             gopo(&[1.0; 4], Groups::Uniform(2), &cfg, &mut s[..3], &mut out),
-            Err(Error::ScratchTooSmall { needed: 4, found: 3 })
+            Err(Error::ScratchTooSmall {
+                needed: 4,
+                found: 3
+            })
         ));
         assert!(matches!(
             gopo(&[1.0; 3], Groups::Uniform(3), &cfg, &mut s, &mut out),
@@ -427,18 +465,36 @@ mod tests {
         let q = norm_quantile(1.0f64 / 6.0).unwrap();
         let mut s = [0usize; 3];
         let mut out = [9.0f64; 3];
-        let d = g2rpo(&[0.0, 0.0, 1.0], Groups::Uniform(3), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.0, 0.0, 1.0],
+            Groups::Uniform(3),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [q / 2.0, q / 2.0, -q]);
         assert_eq!(out[0] + out[1] + out[2], 0.0);
         assert_eq!(d.zero_variance_groups, 0);
         // All equal → exactly 0; a group of one → 0.
-        let d = g2rpo(&[0.7, 0.7, 0.7], Groups::Uniform(3), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.7, 0.7, 0.7],
+            Groups::Uniform(3),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 3]);
         assert_eq!(d.zero_variance_groups, 1);
-        let d = g2rpo(&[0.7, 0.1, 0.2], Groups::Uniform(1), &G2rpoConfig::default(), &mut s, &mut out)
-            .unwrap();
+        let d = g2rpo(
+            &[0.7, 0.1, 0.2],
+            Groups::Uniform(1),
+            &G2rpoConfig::default(),
+            &mut s,
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 3]);
         assert_eq!(d.singleton_groups, 3);
     }
@@ -449,14 +505,26 @@ mod tests {
         let mut out = [7.0f32; 3];
         let cfg = G2rpoConfig::default();
         assert_eq!(
-            g2rpo(&[1.0, f32::INFINITY, 0.0], Groups::Uniform(3), &cfg, &mut s, &mut out),
+            g2rpo(
+                &[1.0, f32::INFINITY, 0.0],
+                Groups::Uniform(3),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::NonFinite {
                 what: "scores",
                 index: 1
             })
         );
         assert_eq!(
-            g2rpo(&[1.0, 2.0, 0.0], Groups::Offsets(&[0, 0, 3]), &cfg, &mut s, &mut out),
+            g2rpo(
+                &[1.0, 2.0, 0.0],
+                Groups::Offsets(&[0, 0, 3]),
+                &cfg,
+                &mut s,
+                &mut out
+            ),
             Err(Error::EmptyGroup { group: 0 })
         );
         assert_eq!(out, [7.0; 3]);

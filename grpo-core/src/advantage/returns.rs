@@ -74,11 +74,7 @@ impl<T: Real> ReturnsConfig<T> {
 }
 
 pub(crate) fn check_unit(x: impl Real, name: &'static str) -> Result<()> {
-    ensure(
-        x >= Real::ZERO && x <= Real::ONE,
-        name,
-        "must be in [0, 1]",
-    )
+    ensure(x >= Real::ZERO && x <= Real::ONE, name, "must be in [0, 1]")
 }
 
 /// Backward discounted returns of every sequence; calls `f(t, Some(G_t))` at valid positions
@@ -116,8 +112,8 @@ fn for_each_return<T: Real>(
 /// (see [`WhitenConfig`]). `returns` receives `G` at valid tokens; both outputs are 0 at masked
 /// positions (verl leaves the running sum there; nobody reads it).
 ///
-/// Source: REINFORCE++ [2501.03262]; [verl] `compute_reinforce_plus_plus_outcome_advantage`;
-/// [OpenRLHF] `get_cumulative_returns` + global whitening. Token-level KL penalties are the
+/// Source: REINFORCE++ \[2501.03262\]; \[verl\] `compute_reinforce_plus_plus_outcome_advantage`;
+/// \[OpenRLHF\] `get_cumulative_returns` + global whitening. Token-level KL penalties are the
 /// caller's: add them to `rewards` first.
 ///
 /// Returns the raw moments of `G` over the valid tokens (accumulated in reverse position
@@ -200,7 +196,7 @@ pub fn reinforce_pp_returns<T: Real>(
 /// whitening. `returns` receives `G`; both outputs are 0 at masked positions (verl writes the
 /// running sum there).
 ///
-/// Source: ReMax [2310.10505]; [verl] `compute_remax_outcome_advantage`.
+/// Source: ReMax \[2310.10505\]; \[verl\] `compute_remax_outcome_advantage`.
 ///
 /// # Errors
 /// Layout errors; [`Error::LengthMismatch`] for `baselines` (one per sequence), `advantages`,
@@ -391,8 +387,17 @@ mod tests {
             })
         ));
         assert!(matches!(
-            reinforce_pp_returns(&[1e308; 3], &t, &raw(1.0, MaskedTokens::Reset), &mut a, &mut g),
-            Err(Error::InvalidParam { name: "rewards", .. })
+            reinforce_pp_returns(
+                &[1e308; 3],
+                &t,
+                &raw(1.0, MaskedTokens::Reset),
+                &mut a,
+                &mut g
+            ),
+            Err(Error::InvalidParam {
+                name: "rewards",
+                ..
+            })
         ));
         assert_eq!((a, g), ([7.0; 3], [7.0; 3]));
     }

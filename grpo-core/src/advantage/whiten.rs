@@ -332,7 +332,7 @@ fn check_apply<T: Real>(
 /// `shift_mean` is false; every masked position gets 0 (verl multiplies by the mask; masked
 /// garbage is never read).
 ///
-/// Source: [verl] `masked_whiten`, [OpenRLHF] global advantage whitening (MATH.md §2, §6).
+/// Source: \[verl\] `masked_whiten`, \[OpenRLHF\] global advantage whitening (MATH.md §2, §6).
 ///
 /// # Errors
 /// [`WhitenConfig::validate`]; layout errors; [`Error::LengthMismatch`] for `out`;
@@ -366,7 +366,11 @@ pub fn apply_whitening<T: Real>(
     check_len("out", values.len(), out.len())?;
     let w = check_apply(values, tokens, moments, cfg)?;
     for (t, (o, &v)) in out.iter_mut().zip(values).enumerate() {
-        *o = if tokens.is_valid(t) { w.apply(v) } else { T::ZERO };
+        *o = if tokens.is_valid(t) {
+            w.apply(v)
+        } else {
+            T::ZERO
+        };
     }
     Ok(())
 }
@@ -410,7 +414,7 @@ pub fn apply_whitening_in_place<T: Real>(
 /// Whitens `values` over the valid tokens of one batch ([`whiten_moments`] then
 /// [`apply_whitening`]) and returns the moments used.
 ///
-/// Formula: `out_t = (v_t − μ)/sqrt(var + ε)` [verl] or `/sqrt(max(var, ε))` [OpenRLHF] at valid
+/// Formula: `out_t = (v_t − μ)/sqrt(var + ε)` \[verl\] or `/sqrt(max(var, ε))` \[OpenRLHF\] at valid
 /// tokens, 0 at masked ones; μ and var over valid tokens only (see [`WhitenConfig`]).
 ///
 /// # Errors
@@ -447,6 +451,31 @@ pub fn whiten<T: Real>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preset_table() {
+        for p in [
+            Preset::Paper,
+            Preset::Verl,
+            Preset::VerlVectorized,
+            Preset::Trl,
+        ] {
+            let c = WhitenConfig::<f64>::from_preset(p);
+            assert_eq!(
+                (c.bessel, c.eps, c.eps_placement, c.shift_mean),
+                (Bessel::Unbiased, 1e-8, EpsPlacement::Add, true)
+            );
+        }
+        let c = WhitenConfig::<f32>::from_preset(Preset::OpenRlhf);
+        assert_eq!(
+            (c.bessel, c.eps, c.eps_placement, c.shift_mean),
+            (Bessel::Population, 1e-8f32, EpsPlacement::Floor, true)
+        );
+        assert_eq!(
+            WhitenConfig::<f64>::default(),
+            WhitenConfig::from_preset(Preset::Verl)
+        );
+    }
 
     #[test]
     fn verl_preset_hand_computed() {
@@ -523,7 +552,13 @@ mod tests {
     fn all_equal_and_single_token_give_zero() {
         let v = [0.1f32; 5];
         let mut out = [9.0f32; 5];
-        whiten(&v, &Tokens::padded(1, 5, None), &WhitenConfig::default(), &mut out).unwrap();
+        whiten(
+            &v,
+            &Tokens::padded(1, 5, None),
+            &WhitenConfig::default(),
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out, [0.0; 5]);
         let mask = [false, true, false];
         let mut out = [9.0f64; 3];
