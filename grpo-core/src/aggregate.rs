@@ -98,7 +98,10 @@ pub enum Denominator<T> {
 /// | Paper | `Strict` | as given |
 /// | Verl, VerlVectorized | `Strict` | forced `false` (verl divides the batch sum by L_max only) |
 /// | Trl | `ClampOne` | forced `true` |
-/// | OpenRlhf | `PlusEps(1e-8)` (its `masked_mean`) | as given |
+/// | OpenRlhf | `Strict` | as given |
+///
+/// `PlusEps(1e-8)` is never a preset's aggregation (verl's `agg_loss` token-mean divides by the
+/// exact count, MATH.md §6); it reproduces verl's `masked_mean` helper where a caller wants that.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AggConfig<T> {
     /// The formula.
@@ -137,10 +140,6 @@ impl<T: Real> AggConfig<T> {
             Preset::Trl => AggConfig {
                 mode: force(true),
                 denominator: Denominator::ClampOne,
-            },
-            Preset::OpenRlhf => AggConfig {
-                mode,
-                denominator: Denominator::PlusEps(T::from_f64(1e-8)),
             },
             _ => AggConfig {
                 mode,
@@ -195,7 +194,8 @@ enum SeqWeights<T> {
 /// # Errors
 /// Length/layout mismatches; [`Error::NonFinite`] for a non-finite value at a valid position;
 /// [`Error::InvalidParam`] for `processes == 0`, a non-finite or non-positive `PlusEps`;
-/// zero denominators as the [`Denominator`] rule says. `weights` untouched on `Err`.
+/// zero denominators as the [`Denominator`] rule says; [`Error::NonFinite`]
+/// (`what = "aggregated loss"`) if the scalar overflows. `weights` untouched on `Err`.
 ///
 /// # Example
 /// ```
@@ -284,7 +284,19 @@ pub fn aggregate<T: Real>(
             SeqWeights::PerSequence { scale: inv_b }
         }
     };
-    weights.fill(T::ZERO);
+    // Pass 1: the scalar (refused if it overflows); pass 2: the weights.
+    let seq_weight = |i: usize, c: usize| -> Option<T> {
+        match sw {
+            SeqWeights::Uniform(w) => Some(w),
+            // c > 0 here, so the count rule cannot fail; Strict rejected empty rows above.
+            SeqWeights::PerSequence { scale } if c > 0 => {
+                inv_count(c, rule, Error::EmptySegment { segment: i })
+                    .ok()
+                    .map(|inv| inv * scale)
+            }
+            SeqWeights::PerSequence { .. } => None,
+        }
+    };
     let mut loss = T::ZERO;
     for i in 0..b {
         let mut s = T::ZERO;
@@ -293,23 +305,22 @@ pub fn aggregate<T: Real>(
             s += values[t];
             c += 1;
         }
-        let w = match sw {
-            SeqWeights::Uniform(w) => {
-                loss += s * w;
-                w
+        if let Some(w) = seq_weight(i, c) {
+            loss += s * w;
+        }
+    }
+    if !loss.is_finite() {
+        return Err(Error::NonFinite {
+            what: "aggregated loss",
+            index: 0,
+        });
+    }
+    weights.fill(T::ZERO);
+    for i in 0..b {
+        if let Some(w) = seq_weight(i, tokens.valid_count(i)) {
+            for t in tokens.valid_positions(i) {
+                weights[t] = w;
             }
-            SeqWeights::PerSequence { scale } => {
-                if c == 0 {
-                    continue;
-                }
-                // Validated above: c > 0 here, so the count rule never errs.
-                let inv_n = inv_count(c, rule, Error::EmptySegment { segment: i })?;
-                loss += s * inv_n * scale;
-                inv_n * scale
-            }
-        };
-        for t in tokens.valid_positions(i) {
-            weights[t] = w;
         }
     }
     Ok(loss)
@@ -393,6 +404,25 @@ mod tests {
             Err(Error::EmptySegment { segment: 0 })
         );
         assert_eq!(w, [7.0; 4]);
+    }
+
+    #[test]
+    fn overflowing_scalar_is_refused() {
+        // 1e308 + 1e308 overflows f64 under token-sum modes: Err, weights untouched.
+        let v = [1e308f64, 1e308];
+        let mut w = [7.0; 2];
+        let cfg = AggConfig::<f64> {
+            mode: AggMode::SeqMeanTokenSum,
+            denominator: Denominator::Strict,
+        };
+        assert_eq!(
+            aggregate(&cfg, Tokens::padded(1, 2, None), &v, &mut w),
+            Err(Error::NonFinite {
+                what: "aggregated loss",
+                index: 0
+            })
+        );
+        assert_eq!(w, [7.0; 2]);
     }
 
     #[test]

@@ -284,7 +284,8 @@ pub const fn kl_cov_scratch_len(n: usize) -> usize {
 ///
 /// # Errors
 /// `ratio` not finite and > 0, `coef` not finite, clamp ≤ 0,
-/// [`Error::ScratchTooSmall`] (needs [`kl_cov_scratch_len`]`(n)`); otherwise as
+/// [`Error::ScratchTooSmall`] (needs [`kl_cov_scratch_len`]`(n)`; its contents afterwards are
+/// unspecified); otherwise as
 /// [`ppo_clip`](super::ppo_clip).
 ///
 /// # Example
@@ -393,4 +394,106 @@ pub fn kl_cov<T: Real>(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::Tokens;
+
+    #[test]
+    fn below_stays_in_range_and_zero_is_zero() {
+        let mut r = SplitMix64::new(42);
+        for n in 1..50u64 {
+            assert!(r.below(n) < n);
+        }
+        assert_eq!(r.below(0), 0);
+    }
+
+    /// 40 tokens, all candidates: cov = (A − 0)(lp − 0) = 2 for every token (A = ±1,
+    /// lp = ±2 with matching signs), ratio 0.1 → k = ⌊0.1·40⌋ = 4.
+    fn all_candidates() -> ([f64; 40], [f64; 40]) {
+        let mut lp = [0.0; 40];
+        let mut adv = [0.0; 40];
+        for t in 0..40 {
+            let s = if t % 2 == 0 { 1.0 } else { -1.0 };
+            lp[t] = 2.0 * s;
+            adv[t] = s;
+        }
+        (lp, adv)
+    }
+
+    fn selected(seed: u64) -> [bool; 40] {
+        let (lp, adv) = all_candidates();
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &lp,
+            adv: &adv,
+            tokens: Tokens::padded(4, 10, None),
+        };
+        let cfg = ClipCovConfig {
+            ratio: 0.1,
+            seed,
+            ..ClipCovConfig::default()
+        };
+        let (mut v, mut g) = ([0.0; 40], [0.0; 40]);
+        let d = clip_cov(&cfg, &inp, &mut v, &mut g).unwrap();
+        assert_eq!(d.selected, 4);
+        let mut s = [false; 40];
+        for t in 0..40 {
+            // ρ = 1, so unselected tokens have gradient −A = ∓1.
+            s[t] = g[t] == 0.0;
+        }
+        assert_eq!(s.iter().filter(|&&b| b).count(), 4);
+        s
+    }
+
+    #[test]
+    fn clip_cov_selection_is_deterministic_per_seed() {
+        assert_eq!(selected(7), selected(7));
+        // Different seeds pick different sets (these two do; a collision would be 1 in 91390).
+        assert_ne!(selected(7), selected(8));
+    }
+
+    #[test]
+    fn clip_cov_selection_is_roughly_uniform() {
+        // Over 2000 seeds each of the 40 tokens is picked with probability k/m = 0.1:
+        // expected 200 picks, std ≈ 13.4; allow ±6σ.
+        let mut counts = [0u32; 40];
+        for seed in 0..2000 {
+            for (t, s) in selected(seed).iter().enumerate() {
+                counts[t] += *s as u32;
+            }
+        }
+        for c in counts {
+            assert!((120..=280).contains(&c), "{c}");
+        }
+    }
+
+    #[test]
+    fn kl_cov_ties_go_to_the_earliest_positions() {
+        // All covariances equal 2 (see `all_candidates`), k = 4 → positions 0..4 are penalised.
+        let (lp, adv) = all_candidates();
+        let old: [f64; 40] = core::array::from_fn(|t| lp[t] - 0.5); // x = 0.5, |x| = 0.5
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::padded(4, 10, None),
+        };
+        let cfg = KlCovConfig {
+            ratio: 0.1,
+            ..KlCovConfig::default()
+        };
+        let (mut v, mut g, mut s) = ([0.0; 40], [0.0; 40], [0.0; 40]);
+        let d = kl_cov(&cfg, &inp, &mut s, &mut v, &mut g).unwrap();
+        assert_eq!(d.selected, 4);
+        let rho = 0.5f64.exp();
+        for t in 0..40 {
+            // Selected: −A·ρ + 1·|0.5|, gradient −A·ρ + sgn(0.5).
+            let pen = if t < 4 { 1.0 } else { 0.0 };
+            assert!((v[t] - (-adv[t] * rho + 0.5 * pen)).abs() < 1e-12);
+            assert!((g[t] - (-adv[t] * rho + pen)).abs() < 1e-12);
+        }
+    }
 }

@@ -28,7 +28,9 @@
 //!
 //! **Validation.** Lengths, layout, parameters, and finiteness of every *valid* input (and of
 //! `lp − old`, which can overflow for |values| near the type's maximum) are checked before any
-//! output is written; on `Err` the outputs are untouched.
+//! output is written; on `Err` the outputs are untouched. Because a loss value can still overflow
+//! (no clamp), every loss evaluates its kernel twice: once to check finiteness and gather the
+//! diagnostics, once to write — the reference favours the guarantee over speed.
 
 use crate::error::{Error, Result, check_len, ensure};
 use crate::layout::Tokens;

@@ -406,8 +406,9 @@ impl<T: Real> EssStats<T> {
         if self.n == 0 {
             return T::ONE;
         }
-        let e =
-            self.sum_w * self.sum_w / (T::from_usize(self.n) * (self.sum_w2 + T::from_f64(1e-8)));
+        // Evaluated as Σw·(Σw/(Σw² + 1e-8))/n so that (Σw)² cannot overflow.
+        let q = self.sum_w / (self.sum_w2 + T::from_f64(1e-8));
+        let e = self.sum_w * q / T::from_usize(self.n);
         e.min(T::ONE)
     }
 }

@@ -153,7 +153,7 @@ pub(crate) fn ppo_core<T: Real>(
 }
 
 /// PPO-clip, the unified clipped objective of MATH.md §3 [2602.05494] (GRPO 2402.03300, DAPO
-/// 2503.14476, ATR-GRPO with KL3 bounds; dual-clip [verl, OpenRLHF]; δ cap [TRL]):
+/// 2503.14476, ATR-GRPO with KL3 bounds; dual-clip [verl, OpenRLHF]; δ cap \[TRL\]):
 ///
 /// ```text
 /// x = clamp(lp − old, −c, c)          (optional; None = TRL)
@@ -190,7 +190,7 @@ pub(crate) fn ppo_core<T: Real>(
 /// assert!((v[1] - 1.6).abs() < 1e-12 && g[1] == 0.0);
 /// assert!((v[2] + 1.1).abs() < 1e-12 && (g[2] + 1.1).abs() < 1e-12);
 /// assert_eq!((d.clipped_high, d.clipped_low), (1, 1));
-/// // verl: dual-clip c = 3 caps the A < 0 token with ρ = 0.5? −c·A = 6 > 1.6: inactive.
+/// // verl adds dual-clip c = 3: for the A = −2 token the bound −c·A = 6 exceeds 1.6, inactive.
 /// let d = ppo_clip(&PpoClipConfig::from_preset(Preset::Verl), &inp, &mut v, &mut g).unwrap();
 /// assert_eq!(d.dual_clipped, 0);
 /// ```
@@ -270,17 +270,27 @@ mod tests {
 
     #[test]
     fn bad_params_are_rejected() {
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.dual_clip = Some(1.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.delta_cap = Some(1.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.log_ratio_clamp = Some(0.0);
-        assert!(cfg.validate().is_err());
-        let mut cfg = PpoClipConfig::<f64>::default();
-        cfg.bounds.lo = 1.1;
-        assert!(cfg.validate().is_err());
+        let d = PpoClipConfig::<f64>::default();
+        for cfg in [
+            PpoClipConfig {
+                dual_clip: Some(1.0),
+                ..d
+            },
+            PpoClipConfig {
+                delta_cap: Some(1.0),
+                ..d
+            },
+            PpoClipConfig {
+                log_ratio_clamp: Some(0.0),
+                ..d
+            },
+            PpoClipConfig {
+                bounds: RatioBounds { lo: 1.1, hi: 1.2 },
+                ..d
+            },
+        ] {
+            assert!(cfg.validate().is_err());
+        }
+        assert!(d.validate().is_ok());
     }
 }
