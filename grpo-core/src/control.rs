@@ -5,7 +5,7 @@ use crate::error::{Result, ensure};
 use crate::real::Real;
 
 /// Adaptive KL coefficient of Ziegler et al. 2019 ("Fine-Tuning Language Models from Human
-/// Preferences", arXiv 1909.08593) as in [verl] `AdaptiveKLController` and [OpenRLHF]
+/// Preferences", arXiv 1909.08593) as in \[verl\] `AdaptiveKLController` and \[OpenRLHF\]
 /// `AdaptiveKLController`:
 ///
 /// e = clip(KL/target − 1, −0.2, 0.2),  β ← β·(1 + e·n_steps/horizon).

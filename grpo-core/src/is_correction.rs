@@ -10,17 +10,17 @@
 //! - [`is_weights`]: token weights w_t = e^{r_t}, sequence weights e^{Σ_t r_t}, or geometric
 //!   weights e^{mean_t r_t}, then truncated (clamped to [min, max]) or masked (0 outside
 //!   [lo, hi]) or geometric-mean filtered, optionally batch-normalised (÷ their mean). Covers
-//!   [TRL] `vllm_importance_sampling_mode` (`token_truncate`, `token_mask`,
-//!   `sequence_truncate`, `sequence_mask`), [OpenRLHF] `tis` / `icepop` / `seq-mask-tis`, and
-//!   [verl] rollout-correction IS weights (`token` / `sequence`, `rollout_is_batch_normalize`).
-//! - [`rejection_mask`]: [verl] rollout rejection sampling: per-token statistics k1 = −r,
+//!   \[TRL\] `vllm_importance_sampling_mode` (`token_truncate`, `token_mask`,
+//!   `sequence_truncate`, `sequence_mask`), \[OpenRLHF\] `tis` / `icepop` / `seq-mask-tis`, and
+//!   \[verl\] rollout-correction IS weights (`token` / `sequence`, `rollout_is_batch_normalize`).
+//! - [`rejection_mask`]: \[verl\] rollout rejection sampling: per-token statistics k1 = −r,
 //!   k2 = r²/2, k3 = e^r − 1 − r, at token level or aggregated per sequence (sum, mean, max),
 //!   several criteria combined with AND.
-//! - [`off_policy_sequence_mask`]: [TRL] off-policy sequence masking (OPSM).
+//! - [`off_policy_sequence_mask`]: \[TRL\] off-policy sequence masking (OPSM).
 //!
 //! **Exp overflow.** Before any exponential the log-weight is clamped to ±`log_clamp`
 //! (default ±20, verl's safety bound [e^{−20}, e^{20}] ≈ [2e−9, 4.9e8]); with `None` (TRL) the
-//! overflow guard [`exp_guard`](crate::divergence::measures::exp_guard) (±43.4 in f32, ±354 in
+//! overflow guard [`crate::divergence::measures::exp_guard`] (±43.4 in f32, ±354 in
 //! f64) still applies, so no weight is ever ∞ or NaN.
 
 use crate::divergence::measures::{
@@ -37,7 +37,7 @@ pub enum IsLevel {
     #[default]
     Token,
     /// One weight per sequence, e^{Σ_t r_t} (the product of token ratios), on all its tokens
-    /// ([TRL] sequence modes, [verl] `sequence`).
+    /// (\[TRL\] sequence modes, \[verl\] `sequence`).
     Sequence,
     /// One weight per sequence, e^{mean_t r_t} (the geometric mean of token ratios).
     GeometricMean,
@@ -56,14 +56,14 @@ pub enum IsFilter<T> {
         /// Upper clamp (> min).
         max: T,
     },
-    /// w ← 0 where w ∉ [lo, hi], unchanged inside ([TRL] `*_mask`, [OpenRLHF] `icepop`).
+    /// w ← 0 where w ∉ [lo, hi], unchanged inside (\[TRL\] `*_mask`, \[OpenRLHF\] `icepop`).
     Mask {
         /// Lower bound (≥ 0).
         lo: T,
         /// Upper bound (> lo).
         hi: T,
     },
-    /// [OpenRLHF] `seq-mask-tis`: a whole sequence gets weight 0 when its geometric-mean ratio
+    /// \[OpenRLHF\] `seq-mask-tis`: a whole sequence gets weight 0 when its geometric-mean ratio
     /// e^{mean_t r_t} ∉ [lo, hi]; otherwise its token weights e^{r_t} are kept **unclamped**
     /// (use with [`IsLevel::Token`]).
     GeometricMask {
@@ -115,7 +115,7 @@ impl<T: Real> IsConfig<T> {
             ..Self::default()
         }
     }
-    /// Token truncated IS: w_t = min(e^{r_t}, cap) [TRL `token_truncate`, verl `token`].
+    /// Token truncated IS: w_t = min(e^{r_t}, cap) \[TRL `token_truncate`, verl `token`\].
     pub fn token_truncate(cap: T) -> Self {
         Self::with(
             IsLevel::Token,
@@ -125,7 +125,7 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// Sequence truncated IS: w = min(e^{Σ r_t}, cap) [TRL `sequence_truncate`, verl `sequence`].
+    /// Sequence truncated IS: w = min(e^{Σ r_t}, cap) \[TRL `sequence_truncate`, verl `sequence`\].
     pub fn sequence_truncate(cap: T) -> Self {
         Self::with(
             IsLevel::Sequence,
@@ -135,15 +135,15 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// Token masked IS: w_t = e^{r_t} inside [lo, hi], 0 outside [TRL `token_mask`].
+    /// Token masked IS: w_t = e^{r_t} inside [lo, hi], 0 outside \[TRL `token_mask`\].
     pub fn token_mask(lo: T, hi: T) -> Self {
         Self::with(IsLevel::Token, IsFilter::Mask { lo, hi })
     }
-    /// Sequence masked IS: e^{Σ r_t} inside [lo, hi], 0 outside [TRL `sequence_mask`].
+    /// Sequence masked IS: e^{Σ r_t} inside [lo, hi], 0 outside \[TRL `sequence_mask`\].
     pub fn sequence_mask(lo: T, hi: T) -> Self {
         Self::with(IsLevel::Sequence, IsFilter::Mask { lo, hi })
     }
-    /// [OpenRLHF] `tis`: token weights clamped to [0.5, 5].
+    /// \[OpenRLHF\] `tis`: token weights clamped to [0.5, 5].
     pub fn tis() -> Self {
         Self::with(
             IsLevel::Token,
@@ -153,11 +153,11 @@ impl<T: Real> IsConfig<T> {
             },
         )
     }
-    /// [OpenRLHF] `icepop`: token weights zeroed outside [0.5, 5].
+    /// \[OpenRLHF\] `icepop`: token weights zeroed outside [0.5, 5].
     pub fn icepop() -> Self {
         Self::token_mask(T::HALF, T::from_f64(5.0))
     }
-    /// [OpenRLHF] `seq-mask-tis`: sequences whose geometric-mean ratio leaves [0.5, 5] are
+    /// \[OpenRLHF\] `seq-mask-tis`: sequences whose geometric-mean ratio leaves [0.5, 5] are
     /// zeroed; the others keep unclamped token weights.
     pub fn seq_mask_tis() -> Self {
         Self::with(
@@ -252,9 +252,10 @@ pub fn is_weights<T: Real>(
     };
     weights.fill(T::ZERO);
     let mut diag = IsDiagnostics::default();
-    // Batch-normalisation accumulators: sum and count of the non-zero weights (per token or
-    // per sequence depending on the level).
-    let (mut norm_sum, mut norm_count) = (T::ZERO, 0usize);
+    // Batch-normalisation mean of the non-zero weights (per token or per sequence depending on
+    // the level), as a running mean: weights may be as large as the truncation bounds allow
+    // (up to T::MAX), where a plain sum would overflow.
+    let mut norm = RunningMean::default();
     for s in 0..tokens.num_sequences() {
         let count = tokens.valid_count(s);
         if count == 0 {
@@ -304,19 +305,18 @@ pub fn is_weights<T: Real>(
             diag.log_clamped += usize::from(hit);
             diag.filtered += usize::from(changed);
             if seq_weight.is_none() && w != T::ZERO {
-                norm_sum += w;
-                norm_count += 1;
+                norm.push(w);
             }
         }
-        if let Some((w, _, _)) = seq_weight {
-            if w != T::ZERO && !geo_reject {
-                norm_sum += w;
-                norm_count += 1;
-            }
+        if let Some((w, _, _)) = seq_weight
+            && w != T::ZERO
+            && !geo_reject
+        {
+            norm.push(w);
         }
     }
-    if cfg.batch_normalize && norm_count > 0 && norm_sum > T::ZERO {
-        let mean = norm_sum / T::from_usize(norm_count);
+    if cfg.batch_normalize && norm.count > 0 && norm.mean > T::ZERO {
+        let mean = norm.mean;
         for s in 0..tokens.num_sequences() {
             for t in tokens.valid_positions(s) {
                 weights[t] /= mean;
@@ -324,19 +324,34 @@ pub fn is_weights<T: Real>(
         }
     }
     if diag.tokens > 0 {
-        let (mut sum, mut lo, mut hi) = (T::ZERO, T::INFINITY, T::NEG_INFINITY);
+        let (mut avg, mut lo, mut hi) = (RunningMean::default(), T::INFINITY, T::NEG_INFINITY);
         for s in 0..tokens.num_sequences() {
             for t in tokens.valid_positions(s) {
-                sum += weights[t];
+                avg.push(weights[t]);
                 lo = lo.min(weights[t]);
                 hi = hi.max(weights[t]);
             }
         }
-        diag.mean = sum / T::from_usize(diag.tokens);
+        diag.mean = avg.mean;
         diag.min = lo;
         diag.max = hi;
     }
     Ok(diag)
+}
+
+/// Mean of non-negative values without overflow: m ← m + (w − m)/k (|w − m| ≤ max(w, m)).
+#[derive(Default)]
+struct RunningMean<T> {
+    mean: T,
+    count: usize,
+}
+
+impl<T: Real> RunningMean<T> {
+    #[inline]
+    fn push(&mut self, w: T) {
+        self.count += 1;
+        self.mean += (w - self.mean) / T::from_usize(self.count);
+    }
 }
 
 /// The filtered weight and whether the filter changed it (GeometricMask acts elsewhere).
@@ -358,7 +373,7 @@ fn apply_filter<T: Real>(filter: IsFilter<T>, w: T) -> (T, bool) {
     }
 }
 
-/// A per-token statistic of r = old − roll for [verl] rejection sampling.
+/// A per-token statistic of r = old − roll for \[verl\] rejection sampling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectStat {
     /// k1 = −r (bounds are given as ratio bounds, see [`RejectionCriterion::k1`]).
@@ -383,7 +398,7 @@ pub enum RejectLevel {
     SeqMax,
 }
 
-/// One [verl] rejection criterion (`rollout_rs` option + threshold): keep iff the aggregated
+/// One \[verl\] rejection criterion (`rollout_rs` option + threshold): keep iff the aggregated
 /// statistic lies in `[lo, hi]`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RejectionCriterion<T> {
@@ -488,7 +503,7 @@ pub struct RejectionDiagnostics {
     pub rejected_sequences: usize,
 }
 
-/// [verl] rollout rejection sampling: `keep[t] = true` iff position t is valid and every
+/// \[verl\] rollout rejection sampling: `keep[t] = true` iff position t is valid and every
 /// criterion accepts it (token criteria judge the token, sequence criteria its whole
 /// sequence). Invalid positions get `false`. An empty `criteria` keeps every valid token.
 ///
@@ -575,7 +590,7 @@ pub fn rejection_mask<T: Real>(
     Ok(diag)
 }
 
-/// [TRL] off-policy sequence masking (OPSM): sequence i is dropped (`keep[i] = false`) iff
+/// \[TRL\] off-policy sequence masking (OPSM): sequence i is dropped (`keep[i] = false`) iff
 /// A_i < 0 **and** mean_t(roll_t − lp_t) > δ over its valid tokens — a negative-advantage
 /// sample that the current policy already finds much less likely than the sampler did. A
 /// sequence without valid tokens is kept (it contributes nothing anyway). `lp` is read as a
@@ -766,6 +781,31 @@ mod tests {
                 .is_err()
         );
         assert_eq!(keep, [true; 2]);
+    }
+
+    #[test]
+    fn huge_truncation_bounds_do_not_overflow_the_means() {
+        // Regression (fuzz): every weight clamped up to 3e38; 16 of them sum past f32::MAX.
+        let cfg = IsConfig {
+            filter: IsFilter::Truncate {
+                min: 3e38f32,
+                max: 3.1e38,
+            },
+            batch_normalize: true,
+            ..IsConfig::default()
+        };
+        let mut w = [0.0f32; 16];
+        let d = is_weights(
+            &cfg,
+            &[0.0; 16],
+            &[0.0; 16],
+            &Tokens::padded(4, 4, None),
+            &mut w,
+        )
+        .unwrap();
+        // All weights equal 3e38, so their mean is 3e38 and the normalised weights are 1.
+        assert!(w.iter().all(|&x| x == 1.0));
+        assert_eq!(d.mean, 1.0);
     }
 
     #[test]

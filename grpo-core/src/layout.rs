@@ -124,7 +124,7 @@ impl<'a> Groups<'a> {
                 reason: "must be > 0",
             }),
             Groups::Uniform(g) => {
-                if n % g == 0 {
+                if n.is_multiple_of(g) {
                     Ok(n / g)
                 } else {
                     Err(Error::InvalidParam {

@@ -1,4 +1,4 @@
-//! Token selection: the top-entropy-quantile mask [TRL] (after "Beyond the 80/20 rule",
+//! Token selection: the top-entropy-quantile mask \[TRL\] (after "Beyond the 80/20 rule",
 //! arXiv 2506.01939: train only on the highest-entropy "forking" tokens).
 
 use crate::error::{Error, Result, check_len, ensure};

@@ -185,7 +185,7 @@ impl<T: Real> RatioBounds<T> {
     }
 }
 
-/// Dual-clip constant c > 1 [verl vanilla, OpenRLHF] (Ye et al. 2020, arXiv 1912.09729).
+/// Dual-clip constant c > 1 \[verl vanilla, OpenRLHF\] (Ye et al. 2020, arXiv 1912.09729).
 ///
 /// The loss helper owns its use: for A < 0 the PPO loss becomes
 /// `min(−c·A, max(−ρA, −clip(ρ)A))`, i.e. the loss of a negative-advantage token is capped at
@@ -234,7 +234,7 @@ impl<T: Real> Default for DualClip<T> {
     }
 }
 
-/// TRL's two-sided-GRPO upper ratio cap δ > 1 [TRL `delta`, INTELLECT-2 (arXiv 2505.07291)].
+/// TRL's two-sided-GRPO upper ratio cap δ > 1 \[TRL `delta`, INTELLECT-2 (arXiv 2505.07291)\].
 ///
 /// The loss helper owns its use: the ratio in the *unclipped* branch is replaced by
 /// `min(ρ, δ)` before the `min(ρA, clip(ρ)A)`, so a negative-advantage token's loss cannot grow

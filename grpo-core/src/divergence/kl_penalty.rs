@@ -12,8 +12,8 @@
 //! | `K3StraightThrough` (`k3+`) | e^{−d} + d − 1 | d |
 //!
 //! Sources: k1/k2/k3 are Schulman's estimators ("Approximating KL divergence", 2020) as used by
-//! [verl] (`kl_penalty`: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`), [OpenRLHF]
-//! (`compute_approx_kl`) and [TRL] (k3, `beta`). `K3Is` is TRL's `use_bias_correction_kl`: the k3
+//! \[verl\] (`kl_penalty`: `kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`), \[OpenRLHF\]
+//! (`compute_approx_kl`) and \[TRL\] (k3, `beta`). `K3Is` is TRL's `use_bias_correction_kl`: the k3
 //! term multiplied by the (token-level) importance ratio ρ = π_θ/π_old, with the gradient
 //! flowing through ρ as well (TRL does not detach it). The straight-through forms `k1+`/`k3+`
 //! report the estimator's value but train with the gradient of k2 — the unbiased-gradient
@@ -328,7 +328,7 @@ pub fn kl_penalty<T: Real>(
             diag.tokens += 1;
             diag.input_clamped += usize::from(in_hit);
             diag.output_clamped += usize::from(out_hit);
-            diag.sum += vg.value;
+            diag.mean += (vg.value - diag.mean) / T::from_usize(diag.tokens);
         }
     }
     Ok(diag)

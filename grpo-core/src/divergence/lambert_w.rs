@@ -98,7 +98,8 @@ fn lambert_w<T: Real>(x: T, branch: Branch) -> Result<T> {
             reason: "Lambert W needs a finite argument",
         });
     }
-    if branch == Branch::Lower && !(x < T::ZERO) {
+    // (x is finite here, so `>=` is the exact complement of `<`.)
+    if branch == Branch::Lower && x >= T::ZERO {
         return Err(Error::InvalidParam {
             name: "x",
             reason: "the lower branch W-1 is defined on [-1/e, 0)",

@@ -23,7 +23,7 @@
 //! **Overflow guard.** e^x overflows for x ≳ 88 (f32) or 709 (f64) and the χ² gradient even
 //! earlier. The scalar [`Measure::eval`] and the token function [`measure_tokens`] therefore
 //! limit `x` to ±[`exp_guard`] (= ln(T::MAX)/2 − 1: 43.36 in f32, 353.9 in f64) for the
-//! exponential measures and to ±√T::MAX for `K2`, treating the limit like a clamp (gradient 0
+//! exponential measures and to ±√T::MAX for `K1`, `Abs` and `K2`, treating the limit like a clamp (gradient 0
 //! where it is active). With the default log-ratio clamp (±20, verl/OpenRLHF) the guard never
 //! triggers; it only matters for the unclamped (TRL) configuration, where the peer itself would
 //! return `inf`/NaN.
@@ -135,7 +135,7 @@ impl Measure {
     /// Value and ∂/∂lp of the measure at the log-ratio `x = lp − old`, with the overflow guard
     /// of the [module docs](self) (gradient 0 where it acts).
     ///
-    /// Source: k1/k2/k3 are Schulman's KL estimators as used by [verl]/[OpenRLHF]/[TRL]; the
+    /// Source: k1/k2/k3 are Schulman's KL estimators as used by \[verl\]/\[OpenRLHF\]/\[TRL\]; the
     /// ρ-forms and χ² follow the unified clipping framework [2602.05494].
     ///
     /// # Example
@@ -157,8 +157,9 @@ impl Measure {
     pub(crate) fn eval_flagged<T: Real>(self, x: T) -> (ValueGrad<T>, bool) {
         match self {
             Measure::K1 | Measure::Abs => {
-                // Finite for any finite x; an infinite x (overflowed lp − old) is limited.
-                let (x, hit) = limit(x, T::MAX);
+                // Limited to ±√T::MAX like k2 (an infinite x from an overflowed lp − old
+                // included), so sums of values in diagnostics cannot overflow either.
+                let (x, hit) = limit(x, poly_guard());
                 let vg = if self == Measure::K1 {
                     ValueGrad {
                         value: -x,
@@ -276,8 +277,9 @@ pub struct TokenDiagnostics<T> {
     pub input_clamped: usize,
     /// Valid tokens whose output clamp was active.
     pub output_clamped: usize,
-    /// Sum of the values over valid tokens (divide by `tokens` for the mean).
-    pub sum: T,
+    /// Mean of the values over valid tokens (0 without valid tokens), accumulated as a running
+    /// mean m ← m + (v − m)/k so that it cannot overflow.
+    pub mean: T,
 }
 
 /// Settings of [`measure_tokens`].
@@ -364,7 +366,7 @@ pub(crate) fn check_token_inputs<T: Real>(
 ///
 /// Writes `value[t]`, `grad[t]` at every valid position and 0 at every other position (so the
 /// outputs can be summed without a mask). Source: as [`Measure::eval`]; the clamp follows
-/// [verl]/[OpenRLHF] (±20), gradient 0 where it is active (autograd of `clamp`).
+/// \[verl\]/\[OpenRLHF\] (±20), gradient 0 where it is active (autograd of `clamp`).
 ///
 /// # Errors
 /// [`Error::LengthMismatch`](crate::Error::LengthMismatch) if a slice's length differs from
@@ -386,6 +388,7 @@ pub(crate) fn check_token_inputs<T: Real>(
 /// assert_eq!(v, [0.125, 0.0, 0.0]);
 /// assert_eq!(g, [0.5, 0.0, 0.0]);
 /// assert_eq!(d.tokens, 2);
+/// assert_eq!(d.mean, 0.0625); // (0.125 + 0) / 2
 /// ```
 pub fn measure_tokens<T: Real>(
     cfg: &MeasureConfig<T>,
@@ -417,7 +420,7 @@ pub fn measure_tokens<T: Real>(
             grad[t] = if clamped { T::ZERO } else { vg.grad };
             diag.tokens += 1;
             diag.input_clamped += usize::from(clamped || guarded);
-            diag.sum += vg.value;
+            diag.mean += (vg.value - diag.mean) / T::from_usize(diag.tokens);
         }
     }
     Ok(diag)

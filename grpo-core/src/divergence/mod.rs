@@ -35,7 +35,8 @@ impl<T: Real> RatioBounds<T> {
                 reason: "ratio lower bound must be in [0, 1]",
             });
         }
-        if !(hi >= T::ONE) {
+        // NaN fails this test too.
+        if hi.is_nan() || hi < T::ONE {
             return Err(Error::InvalidParam {
                 name: "hi",
                 reason: "ratio upper bound must be >= 1",

@@ -1,0 +1,158 @@
+//! Divergence bounds, KL penalties, IS weights, rejection masks and the top-entropy mask from
+//! untrusted sizes and values: never panic, and every Ok result is finite.
+#![no_main]
+
+use grpo_core::Preset;
+use grpo_core::divergence::kl_penalty::kl_penalty;
+use grpo_core::divergence::lambert_w::{lambert_w0, lambert_wm1};
+use grpo_core::divergence::measures::{MeasureConfig, measure_tokens};
+use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, Measure, RatioBounds};
+use grpo_core::is_correction::{
+    IsConfig, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion,
+    off_policy_sequence_mask, is_weights, rejection_mask,
+};
+use grpo_core::selection::top_entropy_mask;
+use grpo_core::Tokens;
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct Input {
+    delta: f64,
+    delta32: f32,
+    w_arg: f64,
+    measure: u8,
+    estimator: u8,
+    preset: u8,
+    clamp_in: Option<f32>,
+    clamp_out: Option<f32>,
+    level: u8,
+    filter: u8,
+    bound_a: f32,
+    bound_b: f32,
+    normalize: bool,
+    rows: u8,
+    cols: u8,
+    lp: Vec<f32>,
+    other: Vec<f32>,
+    third: Vec<f32>,
+    mask: Vec<bool>,
+    rho: f32,
+}
+
+const MEASURES: [Measure; 6] = [
+    Measure::Ratio,
+    Measure::K1,
+    Measure::Abs,
+    Measure::K2,
+    Measure::K3,
+    Measure::ChiSquared,
+];
+const ESTIMATORS: [KlEstimator; 7] = [
+    KlEstimator::K1,
+    KlEstimator::Abs,
+    KlEstimator::K2,
+    KlEstimator::K3,
+    KlEstimator::K3Is,
+    KlEstimator::K1StraightThrough,
+    KlEstimator::K3StraightThrough,
+];
+const PRESETS: [Preset; 5] = [
+    Preset::Paper,
+    Preset::Verl,
+    Preset::VerlVectorized,
+    Preset::Trl,
+    Preset::OpenRlhf,
+];
+
+fn check_bounds<T: grpo_core::Real>(b: RatioBounds<T>) {
+    assert!(b.lo >= T::ZERO && b.lo <= T::ONE && b.hi >= T::ONE, "{b:?}");
+}
+
+fuzz_target!(|inp: Input| {
+    // Bounds from arbitrary δ, both precisions.
+    if let Ok(b) = RatioBounds::kl3(inp.delta) {
+        check_bounds(b);
+    }
+    if let Ok(b) = RatioBounds::kl3(inp.delta32) {
+        check_bounds(b);
+    }
+    let m = MEASURES[inp.measure as usize % MEASURES.len()];
+    if let Ok(b) = RatioBounds::from_divergence(m, inp.delta32) {
+        check_bounds(b);
+    }
+    if let Ok(w) = lambert_w0(inp.w_arg) {
+        assert!(w.is_finite() && w >= -1.0);
+    }
+    if let Ok(w) = lambert_wm1(inp.w_arg) {
+        assert!(w.is_finite() && w <= -1.0);
+    }
+
+    // Token layouts of arbitrary size; the value arrays are truncated/padded to fit.
+    let n = inp.rows as usize * inp.cols as usize;
+    let fit = |v: &[f32]| -> Vec<f32> { (0..n).map(|i| v.get(i).copied().unwrap_or(0.0)).collect() };
+    let (lp, other, third) = (fit(&inp.lp), fit(&inp.other), fit(&inp.third));
+    let mask: Vec<bool> = (0..n).map(|i| inp.mask.get(i).copied().unwrap_or(true)).collect();
+    let use_mask = !inp.mask.is_empty();
+    let tokens = Tokens::padded(inp.rows as usize, inp.cols as usize, use_mask.then_some(&mask[..]));
+    let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+
+    let mcfg = MeasureConfig { measure: m, log_ratio_clamp: inp.clamp_in };
+    if let Ok(d) = measure_tokens(&mcfg, &lp, &other, &tokens, &mut v, &mut g) {
+        assert!(v.iter().chain(&g).all(|x| x.is_finite()));
+        assert!(d.mean.is_finite());
+    }
+
+    let mut kcfg = KlPenaltyConfig::from_preset(
+        PRESETS[inp.preset as usize % PRESETS.len()],
+        ESTIMATORS[inp.estimator as usize % ESTIMATORS.len()],
+    );
+    if inp.clamp_in.is_some() {
+        kcfg.input_clamp = inp.clamp_in;
+    }
+    if inp.clamp_out.is_some() {
+        kcfg.output_clamp = inp.clamp_out;
+    }
+    if let Ok(d) = kl_penalty(&kcfg, &lp, &other, Some(&third), &tokens, &mut v, &mut g) {
+        assert!(v.iter().chain(&g).all(|x| x.is_finite()));
+        assert!(d.mean.is_finite());
+    }
+
+    let level = [IsLevel::Token, IsLevel::Sequence, IsLevel::GeometricMean][inp.level as usize % 3];
+    let (a, b) = (inp.bound_a, inp.bound_b);
+    let filter = match inp.filter % 4 {
+        0 => IsFilter::None,
+        1 => IsFilter::Truncate { min: a, max: b },
+        2 => IsFilter::Mask { lo: a, hi: b },
+        _ => IsFilter::GeometricMask { lo: a, hi: b },
+    };
+    let icfg = IsConfig { level, filter, log_clamp: inp.clamp_in, batch_normalize: inp.normalize };
+    let mut w = vec![0.0f32; n];
+    if let Ok(d) = is_weights(&icfg, &other, &third, &tokens, &mut w) {
+        assert!(w.iter().all(|x| x.is_finite()));
+        assert!(d.mean.is_finite());
+    }
+
+    let mut keep = vec![false; n];
+    let stat = [RejectStat::K1, RejectStat::K2, RejectStat::K3][inp.level as usize % 3];
+    let rlevel = [RejectLevel::Token, RejectLevel::SeqSum, RejectLevel::SeqMean, RejectLevel::SeqMax]
+        [inp.filter as usize % 4];
+    let crit = if stat == RejectStat::K1 {
+        RejectionCriterion::k1(rlevel, a, b)
+    } else {
+        RejectionCriterion::upper(stat, rlevel, b)
+    };
+    if let Ok(c) = crit {
+        if let Ok(d) = rejection_mask(&[c], &other, &third, &tokens, &mut keep) {
+            assert!(d.rejected_tokens <= d.tokens);
+        }
+    }
+    let seqs = inp.rows as usize;
+    let adv: Vec<f32> = (0..seqs).map(|i| inp.third.get(i).copied().unwrap_or(-1.0)).collect();
+    let mut seq_keep = vec![true; seqs];
+    let _ = off_policy_sequence_mask(&adv, &lp, &other, &tokens, inp.bound_a, &mut seq_keep);
+
+    let mut scratch = vec![0.0f32; n];
+    if let Ok(t) = top_entropy_mask(&lp, &tokens, inp.rho, &mut scratch, &mut keep) {
+        assert!(t.is_finite() || keep.iter().all(|k| !k));
+    }
+});
