@@ -1,3 +1,56 @@
-//! Vocabulary-wide reductions over logit rows (MATH.md §5).
+//! Vocabulary-wide reductions over logit rows (MATH.md §5): log-sum-exp, token
+//! log-probabilities, entropy, KL and JSD between a student and a teacher row, and the fused
+//! backward — for one row or a batch of rows `[rows, V]`.
 //!
-//! Not implemented yet: arrives with the vocabulary-kernels issue.
+//! Logits are stored as `f32`, `half::bf16` or `half::f16` ([`Logit`]) and accumulated in f32.
+//! A temperature `T > 0` divides every logit (as a multiplication by τ = 1/T rounded once).
+//! −∞ logits are masked vocabulary entries (probability 0); NaN and +∞ are errors.
+//!
+//! Every result is a function of an exactly specified sequence of IEEE operations:
+//! [`exp_ln`] defines the exponential and logarithm (branch-free polynomials with FMA), and
+//! [`canon`] the reduction order (blocks of 2048, 16 strided lanes, a fixed pairwise tree, the
+//! tail in index order, blocks merged pairwise) and the per-element steps. The SIMD backends of
+//! `grpo-cpu` reproduce them bit for bit.
+//!
+//! Accuracy (tested against an f64 reference at V = 151936 and 262144, logits N(0, 3²) with
+//! spikes and masked entries, T ∈ {1, 0.7}): |logp error| ≤ 2e-6 + 1e-6·|logp| (worst measured:
+//! 0.1 of that bound), |H error| ≤ 1e-5 (measured ≤ 1.8e-7), KL error ≤ 1e-5 + 1e-6·KL
+//! (measured ≤ 2.4e-6), JSD (measured ≤ 4e-7).
+//!
+//! Errors are checked before anything is written, in a fixed order that every backend
+//! reproduces with [`validate`]: temperature (and β), `vocab > 0`, slice lengths, per-row
+//! weights and target ids (all rows), then row by row: the student row ([`validate::row`]:
+//! NaN/+∞, all −∞ → `EmptySegment`, `max/T` overflow), the teacher row (same), the KL support
+//! ([`validate::support`]) and the target ([`validate::target`]). The first failing check
+//! is returned.
+//!
+//! ```
+//! use grpo_core::vocab::{logprob_entropy_rows, row_stats};
+//! let logits = [0.5f32, -1.0, 2.0, 0.0, /* row 1 */ 1.0, 1.0, f32::NEG_INFINITY, 1.0];
+//! let (mut logp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+//! logprob_entropy_rows(&logits, 4, &[2u32, 0], 1.0, &mut logp, Some(&mut h)).unwrap();
+//! // row 1 has three equal unmasked logits: logp = −ln 3, H = ln 3
+//! assert!((logp[1] + 3f32.ln()).abs() < 1e-6 && (h[1] - 3f32.ln()).abs() < 1e-6);
+//! assert_eq!(row_stats(&logits[..4], 1.0).unwrap().entropy, h[0]);
+//! ```
+
+pub mod canon;
+pub mod exp_ln;
+mod ops;
+
+/// The input checks of the vocabulary operations, public so that other backends reject
+/// exactly the same inputs with exactly the same errors (same order: temperature, lengths,
+/// targets, then row by row).
+pub mod validate {
+    pub use super::ops::{inverse_temperature, row, support, target, weights};
+}
+
+pub use canon::Logit;
+pub use ops::{
+    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
+    backward_rows, backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows,
+    log_sum_exp, logprob_entropy, logprob_entropy_rows, row_stats, stats_rows, token_logprob,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,952 @@
+//! The canonical reduction order and per-element steps of the vocabulary kernels \[ours\].
+//!
+//! Every vocabulary operation of this crate is a function of the *exact* sequence of IEEE
+//! operations written here. A backend (grpo-cpu's AVX-512, AVX2+FMA and NEON code) that performs
+//! the same operations in the same order gets the same bits; it only has to replace
+//! [`lse_block`] / [`pair_block`] (the per-block work) by a vectorised equivalent and call the
+//! shared scalar code ([`fold_blocks`], the `merge` methods, the `finish` functions of the
+//! operations) for everything else.
+//!
+//! # Row → blocks → lanes
+//!
+//! A row of `V` logits is cut into blocks of [`BLOCK`] = 2048 elements: block `j` covers
+//! `[j·BLOCK, min((j+1)·BLOCK, V))`; only the last block may be shorter. Each block is reduced
+//! on its own (below) to a small state; the block states are then merged by
+//! [`fold_blocks`] in a fixed **pairwise** order: `reduce(b[0..n]) = b[0]` if `n = 1`, else
+//! `merge(reduce(b[0..h]), reduce(b[h..n]))` with `h` the largest power of two `< n`. This is the
+//! blocked two-level summation the accuracy contract needs: at most 128 sequential additions per
+//! lane plus a merge tree of depth ⌈log2(V/2048)⌉ (7 at V = 262144), instead of ~9500
+//! sequential additions per lane at V = 151936.
+//!
+//! # Inside a block of length `n` (`n16 = n − n mod 16`)
+//!
+//! 1. **Block max** `m = max over the block of z_i` (converted to f32). Max is exact, so any
+//!    order gives the same value except for the sign of a zero, which step 2 removes: a backend
+//!    may compute it in any order with `max_r` (NaN and +∞ are validation errors, so they never
+//!    reach an `Ok` result).
+//! 2. **Offset** `m = m + 0.0` (turns −0 into +0) and `c = select(m == −∞, 0, m)` (an
+//!    all-masked block uses `c = 0`, so its elements give `d = −∞`, never NaN). The state keeps
+//!    the *raw* maximum `m`; τ = 1/T (rounded once) is applied to differences only, so every
+//!    `d` is ≤ 0 by construction and its accuracy does not depend on the logits' magnitude.
+//! 3. **Lanes.** 16 accumulators (one per lane, all starting at +0). Element `i < n16` of the
+//!    block goes to lane `i mod 16`, in increasing `i`; each lane applies the element step
+//!    ([`lse_step`] / [`pair_step`]).
+//! 4. **Tree.** For `h` in 8, 4, 2, 1: `acc[l] = acc[l] + acc[l + h]` for `l < h` (each
+//!    accumulator field separately). AVX-512 holds the 16 lanes in one register (the tree is
+//!    "add high 256 to low 256", then 128, 64, 32), AVX2 in two (first step: `r0 + r1`), NEON
+//!    in four (first step: `r0 + r2`, `r1 + r3`; second: `(r0+r2) + (r1+r3)`).
+//! 5. **Tail.** Elements `n16..n` (only in a row's last block) apply the element step to
+//!    `acc[0]` in increasing index order.
+//!
+//! # The element steps (what a SIMD lane computes; see `exp_ln` for `exp_nonpos_clamped`)
+//!
+//! [`lse_step`] — state `(s, t)`, `s = Σ e^d`, `t = Σ e^d·d`:
+//! ```text
+//! d  = (z − c)·τ              // ≤ 0; two roundings (the ·τ is exact and skippable at τ = 1)
+//! dc = max_r(D_MIN, d)         // D_MIN = −88; −∞ → −88
+//! e  = exp_nonpos_clamped(dc)  // 0 for dc < −87.68
+//! s  = s + e
+//! t  = fma(e, dc, t)
+//! ```
+//! [`pair_step`] (student logit `z` with block offset `cz`, teacher logit `w` with `cw`) —
+//! state `(sz, tz, sw, tw, u, v)`:
+//! ```text
+//! dz = (z − cz)·τ; dzc = max_r(D_MIN, dz); ez = exp_nonpos_clamped(dzc)
+//! dw = (w − cw)·τ; dwc = max_r(D_MIN, dw); ew = exp_nonpos_clamped(dwc)
+//! g  = max_r(LOG_RATIO_FLOOR, dz) − max_r(LOG_RATIO_FLOOR, dw)   // finite even for −∞ pairs
+//! sz = sz + ez; tz = fma(ez, dzc, tz)
+//! sw = sw + ew; tw = fma(ew, dwc, tw)
+//! u  = fma(ez, g, u)           // Σ e^{dz}·(dz − dw)
+//! v  = fma(ew, −g, v)          // Σ e^{dw}·(dw − dz)
+//! ```
+//! A backend may skip the multiplication by τ when τ = 1 (it is exact then) and the inner
+//! clamp of `exp_nonpos` (the argument is already clamped).
+//!
+//! # Merging two states (shared scalar code, [`LseState::merge`], [`PairState::merge`])
+//!
+//! With raw maxima `m = max_r(ma, mb)`, `δa = (ma − m)·τ`, `δb = (mb − m)·τ` (one of them is
+//! 0, the other ≤ 0 — the same arithmetic as an element's `d`), the clamped
+//! `δc = max_r(D_MIN, δ)` and `a = exp_nonpos_clamped(δc)`:
+//! `s = fma(sa, aa, sb·ab)`, `t = fma(fma(δca, sa, ta), aa, fma(δcb, sb, tb)·ab)`
+//! (because `Σ e^{d+δ}(d+δ) = e^δ (t + δ s)`); if `m = −∞` the sums are simply added.
+//!
+//! # Row results and backward
+//!
+//! From the merged row state (raw max `m`): `L = ln(s)`, `lse = m·τ + L`, `H = L − t/s`,
+//! `logp(y) = fma(z_y − m, τ, −L)` ([`finish_lse`], [`logp_of`]); for a pair
+//! `KL(p‖q) = (ln sw − ln sz) + u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw` ([`finish_kl`]).
+//! The backward has no reduction: each element is
+//! computed independently by [`grad_step`] from per-row coefficients ([`GradCoef`]).
+//!
+//! The JSD's second pass (after the pair state gave both lse) sums [`jsd_step`] with
+//! [`canonical_sum`]: the same blocks, lanes, tree and tail, block sums merged pairwise by `+`.
+//!
+//! # What a backend mirrors, and what it calls
+//!
+//! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
+//! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call
+//! the scalar code of this
+//! crate for everything else: [`fold_blocks`] with [`LseState::merge`] / [`PairState::merge`],
+//! [`finish_lse`], [`LogSoftmax::of`], [`finish_kl`], [`GradCoef::from_lse`] /
+//! [`GradCoef::from_pair`], and `vocab::validate` for the input checks (same errors in the
+//! same order). Rows are independent, so distributing whole rows over threads never changes a
+//! bit.
+//!
+//! # Why this structure (speed)
+//!
+//! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
+//! one subtraction and one multiplication for the shift (the multiplication vanishes at
+//! T = 1), one clamp, the exponential (reduction: FMA, integer sub, sub, 2 FMA; degree-6
+//! polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
+//! accumulations (`add`, `FMA`), plus one `max` in the block-max pass: about 21 vector
+//! operations per 16 logits (20 at T = 1) for
+//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
+//! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
+//! so there is no per-element running-max compare/blend and no rescaling inside a block; the
+//! only rescaling happens once per 2048-element block in the scalar merge (two exponentials).
+//! A 2048-element block keeps the merge overhead near 1 % and both reads in L1 (KL reads two
+//! rows: 16 KiB). Backends should prefetch a few KiB ahead of the first (max) read.
+//!
+//! # Storage
+//!
+//! Logits are read through [`Logit`] (f32, `half::bf16`, `half::f16`), converted exactly to f32;
+//! all arithmetic is f32.
+
+use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
+
+/// Number of accumulator lanes (element `i` of a block goes to lane `i mod LANES`).
+pub const LANES: usize = 16;
+/// Block length of the two-level summation (a multiple of [`LANES`]).
+pub const BLOCK: usize = 2048;
+
+/// Floor of a scaled logit difference where it enters a log-ratio (KL terms): −2^64
+/// (0xdf800000) = −1.8446744e19. It makes `−∞ − (−∞)` a finite 0 and bounds every KL term, so
+/// sums of up to 2^32 terms times any accepted weight stay finite; no real logit row has
+/// differences anywhere near it.
+pub const LOG_RATIO_FLOOR: f32 = f32::from_bits(0xdf80_0000);
+
+/// Storage type of a logit (or of a gradient written in place): exactly convertible to `f32`.
+///
+/// Implemented for `f32`, `half::bf16` and `half::f16`. `to_f32` is exact for all three;
+/// `from_f32` rounds to nearest even (identity for `f32`).
+///
+/// ```
+/// use grpo_core::vocab::Logit;
+/// let b = half::bf16::from_f32(1.5);
+/// assert_eq!(Logit::to_f32(b), 1.5);
+/// assert_eq!(<half::f16 as Logit>::from_f32(0.25).to_f32(), 0.25);
+/// ```
+pub trait Logit: Copy + Send + Sync + 'static {
+    /// The exact f32 value.
+    fn to_f32(self) -> f32;
+    /// The nearest representable value (ties to even).
+    fn from_f32(x: f32) -> Self;
+}
+
+impl Logit for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+}
+
+impl Logit for half::bf16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+impl Logit for half::f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+/// Online softmax statistics of a block or row: the raw maximum, and sums in the
+/// temperature-scaled domain.
+///
+/// `max` is the raw maximum `m = max_v z_v` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}`
+/// and `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − m)·τ` as computed by [`lse_step`]. Hence
+/// `lse = m·τ + ln(sum)` and `H = ln(sum) − dot/sum`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LseState {
+    /// Raw maximum `m` (the logits' own scale, before τ).
+    pub max: f32,
+    /// `s = Σ e^{d}`.
+    pub sum: f32,
+    /// `t = Σ e^{d}·d`.
+    pub dot: f32,
+}
+
+/// The rescaling factor and clamped shift of a state whose raw maximum `m` is merged into
+/// `top`: `δc = max_r(D_MIN, (m − top)·τ)`, `a = exp_nonpos_clamped(δc)`.
+#[inline(always)]
+fn rescale(m: f32, top: f32, tau: f32) -> (f32, f32) {
+    let dc = max_r(D_MIN, (m - top) * tau);
+    (dc, exp_nonpos_clamped(dc))
+}
+
+impl LseState {
+    /// The state of an empty block: `(−∞, 0, 0)`.
+    pub const EMPTY: LseState = LseState {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+        dot: 0.0,
+    };
+
+    /// Merges `self` (the left, lower-index part) with `right`, rescaling both to the larger
+    /// maximum (formula in the [module documentation](self)).
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::LseState;
+    /// // two blocks each holding one logit: 0 and ln 3 (τ = 1, so sum = 1, dot = 0 each)
+    /// let a = LseState { max: 0.0, sum: 1.0, dot: 0.0 };
+    /// let b = LseState { max: 3f32.ln(), sum: 1.0, dot: 0.0 };
+    /// let m = a.merge(b, 1.0);
+    /// assert_eq!(m.max, 3f32.ln());
+    /// // sum = 1 + e^{−ln 3} = 4/3
+    /// assert!((m.sum - 4.0 / 3.0).abs() < 1e-6);
+    /// ```
+    #[inline]
+    pub fn merge(self, right: LseState, tau: f32) -> LseState {
+        let top = max_r(self.max, right.max);
+        if top == f32::NEG_INFINITY {
+            return LseState {
+                max: top,
+                sum: self.sum + right.sum,
+                dot: self.dot + right.dot,
+            };
+        }
+        let (da, aa) = rescale(self.max, top, tau);
+        let (db, ab) = rescale(right.max, top, tau);
+        LseState {
+            max: top,
+            sum: fma(self.sum, aa, right.sum * ab),
+            dot: fma(
+                fma(da, self.sum, self.dot),
+                aa,
+                fma(db, right.sum, right.dot) * ab,
+            ),
+        }
+    }
+}
+
+/// Block offset `c = m`, or 0 for an all-masked block (so its elements give `d = −∞`).
+#[inline(always)]
+pub fn offset(raw_max: f32) -> f32 {
+    if raw_max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        raw_max
+    }
+}
+
+/// Raw maximum of a block, `+ 0.0` (a `max_r` fold; any order gives the same value because
+/// the `+ 0.0` removes the only order dependence, the sign of a zero maximum).
+#[inline]
+pub fn block_max<S: Logit>(z: &[S]) -> f32 {
+    let mut m = f32::NEG_INFINITY;
+    for &v in z {
+        m = max_r(m, v.to_f32());
+    }
+    m + 0.0
+}
+
+/// The per-element step of the log-sum-exp/entropy reduction (see the module documentation):
+/// returns the updated `(s, t)`.
+///
+/// ```
+/// use grpo_core::vocab::canon::lse_step;
+/// // z = c (d = 0): s += 1, t += 0; a masked logit adds nothing.
+/// assert_eq!(lse_step(2.0, 1.0, 2.0, 0.0, 0.0), (1.0, 0.0));
+/// assert_eq!(lse_step(f32::NEG_INFINITY, 1.0, 2.0, 1.0, 0.0), (1.0, 0.0));
+/// ```
+#[inline(always)]
+pub fn lse_step(z: f32, tau: f32, c: f32, s: f32, t: f32) -> (f32, f32) {
+    let d = (z - c) * tau;
+    let dc = max_r(D_MIN, d);
+    let e = exp_nonpos_clamped(dc);
+    (s + e, fma(e, dc, t))
+}
+
+/// Reduces one block to its [`LseState`] in the canonical order (max, 16 strided lanes, tree,
+/// tail). This is the scalar reference a SIMD backend replaces.
+///
+/// ```
+/// use grpo_core::vocab::canon::lse_block;
+/// // logits [0, 0]: m = 0, s = e^0 + e^0 = 2, t = 0
+/// let st = lse_block(&[0.0f32, 0.0], 1.0);
+/// assert_eq!((st.max, st.sum, st.dot), (0.0, 2.0, 0.0));
+/// ```
+pub fn lse_block<S: Logit>(z: &[S], tau: f32) -> LseState {
+    let m = block_max(z);
+    let c = offset(m);
+    let mut s = [0.0f32; LANES];
+    let mut t = [0.0f32; LANES];
+    let mut chunks = z.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for l in 0..LANES {
+            (s[l], t[l]) = lse_step(chunk[l].to_f32(), tau, c, s[l], t[l]);
+        }
+    }
+    tree(&mut s);
+    tree(&mut t);
+    let (mut s0, mut t0) = (s[0], t[0]);
+    for &v in chunks.remainder() {
+        (s0, t0) = lse_step(v.to_f32(), tau, c, s0, t0);
+    }
+    LseState {
+        max: m,
+        sum: s0,
+        dot: t0,
+    }
+}
+
+/// The fixed pairwise tree over the 16 lanes: for `h` in 8, 4, 2, 1, `a[l] += a[l + h]`.
+#[inline(always)]
+pub fn tree(a: &mut [f32; LANES]) {
+    let mut h = LANES / 2;
+    while h > 0 {
+        for l in 0..h {
+            a[l] += a[l + h];
+        }
+        h /= 2;
+    }
+}
+
+/// Statistics of a student row `z` and a teacher row `w` reduced together.
+///
+/// `zmax`/`wmax` are the raw maxima, `sz, tz` and `sw, tw` the [`LseState`] sums of each row,
+/// `u = Σ e^{dz}·(dz − dw)` and `v = Σ e^{dw}·(dw − dz)` (see [`pair_step`]), so that
+/// `KL(p‖q) = ln sw − ln sz + u/sz` and `KL(q‖p) = ln sz − ln sw + v/sw`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairState {
+    /// Raw maximum of the student row.
+    pub zmax: f32,
+    /// Σ e^{dz}.
+    pub sz: f32,
+    /// Σ e^{dz}·dz.
+    pub tz: f32,
+    /// Raw maximum of the teacher row.
+    pub wmax: f32,
+    /// Σ e^{dw}.
+    pub sw: f32,
+    /// Σ e^{dw}·dw.
+    pub tw: f32,
+    /// Σ e^{dz}·(dz − dw).
+    pub u: f32,
+    /// Σ e^{dw}·(dw − dz).
+    pub v: f32,
+}
+
+impl PairState {
+    /// The student half as an [`LseState`].
+    #[inline]
+    pub fn student(&self) -> LseState {
+        LseState {
+            max: self.zmax,
+            sum: self.sz,
+            dot: self.tz,
+        }
+    }
+
+    /// The teacher half as an [`LseState`].
+    #[inline]
+    pub fn teacher(&self) -> LseState {
+        LseState {
+            max: self.wmax,
+            sum: self.sw,
+            dot: self.tw,
+        }
+    }
+
+    /// Merges `self` (left) with `right`: each half as [`LseState::merge`]; the cross sums as
+    /// `u = fma(fma(gzl − gwl, szl, ul), azl, fma(gzr − gwr, szr, ur)·azr)` and
+    /// `v = fma(fma(gwl − gzl, swl, vl), awl, fma(gwr − gzr, swr, vr)·awr)`, where
+    /// `g = max_r(LOG_RATIO_FLOOR, (part max − merged max)·τ)` (0 if the merged max is −∞)
+    /// and `a` is the exponential factor of [`LseState::merge`] (1 if the merged max is −∞).
+    /// The shifts are floored at LOG_RATIO_FLOOR = −2^64, not
+    /// at D_MIN, because they enter a log-ratio, not an exponential.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_block, PairState};
+    /// let (z, w) = ([0.0f32, 1.0], [1.0f32, 0.0]);
+    /// let whole = pair_block(&z, &w, 1.0);
+    /// let split = pair_block(&z[..1], &w[..1], 1.0).merge(pair_block(&z[1..], &w[1..], 1.0), 1.0);
+    /// assert!((whole.u - split.u).abs() < 1e-6 && (whole.sz - split.sz).abs() < 1e-6);
+    /// ```
+    #[inline]
+    pub fn merge(self, right: PairState, tau: f32) -> PairState {
+        let z = self.student().merge(right.student(), tau);
+        let w = self.teacher().merge(right.teacher(), tau);
+        // Shift of a part's maximum to the merged one, floored at LOG_RATIO_FLOOR (it enters a
+        // log-ratio); 0 when the merged maximum is −∞ (then every sum is 0 and stays 0).
+        let shift = |m: f32, top: f32| {
+            if top == f32::NEG_INFINITY {
+                0.0
+            } else {
+                max_r(LOG_RATIO_FLOOR, (m - top) * tau)
+            }
+        };
+        let factor = |m: f32, top: f32| {
+            if top == f32::NEG_INFINITY {
+                1.0
+            } else {
+                rescale(m, top, tau).1
+            }
+        };
+        let part = |p: &PairState| {
+            let gz = shift(p.zmax, z.max);
+            let gw = shift(p.wmax, w.max);
+            (
+                fma(gz - gw, p.sz, p.u),
+                factor(p.zmax, z.max),
+                fma(gw - gz, p.sw, p.v),
+                factor(p.wmax, w.max),
+            )
+        };
+        let (ul, azl, vl, awl) = part(&self);
+        let (ur, azr, vr, awr) = part(&right);
+        PairState {
+            zmax: z.max,
+            sz: z.sum,
+            tz: z.dot,
+            wmax: w.max,
+            sw: w.sum,
+            tw: w.dot,
+            u: fma(ul, azl, ur * azr),
+            v: fma(vl, awl, vr * awr),
+        }
+    }
+}
+
+/// The per-element step of the student/teacher pair reduction (module documentation).
+/// `acc` is `[sz, tz, sw, tw, u, v]`.
+///
+/// ```
+/// use grpo_core::vocab::canon::pair_step;
+/// // z at its max (dz = 0), w one unit below its max (dw = −1):
+/// let a = pair_step(3.0, 1.0, 3.0, 4.0, 5.0, [0.0; 6]);
+/// assert_eq!(a[0], 1.0); // sz += e^0
+/// assert_eq!(a[4], 1.0); // u += e^0 · (0 − (−1))
+/// ```
+#[inline(always)]
+pub fn pair_step(z: f32, tau: f32, cz: f32, w: f32, cw: f32, acc: [f32; 6]) -> [f32; 6] {
+    let [sz, tz, sw, tw, u, v] = acc;
+    let dz = (z - cz) * tau;
+    let dzc = max_r(D_MIN, dz);
+    let ez = exp_nonpos_clamped(dzc);
+    let dw = (w - cw) * tau;
+    let dwc = max_r(D_MIN, dw);
+    let ew = exp_nonpos_clamped(dwc);
+    let g = max_r(LOG_RATIO_FLOOR, dz) - max_r(LOG_RATIO_FLOOR, dw);
+    [
+        sz + ez,
+        fma(ez, dzc, tz),
+        sw + ew,
+        fma(ew, dwc, tw),
+        fma(ez, g, u),
+        fma(ew, -g, v),
+    ]
+}
+
+/// Reduces one block of a student row `z` and a teacher row `w` (same length) to a
+/// [`PairState`] in the canonical order. The scalar reference a SIMD backend replaces.
+///
+/// ```
+/// use grpo_core::vocab::canon::pair_block;
+/// // identical rows: u = v = 0 exactly
+/// let st = pair_block(&[0.5f32, -1.0, 2.0], &[0.5f32, -1.0, 2.0], 1.0);
+/// assert_eq!((st.u, st.v), (0.0, 0.0));
+/// ```
+pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
+    let zmax = block_max(z);
+    let wmax = block_max(w);
+    let (cz, cw) = (offset(zmax), offset(wmax));
+    let mut acc = [[0.0f32; LANES]; 6];
+    let n = z.len().min(w.len());
+    let n16 = n - n % LANES;
+    let mut g = 0;
+    while g < n16 {
+        for l in 0..LANES {
+            let a = [
+                acc[0][l], acc[1][l], acc[2][l], acc[3][l], acc[4][l], acc[5][l],
+            ];
+            let r = pair_step(z[g + l].to_f32(), tau, cz, w[g + l].to_f32(), cw, a);
+            for k in 0..6 {
+                acc[k][l] = r[k];
+            }
+        }
+        g += LANES;
+    }
+    for a in acc.iter_mut() {
+        tree(a);
+    }
+    let mut a0 = [
+        acc[0][0], acc[1][0], acc[2][0], acc[3][0], acc[4][0], acc[5][0],
+    ];
+    for i in n16..n {
+        a0 = pair_step(z[i].to_f32(), tau, cz, w[i].to_f32(), cw, a0);
+    }
+    PairState {
+        zmax,
+        sz: a0[0],
+        tz: a0[1],
+        wmax,
+        sw: a0[2],
+        tw: a0[3],
+        u: a0[4],
+        v: a0[5],
+    }
+}
+
+/// Row results from a merged [`LseState`] (shared scalar code, not mirrored by SIMD):
+/// `(lse, L, H)`.
+///
+/// `L = ln(s)`; `lse = m·τ + L`; `H = L − t/s` (one IEEE division). Requires a non-empty row
+/// (`max > −∞`).
+///
+/// ```
+/// use grpo_core::vocab::canon::{finish_lse, LseState};
+/// // two equal logits 0: s = 2, t = 0 → lse = ln 2, H = ln 2
+/// let (lse, ln_s, h) = finish_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0);
+/// assert_eq!(lse, ln_s);
+/// assert!((h - core::f32::consts::LN_2).abs() < 1e-7);
+/// ```
+#[inline]
+pub fn finish_lse(st: &LseState, tau: f32) -> (f32, f32, f32) {
+    let l = ln(st.sum);
+    (st.max * tau + l, l, l - st.dot / st.sum)
+}
+
+/// The two numbers that turn a logit of a reduced row into its log-probability:
+/// `log p_v = fma(z_v − max, τ, neg_ln_sum)` ([`log_prob`]), with `max` the row's raw maximum
+/// and `neg_ln_sum = −ln(s)`. The result is ≤ 0 by construction (`z_v − max ≤ 0`, `s ≥ 1`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogSoftmax {
+    /// Raw row maximum `m`.
+    pub max: f32,
+    /// `−ln(s)`.
+    pub neg_ln_sum: f32,
+}
+
+impl LogSoftmax {
+    /// From a merged row state.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{LogSoftmax, LseState};
+    /// let ls = LogSoftmax::of(&LseState { max: 3.0, sum: 1.0, dot: 0.0 });
+    /// assert_eq!((ls.max, ls.neg_ln_sum), (3.0, 0.0));
+    /// ```
+    #[inline]
+    pub fn of(st: &LseState) -> LogSoftmax {
+        LogSoftmax {
+            max: st.max,
+            neg_ln_sum: -ln(st.sum),
+        }
+    }
+}
+
+/// `log p_v = fma(z − max, τ, neg_ln_sum)` (see [`LogSoftmax`]).
+///
+/// ```
+/// use grpo_core::vocab::canon::{log_prob, LogSoftmax};
+/// let ls = LogSoftmax { max: 1.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// assert_eq!(log_prob(1.0, 1.0, &ls), -core::f32::consts::LN_2);
+/// ```
+#[inline(always)]
+pub fn log_prob(z: f32, tau: f32, ls: &LogSoftmax) -> f32 {
+    fma(z - ls.max, tau, ls.neg_ln_sum)
+}
+
+/// Log-probability of the target from the merged row state: [`log_prob`] of
+/// [`LogSoftmax::of`].
+///
+/// ```
+/// use grpo_core::vocab::canon::{logp_of, LseState};
+/// // logits [0, 0]: logp = 0 − ln 2
+/// let st = LseState { max: 0.0, sum: 2.0, dot: 0.0 };
+/// assert!((logp_of(0.0, 1.0, &st) + core::f32::consts::LN_2).abs() < 1e-7);
+/// ```
+#[inline]
+pub fn logp_of(z_y: f32, tau: f32, st: &LseState) -> f32 {
+    log_prob(z_y, tau, &LogSoftmax::of(st))
+}
+
+/// Per-row coefficients of the fused backward ([`grad_step`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradCoef {
+    /// τ = 1/T.
+    pub tau: f32,
+    /// Log-softmax of the student row.
+    pub p: LogSoftmax,
+    /// Entropy H of the student row.
+    pub h: f32,
+    /// Weight of logp(y).
+    pub g_lp: f32,
+    /// Weight of H.
+    pub g_h: f32,
+    /// Weight of the KL term (0 when there is none).
+    pub g_kl: f32,
+    /// Log-softmax of the teacher row (unused without a KL term).
+    pub q: LogSoftmax,
+    /// KL(p‖q) of the row (used by the forward direction only).
+    pub kl: f32,
+}
+
+impl GradCoef {
+    /// Coefficients without a KL term, from the merged student row state.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{GradCoef, LseState};
+    /// let c = GradCoef::from_lse(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 1.0, 0.0);
+    /// assert!((c.p.neg_ln_sum + core::f32::consts::LN_2).abs() < 1e-7);
+    /// ```
+    pub fn from_lse(st: &LseState, tau: f32, g_lp: f32, g_h: f32) -> GradCoef {
+        GradCoef {
+            tau,
+            p: LogSoftmax::of(st),
+            h: finish_lse(st, tau).2,
+            g_lp,
+            g_h,
+            g_kl: 0.0,
+            q: LogSoftmax {
+                max: 0.0,
+                neg_ln_sum: 0.0,
+            },
+            kl: 0.0,
+        }
+    }
+
+    /// Coefficients with a KL term, from the merged pair state (`kl` = KL(p‖q) of
+    /// [`finish_kl`]).
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_block, GradCoef};
+    /// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+    /// let c = GradCoef::from_pair(&st, 1.0, 0.0, 0.0, 1.0);
+    /// assert_eq!((c.kl, c.p), (0.0, c.q));
+    /// ```
+    pub fn from_pair(st: &PairState, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef {
+        GradCoef {
+            tau,
+            p: LogSoftmax::of(&st.student()),
+            h: finish_lse(&st.student(), tau).2,
+            g_lp,
+            g_h,
+            g_kl,
+            q: LogSoftmax::of(&st.teacher()),
+            kl: finish_kl(st).0,
+        }
+    }
+}
+
+/// Which KL's gradient the backward adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlGrad {
+    /// No KL term.
+    None,
+    /// KL(p‖q): `∂/∂z_v = p_v (log p_v − log q_v − KL)/T`.
+    Forward,
+    /// KL(q‖p): `∂/∂z_v = (p_v − q_v)/T`.
+    Reverse,
+}
+
+/// The per-element step of the fused backward: `∂(g_lp·logp(y) + g_H·H + g_KL·KL)/∂z_v`.
+///
+/// No reduction is involved, so every element is independent; the exact sequence is
+/// ```text
+/// lp  = fma(z − p.max, τ, p.neg_ln_sum)    // log p_v ≤ 0 (log_prob)
+/// lpc = max_r(D_MIN, lp);  p = exp_nonpos_clamped(lpc)
+/// k   = fma(g_h, lpc + h, g_lp)
+/// o   = select(v == y, g_lp, 0)
+/// Forward KL: lq = fma(w − q.max, τ, q.neg_ln_sum)
+///             k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
+/// Reverse KL: lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(max_r(D_MIN, lq))
+///             k  = k − g_kl;  o = fma(−g_kl, q, o)
+/// grad = fma(−p, k, o) · τ
+/// ```
+/// (`w` is ignored without a KL term.)
+///
+/// ```
+/// use grpo_core::vocab::canon::{grad_step, GradCoef, KlGrad};
+/// // two equal logits 0 (p = ½ each), T = 1, target 0, g_lp = 1: grad = 1 − ½ and −½
+/// use grpo_core::vocab::canon::LogSoftmax;
+/// let p = LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// let c = GradCoef { tau: 1.0, p, h: 0.0, g_lp: 1.0, g_h: 0.0, g_kl: 0.0, q: p, kl: 0.0 };
+/// assert!((grad_step(0.0, 0.0, true, &c, KlGrad::None) - 0.5).abs() < 1e-7);
+/// assert!((grad_step(0.0, 0.0, false, &c, KlGrad::None) + 0.5).abs() < 1e-7);
+/// ```
+#[inline(always)]
+pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
+    let lp = log_prob(z, c.tau, &c.p);
+    let lpc = max_r(D_MIN, lp);
+    let p = exp_nonpos_clamped(lpc);
+    let mut k = fma(c.g_h, lpc + c.h, c.g_lp);
+    let mut o = if is_target { c.g_lp } else { 0.0 };
+    match kl {
+        KlGrad::None => {}
+        KlGrad::Forward => {
+            let lq = log_prob(w, c.tau, &c.q);
+            let g = max_r(LOG_RATIO_FLOOR, lp) - max_r(LOG_RATIO_FLOOR, lq);
+            k = fma(-c.g_kl, g - c.kl, k);
+        }
+        KlGrad::Reverse => {
+            let lq = log_prob(w, c.tau, &c.q);
+            let q = exp_nonpos_clamped(max_r(D_MIN, lq));
+            k -= c.g_kl;
+            o = fma(-c.g_kl, q, o);
+        }
+    }
+    fma(-p, k, o) * c.tau
+}
+
+/// Both KL directions from a merged pair state: `(KL(p‖q), KL(q‖p))` =
+/// `((ln sw − ln sz) + u/sz, (ln sz − ln sw) + v/sw)` (shared scalar code).
+///
+/// ```
+/// use grpo_core::vocab::canon::{finish_kl, pair_block};
+/// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+/// assert_eq!(finish_kl(&st), (0.0, 0.0));
+/// ```
+#[inline]
+pub fn finish_kl(st: &PairState) -> (f32, f32) {
+    let (lz, lw) = (ln(st.sz), ln(st.sw));
+    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+}
+
+/// Floor of `ln(mixture)` in the JSD: below ln of the smallest subnormal (−103.28), so it only
+/// replaces `ln 0 = −∞`.
+pub const LN_FLOOR: f32 = -104.0;
+
+/// The per-element term of the JSD's second pass (`lz`, `lw` = [`LogSoftmax`] of each row,
+/// `omb` = 1 − β rounded once):
+/// ```text
+/// lp = max_r(D_MIN, log_prob(z, τ, lz));  lq = max_r(D_MIN, log_prob(w, τ, lw))
+/// p  = exp_nonpos_clamped(lp);        q  = exp_nonpos_clamped(lq)
+/// lm = max_r(LN_FLOOR, ln(fma(β, q, omb·p)))
+/// term = fma(β·q, lq − lm, (omb·p)·(lp − lm))
+/// ```
+///
+/// ```
+/// use grpo_core::vocab::canon::{jsd_step, LogSoftmax};
+/// // p_v = q_v: the term is 0
+/// let l = LogSoftmax { max: 1.0, neg_ln_sum: 0.0 };
+/// assert_eq!(jsd_step(0.0, 0.0, 1.0, &l, &l, 0.5, 0.5), 0.0);
+/// ```
+#[inline(always)]
+pub fn jsd_step(
+    z: f32,
+    w: f32,
+    tau: f32,
+    lz: &LogSoftmax,
+    lw: &LogSoftmax,
+    beta: f32,
+    omb: f32,
+) -> f32 {
+    let lp = max_r(D_MIN, log_prob(z, tau, lz));
+    let lq = max_r(D_MIN, log_prob(w, tau, lw));
+    let p = exp_nonpos_clamped(lp);
+    let q = exp_nonpos_clamped(lq);
+    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
+    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
+}
+
+/// Canonical sum of `f(i)` over `0..len`: per block, 16 strided lane sums, the tree, the tail in
+/// index order; block sums merged pairwise by addition ([`fold_blocks`]). Used by the JSD's
+/// second pass.
+///
+/// ```
+/// use grpo_core::vocab::canon::canonical_sum;
+/// assert_eq!(canonical_sum(100, |i| i as f32), 4950.0);
+/// ```
+pub fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
+    fold_blocks(
+        len,
+        |a: f32, b: f32| a + b,
+        |start, end| {
+            let n16 = start + (end - start) / LANES * LANES;
+            let mut acc = [0.0f32; LANES];
+            let mut i = start;
+            while i < n16 {
+                for (l, a) in acc.iter_mut().enumerate() {
+                    *a += f(i + l);
+                }
+                i += LANES;
+            }
+            tree(&mut acc);
+            let mut s = acc[0];
+            for j in n16..end {
+                s += f(j);
+            }
+            s
+        },
+    )
+    .unwrap_or(0.0)
+}
+
+/// Number of levels of the pairwise merge stack: enough for any `usize` block count.
+const LEVELS: usize = usize::BITS as usize;
+
+/// Reduces the blocks of a row of length `len` in the canonical pairwise order.
+///
+/// `block(start, end)` reduces elements `start..end` (one block, see [`BLOCK`]); `merge(left,
+/// right)` combines the states of two adjacent ranges. The merge order is the recursive split
+/// at the largest power of two below the block count (module documentation), computed with a
+/// binary-counter stack (no allocation). Returns `None` when `len = 0`.
+///
+/// ```
+/// use grpo_core::vocab::canon::{fold_blocks, BLOCK};
+/// // 5 blocks: ((b0 b1)(b2 b3)) b4 — counted here as nested sums of block lengths
+/// let total = fold_blocks(4 * BLOCK + 10, |a: usize, b: usize| a + b, |s, e| e - s);
+/// assert_eq!(total, Some(4 * BLOCK + 10));
+/// ```
+pub fn fold_blocks<St>(
+    len: usize,
+    merge: impl Fn(St, St) -> St,
+    mut block: impl FnMut(usize, usize) -> St,
+) -> Option<St> {
+    let mut stack: [Option<St>; LEVELS] = core::array::from_fn(|_| None);
+    let mut j = 0usize;
+    let mut start = 0usize;
+    while start < len {
+        let end = if len - start > BLOCK {
+            start + BLOCK
+        } else {
+            len
+        };
+        let mut cur = block(start, end);
+        let mut level = 0;
+        // Merge with the completed subtrees that the binary counter carries into.
+        while (j >> level) & 1 == 1 && level < LEVELS {
+            if let Some(left) = stack[level].take() {
+                cur = merge(left, cur);
+            }
+            level += 1;
+        }
+        if level < LEVELS {
+            stack[level] = Some(cur);
+        }
+        j += 1;
+        start = end;
+    }
+    // Remaining subtrees: higher levels hold lower indices, so they go on the left.
+    let mut acc: Option<St> = None;
+    for slot in stack.iter_mut() {
+        if let Some(left) = slot.take() {
+            acc = Some(match acc {
+                None => left,
+                Some(right) => merge(left, right),
+            });
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+    use std::string::String;
+
+    #[test]
+    fn fold_order_is_the_recursive_power_of_two_split() {
+        fn recursive(b: &[String]) -> String {
+            if b.len() == 1 {
+                return b[0].clone();
+            }
+            let mut h = 1;
+            while h * 2 < b.len() {
+                h *= 2;
+            }
+            format!("({} {})", recursive(&b[..h]), recursive(&b[h..]))
+        }
+        for nblocks in 1..=40usize {
+            let len = (nblocks - 1) * BLOCK + 7;
+            let got = fold_blocks(
+                len,
+                |a: String, b: String| format!("({a} {b})"),
+                |s, _| format!("{}", s / BLOCK),
+            );
+            let names: std::vec::Vec<String> = (0..nblocks).map(|i| format!("{i}")).collect();
+            assert_eq!(got.unwrap(), recursive(&names), "{nblocks} blocks");
+        }
+        assert_eq!(fold_blocks(0, |a: u8, _| a, |_, _| 0), None);
+    }
+
+    #[test]
+    fn lse_block_follows_lanes_tree_tail() {
+        // 35 elements: lanes get 2 each (32), tail 3. Compare with a hand-written order.
+        let z: std::vec::Vec<f32> = (0..35)
+            .map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5)
+            .collect();
+        let tau = 1.0 / 0.7f32;
+        let st = lse_block(&z, tau);
+        let mut m = f32::NEG_INFINITY;
+        for &v in &z {
+            m = max_r(m, v);
+        }
+        let mm = m + 0.0;
+        let mut s = [0.0f32; 16];
+        let mut t = [0.0f32; 16];
+        for i in 0..32 {
+            let d = (z[i] - mm) * tau;
+            let e = crate::vocab::exp_ln::exp(d);
+            s[i % 16] += e;
+            t[i % 16] = fma(e, d, t[i % 16]);
+        }
+        for h in [8, 4, 2, 1] {
+            for l in 0..h {
+                s[l] += s[l + h];
+                t[l] += t[l + h];
+            }
+        }
+        for i in 32..35 {
+            let d = (z[i] - mm) * tau;
+            let e = crate::vocab::exp_ln::exp(d);
+            s[0] += e;
+            t[0] = fma(e, d, t[0]);
+        }
+        assert_eq!(st.max.to_bits(), mm.to_bits());
+        assert_eq!(st.sum.to_bits(), s[0].to_bits());
+        assert_eq!(st.dot.to_bits(), t[0].to_bits());
+    }
+
+    #[test]
+    fn merge_matches_single_block_in_exact_cases() {
+        // Two one-element blocks z = 0 and z = 0 (τ = 1): merged s = 2, t = 0 exactly.
+        let a = lse_block(&[0.0f32], 1.0);
+        let m = a.merge(a, 1.0);
+        assert_eq!((m.max, m.sum, m.dot), (0.0, 2.0, 0.0));
+        // Empty with non-empty: identity.
+        let b = lse_block(&[1.0f32, 2.0], 1.0);
+        assert_eq!(LseState::EMPTY.merge(b, 1.0), b);
+        assert_eq!(b.merge(LseState::EMPTY, 1.0), b);
+        let e = LseState::EMPTY.merge(LseState::EMPTY, 1.0);
+        assert_eq!((e.max, e.sum, e.dot), (f32::NEG_INFINITY, 0.0, 0.0));
+    }
+
+    #[test]
+    fn masked_block_is_empty_state() {
+        let z = [f32::NEG_INFINITY; 37];
+        let st = lse_block(&z, 2.0);
+        assert_eq!((st.max, st.sum, st.dot), (f32::NEG_INFINITY, 0.0, 0.0));
+        let p = pair_block(&z, &z, 2.0);
+        assert_eq!((p.sz, p.sw, p.u, p.v), (0.0, 0.0, 0.0, 0.0));
+    }
+}

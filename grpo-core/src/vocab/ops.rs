@@ -1,0 +1,907 @@
+//! Row operations: log-sum-exp, token log-probability, entropy, KL, JSD and the fused backward,
+//! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
+
+use super::canon::{
+    self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
+};
+use super::exp_ln::max_r;
+use crate::error::{Error, Result, check_len};
+
+/// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
+///
+/// ```
+/// use grpo_core::vocab::TokenId;
+/// assert_eq!(7u32.index(), 7);
+/// assert_eq!((-1i64).index(), usize::MAX);
+/// ```
+pub trait TokenId: Copy {
+    /// The id as an index; negative or unrepresentable ids map to `usize::MAX`.
+    fn index(self) -> usize;
+}
+
+macro_rules! token_id {
+    ($($t:ty),*) => {$(
+        impl TokenId for $t {
+            #[inline]
+            fn index(self) -> usize {
+                usize::try_from(self).unwrap_or(usize::MAX)
+            }
+        }
+    )*};
+}
+token_id!(u32, u64, usize, i32, i64);
+
+/// Direction of a KL divergence between the student distribution p (from `student` logits)
+/// and the teacher distribution q (from `teacher` logits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KlDirection {
+    /// Forward KL(p‖q) = Σ p (log p − log q) ("KL(student ‖ teacher)").
+    Forward,
+    /// Reverse KL(q‖p) = Σ q (log q − log p).
+    Reverse,
+}
+
+/// Validates a temperature and returns τ = 1/T (one IEEE division): the factor every kernel
+/// multiplies logits by.
+///
+/// # Errors
+/// `InvalidParam{name: "temperature"}` unless `T` is finite, `> 0` and `1/T` is finite.
+///
+/// ```
+/// use grpo_core::vocab::validate::inverse_temperature;
+/// assert_eq!(inverse_temperature(0.5), Ok(2.0));
+/// assert!(inverse_temperature(0.0).is_err() && inverse_temperature(f32::NAN).is_err());
+/// ```
+pub fn inverse_temperature(temperature: f32) -> Result<f32> {
+    let ok = temperature > 0.0 && temperature.is_finite();
+    crate::error::ensure(ok, "temperature", "must be finite and > 0")?;
+    let tau = 1.0 / temperature;
+    crate::error::ensure(
+        tau.is_finite(),
+        "temperature",
+        "must be at least 2^-126 (1/T must be finite)",
+    )?;
+    Ok(tau)
+}
+
+/// Number of rows of a `[rows, vocab]` slice, checking `vocab > 0` and the length.
+fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<()> {
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let expected = rows.checked_mul(vocab).ok_or(Error::InvalidParam {
+        name: "vocab",
+        reason: "rows · vocab overflows usize",
+    })?;
+    check_len(what, expected, len)
+}
+
+/// Validates one logit row and returns its raw maximum (the checks, in this order, that every
+/// backend reproduces).
+///
+/// # Errors
+/// `NonFinite{what, index: base + v}` for the first NaN or +∞ at `v`; `EmptySegment{segment}`
+/// when every logit is −∞; `NonFinite{what: "logits / temperature", index: base + v}` when the
+/// maximum (first found at `v`) times τ overflows.
+///
+/// ```
+/// use grpo_core::vocab::validate::row;
+/// assert_eq!(row(&[1.0f32, -2.0], "logits", 0, 0, 1.0), Ok(1.0));
+/// assert!(row(&[f32::NEG_INFINITY; 3], "logits", 0, 5, 1.0).is_err());
+/// ```
+pub fn row<S: super::Logit>(
+    row: &[S],
+    what: &'static str,
+    base: usize,
+    segment: usize,
+    tau: f32,
+) -> Result<f32> {
+    let mut m = f32::NEG_INFINITY;
+    for (v, &x) in row.iter().enumerate() {
+        let x = x.to_f32();
+        if x.is_nan() || x == f32::INFINITY {
+            return Err(Error::NonFinite {
+                what,
+                index: base + v,
+            });
+        }
+        m = max_r(m, x);
+    }
+    if m == f32::NEG_INFINITY {
+        return Err(Error::EmptySegment { segment });
+    }
+    if !(m * tau).is_finite() {
+        // The largest logit overflows once divided by T: report where it is.
+        let v = row.iter().position(|x| x.to_f32() == m).unwrap_or(0);
+        return Err(Error::NonFinite {
+            what: "logits / temperature",
+            index: base + v,
+        });
+    }
+    Ok(m)
+}
+
+/// Validates the target `y` of a row already validated by [`row`] (whose raw maximum is
+/// `raw_max`).
+///
+/// # Errors
+/// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
+/// index: base + y}` when `(z_y − max)·τ` is not finite (a −∞ target logit).
+///
+/// ```
+/// use grpo_core::vocab::validate::target;
+/// let z = [0.0f32, f32::NEG_INFINITY];
+/// assert!(target(&z, 0, 0.0, 1.0, 0, 0).is_ok());
+/// assert!(target(&z, 1, 0.0, 1.0, 0, 0).is_err() && target(&z, 2, 0.0, 1.0, 0, 0).is_err());
+/// ```
+pub fn target<S: super::Logit>(
+    row: &[S],
+    y: usize,
+    raw_max: f32,
+    tau: f32,
+    base: usize,
+    index: usize,
+) -> Result<()> {
+    let zy = match row.get(y) {
+        Some(z) => z.to_f32(),
+        None => {
+            return Err(Error::TokenOutOfRange {
+                index,
+                token: y,
+                vocab: row.len(),
+            });
+        }
+    };
+    if !((zy - raw_max) * tau).is_finite() {
+        return Err(Error::NonFinite {
+            what: "logits[target]",
+            index: base + y,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that the KL in `dir` is finite: no element where the distribution the expectation
+/// is taken under is positive and the other is 0 (−∞ logit). `None` checks nothing (JSD).
+///
+/// # Errors
+/// `NonFinite{what: "teacher …" | "student …", index: base + v}` at the first such `v`.
+///
+/// ```
+/// use grpo_core::vocab::{validate::support, KlDirection};
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
+/// assert!(support(&z, &w, Some(KlDirection::Forward), 0).is_err());
+/// assert!(support(&z, &w, Some(KlDirection::Reverse), 0).is_ok());
+/// ```
+pub fn support<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: &[U],
+    dir: Option<KlDirection>,
+    base: usize,
+) -> Result<()> {
+    let Some(dir) = dir else { return Ok(()) };
+    for (v, (&a, &b)) in z.iter().zip(w).enumerate() {
+        let (a, b) = (a.to_f32(), b.to_f32());
+        let bad = match dir {
+            KlDirection::Forward => b == f32::NEG_INFINITY && a > f32::NEG_INFINITY,
+            KlDirection::Reverse => a == f32::NEG_INFINITY && b > f32::NEG_INFINITY,
+        };
+        if bad {
+            let what = match dir {
+                KlDirection::Forward => "teacher (−∞ where the student is not: KL(p‖q) = +∞)",
+                KlDirection::Reverse => "student (−∞ where the teacher is not: KL(q‖p) = +∞)",
+            };
+            return Err(Error::NonFinite {
+                what,
+                index: base + v,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The merged [`LseState`] of a validated row.
+#[inline]
+fn row_state<S: super::Logit>(z: &[S], tau: f32) -> LseState {
+    fold_blocks(
+        z.len(),
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap_or(LseState::EMPTY)
+}
+
+/// The merged [`PairState`] of a validated row pair.
+#[inline]
+fn pair_state<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
+    fold_blocks(
+        z.len(),
+        |a: PairState, b| a.merge(b, tau),
+        |a, b| pair_block(&z[a..b], &w[a..b], tau),
+    )
+    .unwrap_or(PairState {
+        zmax: f32::NEG_INFINITY,
+        sz: 0.0,
+        tz: 0.0,
+        wmax: f32::NEG_INFINITY,
+        sw: 0.0,
+        tw: 0.0,
+        u: 0.0,
+        v: 0.0,
+    })
+}
+
+/// Softmax statistics of one row: what the forward operations return.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RowStats {
+    /// `lse = log Σ_v exp(z_v/T)`.
+    pub lse: f32,
+    /// Entropy `H = lse − Σ_v p_v z_v/T` (nats).
+    pub entropy: f32,
+}
+
+/// Log-sum-exp and entropy of one row at temperature `T`, in one pass \[ours\].
+///
+/// Formula: `lse = log Σ_v exp(z_v/T)`, `H = −Σ_v p_v log p_v = lse − Σ_v p_v z_v/T` with
+/// `p = softmax(z/T)`, computed by the online `(M, s, t)` reduction of [`canon`] in its
+/// canonical order (MATH.md §5). −∞ logits are masked entries (p = 0).
+///
+/// # Errors
+/// `InvalidParam` (T not finite and > 0), `InvalidParam{name: "vocab"}` for an empty row,
+/// `NonFinite{what: "logits", index}` for the first NaN or +∞, `EmptySegment{segment: 0}` when
+/// every logit is −∞, `NonFinite{what: "logits / temperature"}` when `max z / T` overflows.
+///
+/// ```
+/// use grpo_core::vocab::row_stats;
+/// // logits [0, ln 3] → p = [¼, ¾]; lse = ln 4; H = −(¼ ln ¼ + ¾ ln ¾) = 0.5623351446
+/// let st = row_stats(&[0.0f32, 3f32.ln()], 1.0).unwrap();
+/// assert!((st.lse - 4f32.ln()).abs() < 1e-6);
+/// assert!((st.entropy - 0.5623351446).abs() < 1e-6);
+/// ```
+pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowStats> {
+    let tau = inverse_temperature(temperature)?;
+    crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
+    row(logits, "logits", 0, 0, tau)?;
+    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau), tau);
+    Ok(RowStats { lse, entropy })
+}
+
+/// `log Σ_v exp(z_v/T)` of one row \[ours\] (see [`row_stats`] for the method and errors).
+///
+/// ```
+/// use grpo_core::vocab::log_sum_exp;
+/// // log(e^1 + e^1) = 1 + ln 2
+/// let l = log_sum_exp(&[1.0f32, 1.0], 1.0).unwrap();
+/// assert!((l - (1.0 + 2f32.ln())).abs() < 1e-6);
+/// ```
+pub fn log_sum_exp<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
+    row_stats(logits, temperature).map(|s| s.lse)
+}
+
+/// Entropy `H = −Σ p log p` of `softmax(z/T)` for one row \[ours\] (method and errors: see
+/// [`row_stats`]).
+///
+/// ```
+/// use grpo_core::vocab::entropy;
+/// // four equal logits: H = ln 4 = 1.3862944
+/// let h = entropy(&[2.0f32; 4], 0.5).unwrap();
+/// assert!((h - 4f32.ln()).abs() < 1e-6);
+/// ```
+pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
+    row_stats(logits, temperature).map(|s| s.entropy)
+}
+
+/// Token log-probability and entropy of one row in one pass \[ours\].
+///
+/// Formula: `logp(y) = z_y/T − lse`, computed as `fma(z_y − m, τ, −ln s)` from the same row
+/// state (`m` = row max), and `H` as in [`row_stats`].
+///
+/// # Errors
+/// Those of [`row_stats`], plus `TokenOutOfRange{index: 0, ..}` when `target ≥ V` and
+/// `NonFinite{what: "logits[target]", index: target}` when the target's logit is −∞ (its
+/// log-probability would be −∞).
+///
+/// ```
+/// use grpo_core::vocab::logprob_entropy;
+/// // logits [0, ln 3]: logp(1) = ln ¾ = −0.2876821; H = 0.5623351
+/// let (lp, h) = logprob_entropy(&[0.0f32, 3f32.ln()], 1usize, 1.0).unwrap();
+/// assert!((lp - 0.75f32.ln()).abs() < 1e-6 && (h - 0.5623351).abs() < 1e-6);
+/// ```
+pub fn logprob_entropy<S: super::Logit, I: TokenId>(
+    logits: &[S],
+    token: I,
+    temperature: f32,
+) -> Result<(f32, f32)> {
+    let tau = inverse_temperature(temperature)?;
+    crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
+    let y = token.index();
+    if y >= logits.len() {
+        return Err(Error::TokenOutOfRange {
+            index: 0,
+            token: y,
+            vocab: logits.len(),
+        });
+    }
+    let m = row(logits, "logits", 0, 0, tau)?;
+    target(logits, y, m, tau, 0, 0)?;
+    let st = row_state(logits, tau);
+    let (_, _, h) = canon::finish_lse(&st, tau);
+    Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
+}
+
+/// Log-probability `logp(y) = z_y/T − log Σ_v exp(z_v/T)` of one token \[ours\]
+/// (method and errors: [`logprob_entropy`]).
+///
+/// ```
+/// use grpo_core::vocab::token_logprob;
+/// // logits [0, 0, 0, 0]: logp = −ln 4
+/// let lp = token_logprob(&[0.0f32; 4], 2u32, 1.0).unwrap();
+/// assert!((lp + 4f32.ln()).abs() < 1e-6);
+/// ```
+pub fn token_logprob<S: super::Logit, I: TokenId>(
+    logits: &[S],
+    token: I,
+    temperature: f32,
+) -> Result<f32> {
+    logprob_entropy(logits, token, temperature).map(|r| r.0)
+}
+
+/// Validates a student/teacher row pair.
+fn scan_pair<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: &[U],
+    tau: f32,
+    dir: Option<KlDirection>,
+    base: usize,
+    segment: usize,
+) -> Result<()> {
+    row(z, "student", base, segment, tau)?;
+    row(w, "teacher", base, segment, tau)?;
+    support(z, w, dir, base)
+}
+
+/// KL divergence between the student `p = softmax(z/T)` and the teacher `q = softmax(w/T)`
+/// of one row, in one pass \[ours; the distillation losses of arXiv 2306.13649\].
+///
+/// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
+/// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
+/// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
+/// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result
+/// is finite for finite input.
+///
+/// # Errors
+/// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
+/// `NonFinite{what: "student" | "teacher", index}` for NaN/+∞, `EmptySegment{segment: 0}` for an
+/// all-−∞ row, and `NonFinite` when the expectation's distribution is positive where the other
+/// is 0 (the KL is +∞): Forward needs `w_v = −∞ ⇒ z_v = −∞`, Reverse the converse.
+///
+/// ```
+/// use grpo_core::vocab::{kl_divergence, KlDirection};
+/// // p = [½, ½] (z = [0, 0]), q = [¼, ¾] (w = [0, ln 3]):
+/// // KL(p‖q) = ½ ln(½/¼) + ½ ln(½/¾) = ½ ln 2 + ½ ln(2/3) = 0.1438410
+/// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = −0.1732868 + 0.3040988 = 0.1308120
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+/// let f = kl_divergence(&z, &w, 1.0, KlDirection::Forward).unwrap();
+/// let r = kl_divergence(&z, &w, 1.0, KlDirection::Reverse).unwrap();
+/// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308120).abs() < 1e-6);
+/// ```
+pub fn kl_divergence<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    temperature: f32,
+    direction: KlDirection,
+) -> Result<f32> {
+    let tau = inverse_temperature(temperature)?;
+    crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
+    check_len("teacher", student.len(), teacher.len())?;
+    scan_pair(student, teacher, tau, Some(direction), 0, 0)?;
+    let (f, r) = canon::finish_kl(&pair_state(student, teacher, tau));
+    Ok(match direction {
+        KlDirection::Forward => f,
+        KlDirection::Reverse => r,
+    })
+}
+
+/// Checks `0 < β < 1` and returns `(β, 1 − β)`.
+fn beta_of(beta: f32) -> Result<(f32, f32)> {
+    crate::error::ensure(
+        beta > 0.0 && beta < 1.0,
+        "beta",
+        "must be in (0, 1) (use kl_divergence for the endpoints)",
+    )?;
+    Ok((beta, 1.0 - beta))
+}
+
+/// Generalised Jensen–Shannon divergence of one student/teacher row pair \[arXiv 2306.13649\].
+///
+/// Formula: with `p = softmax(z/T)` (student), `q = softmax(w/T)` (teacher) and the mixture
+/// `m = β q + (1 − β) p`: `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` for `0 < β < 1` (TRL's GKD
+/// loss uses the same definition; its β = 0 / β = 1 endpoints are the KL divergences, see
+/// [`kl_divergence`]). Two passes: the pair statistics, then `Σ_v β q_v (log q_v − log m_v) +
+/// (1−β) p_v (log p_v − log m_v)` in the canonical order with `log p_v = z_v/T − lse_z`.
+/// Masked entries (−∞ in either row) are allowed: JSD is always finite.
+///
+/// # Errors
+/// As [`kl_divergence`] (without the support condition), plus `InvalidParam{name: "beta"}`.
+///
+/// ```
+/// use grpo_core::vocab::jsd;
+/// // p = [1, 0]-like and q = [0, 1]-like rows that are disjoint (masked): JSD_½ = ln 2
+/// let ninf = f32::NEG_INFINITY;
+/// let j = jsd(&[0.0f32, ninf], &[ninf, 0.0f32], 0.5, 1.0).unwrap();
+/// assert!((j - 2f32.ln()).abs() < 1e-6);
+/// // identical rows: 0
+/// assert!(jsd(&[1.0f32, 2.0], &[1.0f32, 2.0], 0.3, 1.0).unwrap().abs() < 1e-7);
+/// ```
+pub fn jsd<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    beta: f32,
+    temperature: f32,
+) -> Result<f32> {
+    let tau = inverse_temperature(temperature)?;
+    let (beta, omb) = beta_of(beta)?;
+    crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
+    check_len("teacher", student.len(), teacher.len())?;
+    scan_pair(student, teacher, tau, None, 0, 0)?;
+    Ok(jsd_row(student, teacher, tau, beta, omb))
+}
+
+fn jsd_row<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: &[U],
+    tau: f32,
+    beta: f32,
+    omb: f32,
+) -> f32 {
+    let st = pair_state(z, w, tau);
+    let lz = canon::LogSoftmax::of(&st.student());
+    let lw = canon::LogSoftmax::of(&st.teacher());
+    let s = canon::canonical_sum(z.len(), |i| {
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, &lz, &lw, beta, omb)
+    });
+    max_r(0.0, s)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batched rows.
+
+/// Validates `[rows, V]` logits and returns τ.
+fn check_rows<S: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    rows: usize,
+    temperature: f32,
+) -> Result<f32> {
+    let tau = inverse_temperature(temperature)?;
+    rows_of("logits", logits.len(), vocab, rows)?;
+    Ok(tau)
+}
+
+/// Row `r` of a validated `[rows, vocab]` slice.
+#[inline]
+fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
+    &x[r * vocab..(r + 1) * vocab]
+}
+
+/// Checks every target is below `vocab`.
+fn check_targets<I: TokenId>(targets: &[I], vocab: usize) -> Result<()> {
+    for (r, &t) in targets.iter().enumerate() {
+        let y = t.index();
+        if y >= vocab {
+            return Err(Error::TokenOutOfRange {
+                index: r,
+                token: y,
+                vocab,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Log-sum-exp and entropy of every row of `logits` (`[rows, vocab]`, row-major) \[ours\].
+///
+/// Formula per row: as [`row_stats`]. `lse_out` and `entropy_out` have one element per row
+/// (`rows = lse_out.len()`).
+///
+/// # Errors
+/// `InvalidParam` (temperature, `vocab = 0`), `LengthMismatch` (`logits`, `entropy_out`), then
+/// per row in order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`.
+/// On `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::stats_rows;
+/// // row 0: [0, 0] → lse = ln 2, H = ln 2; row 1: [5, −∞] → lse = 5, H = 0
+/// let z = [0.0f32, 0.0, 5.0, f32::NEG_INFINITY];
+/// let (mut lse, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+/// stats_rows(&z, 2, 1.0, &mut lse, &mut h).unwrap();
+/// assert!((lse[0] - 2f32.ln()).abs() < 1e-6 && (h[0] - 2f32.ln()).abs() < 1e-6);
+/// assert_eq!((lse[1], h[1]), (5.0, 0.0));
+/// ```
+pub fn stats_rows<S: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    lse_out: &mut [f32],
+    entropy_out: &mut [f32],
+) -> Result<()> {
+    let rows = lse_out.len();
+    let tau = check_rows(logits, vocab, rows, temperature)?;
+    check_len("entropy_out", rows, entropy_out.len())?;
+    for r in 0..rows {
+        row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
+    }
+    for r in 0..rows {
+        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau), tau);
+        lse_out[r] = lse;
+        entropy_out[r] = h;
+    }
+    Ok(())
+}
+
+/// Token log-probabilities (and optionally entropies) of every row, fused in one pass \[ours\].
+///
+/// Formula per row `r`: `logp_out[r] = z[r, y_r]/T − lse_r` and `entropy_out[r] = H_r` as in
+/// [`logprob_entropy`]; `rows = targets.len()`. `entropy_out = None` skips nothing in the
+/// arithmetic (the pass computes both) but writes only the log-probabilities.
+///
+/// # Errors
+/// `InvalidParam` (temperature, `vocab = 0`), `LengthMismatch` (`logits`, `logp_out`,
+/// `entropy_out`), `TokenOutOfRange{index: r, ..}` for the first bad target, then per row in
+/// order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`,
+/// `NonFinite{what: "logits[target]", index: r·V + y}` (target logit −∞). On `Err` no output
+/// is written.
+///
+/// ```
+/// use grpo_core::vocab::logprob_entropy_rows;
+/// // row 0: [0, ln 3], target 1 → logp = ln ¾; row 1: [1, 1, 1, 1], target 0 → −ln 4, H = ln 4
+/// let z = [0.0f32, 3f32.ln(), 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+/// let (mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+/// // 7 logits do not make two rows of 4
+/// assert!(logprob_entropy_rows(&z[..7], 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).is_err());
+/// logprob_entropy_rows(&z, 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap();
+/// // row 0 is [0, ln 3, 0, 0]: logp(1) = ln(3/6) = −ln 2
+/// assert!((lp[0] + 2f32.ln()).abs() < 1e-6);
+/// assert!((lp[1] + 4f32.ln()).abs() < 1e-6 && (h[1] - 4f32.ln()).abs() < 1e-6);
+/// ```
+pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
+    logits: &[S],
+    vocab: usize,
+    targets: &[I],
+    temperature: f32,
+    logp_out: &mut [f32],
+    mut entropy_out: Option<&mut [f32]>,
+) -> Result<()> {
+    let rows = targets.len();
+    let tau = check_rows(logits, vocab, rows, temperature)?;
+    check_len("logp_out", rows, logp_out.len())?;
+    if let Some(h) = entropy_out.as_deref() {
+        check_len("entropy_out", rows, h.len())?;
+    }
+    check_targets(targets, vocab)?;
+    for (r, &t) in targets.iter().enumerate() {
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
+        target(z, t.index(), m, tau, r * vocab, r)?;
+    }
+    for (r, &t) in targets.iter().enumerate() {
+        let z = row_of(logits, vocab, r);
+        let st = row_state(z, tau);
+        logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
+        if let Some(h) = entropy_out.as_deref_mut() {
+            h[r] = canon::finish_lse(&st, tau).2;
+        }
+    }
+    Ok(())
+}
+
+/// KL divergence of every student/teacher row pair (`[rows, vocab]` each) \[ours\].
+///
+/// Formula per row: as [`kl_divergence`]; `rows = out.len()`.
+///
+/// # Errors
+/// As [`kl_divergence`], with indices `r·V + v` and `segment: r`; rows are checked in order.
+/// On `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::{kl_rows, KlDirection};
+/// // row 0 identical → 0; row 1: p = [½, ½], q = [¼, ¾] → KL(p‖q) = 0.1438410
+/// let z = [1.0f32, 2.0, 0.0, 0.0];
+/// let w = [1.0f32, 2.0, 0.0, 3f32.ln()];
+/// let mut out = [9.0f32; 2];
+/// kl_rows(&z, &w, 2, 1.0, KlDirection::Forward, &mut out).unwrap();
+/// assert!(out[0].abs() < 1e-7 && (out[1] - 0.1438410).abs() < 1e-6);
+/// ```
+pub fn kl_rows<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    temperature: f32,
+    direction: KlDirection,
+    out: &mut [f32],
+) -> Result<()> {
+    let rows = out.len();
+    let tau = inverse_temperature(temperature)?;
+    rows_of("student", student.len(), vocab, rows)?;
+    rows_of("teacher", teacher.len(), vocab, rows)?;
+    for r in 0..rows {
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        let (f, rev) = canon::finish_kl(&pair_state(
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
+            tau,
+        ));
+        *o = match direction {
+            KlDirection::Forward => f,
+            KlDirection::Reverse => rev,
+        };
+    }
+    Ok(())
+}
+
+/// Generalised JSD_β of every student/teacher row pair \[arXiv 2306.13649\] (formula and
+/// errors: [`jsd`], indices `r·V + v`); `rows = out.len()`. On `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::jsd_rows;
+/// let z = [0.0f32, 0.0, 1.0, 1.0];
+/// let mut out = [9.0f32; 2];
+/// jsd_rows(&z, &z, 2, 0.5, 1.0, &mut out).unwrap();
+/// assert!(out[0].abs() < 1e-7 && out[1].abs() < 1e-7);
+/// ```
+pub fn jsd_rows<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let rows = out.len();
+    let tau = inverse_temperature(temperature)?;
+    let (beta, omb) = beta_of(beta)?;
+    rows_of("student", student.len(), vocab, rows)?;
+    rows_of("teacher", teacher.len(), vocab, rows)?;
+    for r in 0..rows {
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        scan_pair(z, w, tau, None, r * vocab, r)?;
+    }
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = jsd_row(
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
+            tau,
+            beta,
+            omb,
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+
+/// Largest accepted magnitude of an upstream gradient weight. With [`MIN_GRAD_TEMPERATURE`]
+/// it keeps every gradient finite: per element `|∂loss/∂z| ≤ τ·|w|·(4 + 2·133 + 2·2^65)`
+/// (entropy term ≤ 88 + ln V, log-ratios floored at 2^64), i.e. ≤ 1e6·1e9·7.4e19 < f32::MAX.
+pub const MAX_GRAD_WEIGHT: f32 = 1.0e9;
+
+/// Smallest temperature the backward accepts: the gradient scales with 1/T, and below this
+/// bound it could overflow f32 (see [`MAX_GRAD_WEIGHT`]). The forward operations accept any
+/// `T > 0` with a finite `1/T`.
+pub const MIN_GRAD_TEMPERATURE: f32 = 1.0e-6;
+
+/// The KL term of a fused backward: teacher logits, per-row weights `∂loss/∂KL_r`, direction.
+#[derive(Debug, Clone, Copy)]
+pub struct KlTerm<'a, U> {
+    /// Teacher logits, same shape as the student's.
+    pub teacher: &'a [U],
+    /// One weight per row.
+    pub grad: &'a [f32],
+    /// Which KL.
+    pub direction: KlDirection,
+}
+
+/// The terms of a fused backward over rows: `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r +
+/// g_KL[r]·KL_r`. Absent terms have weight 0.
+#[derive(Debug, Clone, Copy)]
+pub struct GradTerms<'a, I, U = f32> {
+    /// `(targets, ∂loss/∂logp)` per row.
+    pub logp: Option<(&'a [I], &'a [f32])>,
+    /// `∂loss/∂H` per row.
+    pub entropy: Option<&'a [f32]>,
+    /// The KL term.
+    pub kl: Option<KlTerm<'a, U>>,
+}
+
+/// Validates per-row backward weights: length `rows`, finite, `|g| ≤` [`MAX_GRAD_WEIGHT`].
+///
+/// # Errors
+/// `LengthMismatch{what}`, `NonFinite{what, index: r}`, `InvalidParam{name: what}`.
+///
+/// ```
+/// use grpo_core::vocab::validate::weights;
+/// assert!(weights("grad_logp", &[1.0, -2.0], 2).is_ok());
+/// assert!(weights("grad_logp", &[f32::NAN, 0.0], 2).is_err());
+/// ```
+pub fn weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
+    check_len(what, rows, g.len())?;
+    for (i, &x) in g.iter().enumerate() {
+        if x.is_nan() || x.abs() > MAX_GRAD_WEIGHT {
+            return Err(if x.is_finite() {
+                Error::InvalidParam {
+                    name: what,
+                    reason: "|weight| must be ≤ 1e9",
+                }
+            } else {
+                Error::NonFinite { what, index: i }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Validates a backward call; returns τ.
+fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    rows: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+) -> Result<f32> {
+    let tau = check_rows(logits, vocab, rows, temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
+    if let Some((t, g)) = terms.logp {
+        check_len("targets", rows, t.len())?;
+        weights("grad_logp", g, rows)?;
+        check_targets(t, vocab)?;
+    }
+    if let Some(g) = terms.entropy {
+        weights("grad_entropy", g, rows)?;
+    }
+    if let Some(k) = &terms.kl {
+        rows_of("teacher", k.teacher.len(), vocab, rows)?;
+        weights("grad_kl", k.grad, rows)?;
+    }
+    for r in 0..rows {
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
+        if let Some(k) = &terms.kl {
+            let w = row_of(k.teacher, vocab, r);
+            row(w, "teacher", r * vocab, r, tau)?;
+            support(z, w, Some(k.direction), r * vocab)?;
+        }
+        if let Some((t, _)) = terms.logp {
+            target(z, t[r].index(), m, tau, r * vocab, r)?;
+        }
+    }
+    Ok(tau)
+}
+
+/// The per-row coefficients of the backward, and the target index (or usize::MAX).
+fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
+    z: &[S],
+    vocab: usize,
+    r: usize,
+    tau: f32,
+    terms: &GradTerms<'_, I, U>,
+) -> (GradCoef, usize, KlGrad) {
+    let (g_lp, y) = match terms.logp {
+        Some((t, g)) => (g[r], t[r].index()),
+        None => (0.0, usize::MAX),
+    };
+    let g_h = terms.entropy.map_or(0.0, |g| g[r]);
+    match &terms.kl {
+        Some(k) => {
+            let st = pair_state(z, row_of(k.teacher, vocab, r), tau);
+            let dir = match k.direction {
+                KlDirection::Forward => KlGrad::Forward,
+                KlDirection::Reverse => KlGrad::Reverse,
+            };
+            (GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]), y, dir)
+        }
+        None => (
+            GradCoef::from_lse(&row_state(z, tau), tau, g_lp, g_h),
+            y,
+            KlGrad::None,
+        ),
+    }
+}
+
+/// Fused backward over rows: `out[r, v] = ∂loss_r/∂z[r, v]` for
+/// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\].
+///
+/// Formulas (p = softmax(z/T), q = softmax(w/T)):
+/// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`; `∂H/∂z_v = −p_v (log p_v + H)/T`;
+/// `∂KL(p‖q)/∂z_v = p_v (log p_v − log q_v − KL(p‖q))/T`; `∂KL(q‖p)/∂z_v = (p_v − q_v)/T`
+/// (gradients with respect to the student logits only; the teacher is a constant). Each row
+/// is first reduced (forward statistics), then every element is written by
+/// [`canon::grad_step`]. Masked (−∞) logits get gradient 0.
+///
+/// # Errors
+/// As [`logprob_entropy_rows`] and [`kl_rows`] for the terms present, plus
+/// `LengthMismatch{what: "out" | "targets" | "grad_logp" | "grad_entropy" | "grad_kl"}`,
+/// `NonFinite{what: "grad_*", index: r}` for a non-finite weight, `InvalidParam` for
+/// |weight| > [`MAX_GRAD_WEIGHT`] and for `T <` [`MIN_GRAD_TEMPERATURE`]. On `Err`, `out` is untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows, GradTerms};
+/// // one row [0, 0], target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
+/// let mut g = [0.0f32; 2];
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// backward_rows(&[0.0f32, 0.0], 2, 1.0, &terms, &mut g).unwrap();
+/// assert!((g[0] - 0.5).abs() < 1e-7 && (g[1] + 0.5).abs() < 1e-7);
+/// ```
+pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+    out: &mut [f32],
+) -> Result<()> {
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let rows = logits.len() / vocab;
+    check_len("out", logits.len(), out.len())?;
+    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
+    for r in 0..rows {
+        let z = row_of(logits, vocab, r);
+        let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
+        let o = &mut out[r * vocab..(r + 1) * vocab];
+        match &terms.kl {
+            Some(k) => {
+                let w = row_of(k.teacher, vocab, r);
+                for v in 0..vocab {
+                    o[v] = canon::grad_step(z[v].to_f32(), w[v].to_f32(), v == y, &c, kg);
+                }
+            }
+            None => {
+                for v in 0..vocab {
+                    o[v] = canon::grad_step(z[v].to_f32(), 0.0, v == y, &c, KlGrad::None);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`backward_rows`] writing the gradient over the logits themselves (rounded to the storage
+/// type `S` by `S::from_f32`, ties to even) \[ours\]. Each row's statistics are computed before
+/// the row is overwritten, so the result equals the out-of-place one rounded to `S`.
+///
+/// # Errors
+/// As [`backward_rows`]; on `Err` the logits are untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows_in_place, GradTerms, KlDirection, KlTerm};
+/// // entropy of [0, 0] is maximal: its gradient is 0 (∂H/∂z_v = −½(−ln 2 + ln 2) = 0)
+/// let mut z = [0.0f32, 0.0];
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: Some(&[1.0]), kl: None };
+/// backward_rows_in_place(&mut z, 2, 1.0, &terms).unwrap();
+/// assert!(z[0].abs() < 1e-7 && z[1].abs() < 1e-7);
+/// ```
+pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &mut [S],
+    vocab: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+) -> Result<()> {
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let rows = logits.len() / vocab;
+    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
+    for r in 0..rows {
+        let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
+        let z = &mut logits[r * vocab..(r + 1) * vocab];
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
+        for v in 0..vocab {
+            let wv = w.map_or(0.0, |w| w[v].to_f32());
+            z[v] = S::from_f32(canon::grad_step(z[v].to_f32(), wv, v == y, &c, kg));
+        }
+    }
+    Ok(())
+}

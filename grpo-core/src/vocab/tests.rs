@@ -1,0 +1,663 @@
+//! Tests of the row operations against f64 references, error handling, and gradients.
+
+extern crate std;
+use super::canon::{BLOCK, LseState, fold_blocks, lse_block};
+use super::*;
+use crate::Error;
+use std::vec;
+use std::vec::Vec;
+
+/// SplitMix64: deterministic, dependency-free.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (a, b) = (self.uniform(), self.uniform());
+        (-2.0 * a.ln()).sqrt() * (2.0 * core::f64::consts::PI * b).cos()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// N(0, σ²) logits with a few spikes and (optionally) some masked entries.
+fn logits(rng: &mut Rng, v: usize, sigma: f64, spikes: usize, masked: usize) -> Vec<f32> {
+    let mut z: Vec<f32> = (0..v).map(|_| (sigma * rng.normal()) as f32).collect();
+    for _ in 0..spikes {
+        let i = rng.below(v);
+        z[i] = (12.0 + 8.0 * rng.uniform()) as f32;
+    }
+    for _ in 0..masked {
+        let i = rng.below(v);
+        z[i] = f32::NEG_INFINITY;
+    }
+    z
+}
+
+// ---- f64 references -------------------------------------------------------------------------
+
+fn lse64(z: &[f32], t: f64) -> f64 {
+    let m = z
+        .iter()
+        .map(|&x| x as f64 / t)
+        .fold(f64::NEG_INFINITY, f64::max);
+    m + z
+        .iter()
+        .map(|&x| (x as f64 / t - m).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+fn logp64(z: &[f32], t: f64) -> Vec<f64> {
+    let l = lse64(z, t);
+    z.iter().map(|&x| x as f64 / t - l).collect()
+}
+
+fn entropy64(z: &[f32], t: f64) -> f64 {
+    logp64(z, t)
+        .iter()
+        .map(|&lp| {
+            if lp == f64::NEG_INFINITY {
+                0.0
+            } else {
+                -lp.exp() * lp
+            }
+        })
+        .sum()
+}
+
+fn kl64(z: &[f32], w: &[f32], t: f64) -> f64 {
+    let (lp, lq) = (logp64(z, t), logp64(w, t));
+    lp.iter()
+        .zip(&lq)
+        .map(|(&a, &b)| {
+            if a == f64::NEG_INFINITY {
+                0.0
+            } else {
+                a.exp() * (a - b)
+            }
+        })
+        .sum()
+}
+
+fn jsd64(z: &[f32], w: &[f32], beta: f64, t: f64) -> f64 {
+    let (lp, lq) = (logp64(z, t), logp64(w, t));
+    let mut s = 0.0;
+    for (&a, &b) in lp.iter().zip(&lq) {
+        let (p, q) = (a.exp(), b.exp());
+        let m = beta * q + (1.0 - beta) * p;
+        if q > 0.0 {
+            s += beta * q * (b - m.ln());
+        }
+        if p > 0.0 {
+            s += (1.0 - beta) * p * (a - m.ln());
+        }
+    }
+    s
+}
+
+// ---- accuracy -------------------------------------------------------------------------------
+
+#[test]
+fn accuracy_against_f64_at_large_vocabularies() {
+    let mut rng = Rng(42);
+    let mut worst = [0.0f64; 4];
+    for &v in &[151_936usize, 262_144] {
+        for (k, &t) in [1.0f32, 0.7].iter().enumerate() {
+            let z = logits(&mut rng, v, 3.0, 5, 100 * k);
+            let w = logits(&mut rng, v, 3.0, 3, 0);
+            let t64 = t as f64;
+            let st = row_stats(&z, t).unwrap();
+            let lp_ref = logp64(&z, t64);
+            let h_ref = entropy64(&z, t64);
+            let herr = (st.entropy as f64 - h_ref).abs();
+            assert!(herr <= 1e-5, "V={v} T={t}: H err {herr:e}");
+            worst[1] = worst[1].max(herr);
+            // targets: a spike (the argmax), and random tokens
+            let argmax = (0..v).max_by(|&a, &b| z[a].total_cmp(&z[b])).unwrap();
+            let mut targets = vec![argmax];
+            for _ in 0..4 {
+                let mut y = rng.below(v);
+                while z[y] == f32::NEG_INFINITY {
+                    y = rng.below(v);
+                }
+                targets.push(y);
+            }
+            for &y in &targets {
+                let (lp, h) = logprob_entropy(&z, y, t).unwrap();
+                assert_eq!(h.to_bits(), st.entropy.to_bits());
+                let err = (lp as f64 - lp_ref[y]).abs();
+                let bound = 2e-6 + 1e-6 * lp_ref[y].abs();
+                assert!(
+                    err <= bound,
+                    "V={v} T={t} y={y}: logp err {err:e} > {bound:e}"
+                );
+                worst[0] = worst[0].max(err / bound);
+            }
+            // KL between two independent rows (large) and a perturbed copy (small)
+            let wz: Vec<f32> = z
+                .iter()
+                .map(|&x| x + (0.05 * rng.normal()) as f32)
+                .collect();
+            for other in [&w, &wz] {
+                for dir in [KlDirection::Forward, KlDirection::Reverse] {
+                    if dir == KlDirection::Forward && k == 1 && other == &w {
+                        // student masked where the teacher is not: forward is fine,
+                    }
+                    let got = kl_divergence(&z, other, t, dir);
+                    let want = match dir {
+                        KlDirection::Forward => kl64(&z, other, t64),
+                        KlDirection::Reverse => kl64(other, &z, t64),
+                    };
+                    if !want.is_finite() {
+                        assert!(matches!(got, Err(Error::NonFinite { .. })));
+                        continue;
+                    }
+                    let got = got.unwrap() as f64;
+                    let err = (got - want).abs();
+                    assert!(
+                        err <= 1e-5 + 1e-6 * want,
+                        "V={v} {dir:?}: KL {got} vs {want}"
+                    );
+                    worst[2] = worst[2].max(err);
+                }
+                let j = jsd(&z, other, 0.5, t).unwrap() as f64;
+                let jr = jsd64(&z, other, 0.5, t64);
+                assert!((j - jr).abs() <= 1e-5 + 1e-6 * jr, "JSD {j} vs {jr}");
+                worst[3] = worst[3].max((j - jr).abs());
+            }
+        }
+    }
+    std::eprintln!(
+        "worst: logp err/bound {:.3}, H {:.2e}, KL {:.2e}, JSD {:.2e}",
+        worst[0],
+        worst[1],
+        worst[2],
+        worst[3]
+    );
+}
+
+#[test]
+fn lse_is_accurate_for_wide_ranges_and_temperatures() {
+    let mut rng = Rng(7);
+    for &(v, sigma, t) in &[
+        (1000usize, 30.0, 1.0f32),
+        (5000, 1.0, 0.05),
+        (40_000, 10.0, 3.0),
+    ] {
+        let z = logits(&mut rng, v, sigma, 2, 10);
+        let got = log_sum_exp(&z, t).unwrap() as f64;
+        let want = lse64(&z, t as f64);
+        assert!(
+            (got - want).abs() <= 2e-6 + 2e-7 * want.abs(),
+            "{got} vs {want}"
+        );
+    }
+}
+
+#[test]
+fn storage_types_give_the_bits_of_their_f32_values() {
+    let mut rng = Rng(3);
+    let z = logits(&mut rng, 3000, 3.0, 2, 5);
+    let zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let zh: Vec<half::f16> = z.iter().map(|&x| half::f16::from_f32(x)).collect();
+    let zb32: Vec<f32> = zb.iter().map(|x| x.to_f32()).collect();
+    let zh32: Vec<f32> = zh.iter().map(|x| x.to_f32()).collect();
+    assert_eq!(row_stats(&zb, 0.9).unwrap(), row_stats(&zb32, 0.9).unwrap());
+    assert_eq!(row_stats(&zh, 0.9).unwrap(), row_stats(&zh32, 0.9).unwrap());
+    let y = (0..3000).find(|&i| z[i].is_finite()).unwrap();
+    assert_eq!(
+        token_logprob(&zb, y, 1.0).unwrap().to_bits(),
+        token_logprob(&zb32, y, 1.0).unwrap().to_bits()
+    );
+}
+
+#[test]
+fn row_ops_use_the_canonical_fold() {
+    let mut rng = Rng(11);
+    let v = 3 * BLOCK + 37;
+    let z = logits(&mut rng, v, 2.0, 1, 3);
+    let tau = 1.0 / 1.3f32;
+    let st: LseState = fold_blocks(
+        v,
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| lse_block(&z[a..b], tau),
+    )
+    .unwrap();
+    let (lse, _, h) = canon::finish_lse(&st, tau);
+    let got = row_stats(&z, 1.3).unwrap();
+    assert_eq!(
+        (got.lse.to_bits(), got.entropy.to_bits()),
+        (lse.to_bits(), h.to_bits())
+    );
+    // batched equals single-row, bit for bit
+    let mut zz = z.clone();
+    zz.extend_from_slice(&z);
+    let (mut l2, mut h2) = ([0.0f32; 2], [0.0f32; 2]);
+    stats_rows(&zz, v, 1.3, &mut l2, &mut h2).unwrap();
+    assert_eq!(l2[1].to_bits(), lse.to_bits());
+    assert_eq!(h2[0].to_bits(), h.to_bits());
+}
+
+#[test]
+fn hand_computed_small_rows() {
+    // [ln 1, ln 2, ln 3, ln 4] at T = 1: p = v/10. logp(3) = ln 0.4 = −0.91629073;
+    // H = −Σ p ln p = −(0.1 ln 0.1 + 0.2 ln 0.2 + 0.3 ln 0.3 + 0.4 ln 0.4) = 1.27985423
+    let z = [0.0f32, 2f32.ln(), 3f32.ln(), 4f32.ln()];
+    let (lp, h) = logprob_entropy(&z, 3u32, 1.0).unwrap();
+    assert!((lp + 0.916_290_73).abs() < 1e-6, "{lp}");
+    assert!((h - 1.279_854_23).abs() < 1e-6, "{h}");
+    // T = 2 on [0, 2 ln 3]: z/T = [0, ln 3] → p = [¼, ¾], lse = ln 4
+    let st = row_stats(&[0.0f32, 2.0 * 3f32.ln()], 2.0).unwrap();
+    assert!((st.lse - 4f32.ln()).abs() < 1e-6);
+    // A masked entry changes nothing: [0, −∞, 0] → H = ln 2, logp(0) = −ln 2
+    let z = [0.0f32, f32::NEG_INFINITY, 0.0];
+    let (lp, h) = logprob_entropy(&z, 0usize, 1.0).unwrap();
+    assert!((lp + 2f32.ln()).abs() < 1e-7 && (h - 2f32.ln()).abs() < 1e-7);
+    // One-hot after masking: H = 0 exactly, logp = 0 exactly
+    let (lp, h) = logprob_entropy(&[f32::NEG_INFINITY, 3.5], 1u32, 1.0).unwrap();
+    assert_eq!((lp, h), (0.0, 0.0));
+    // KL of identical rows is exactly 0; JSD of disjoint supports is ln 2 for β = ½
+    let w = [1.0f32, -2.0, 0.5];
+    assert_eq!(
+        kl_divergence(&w, &w, 0.8, KlDirection::Forward).unwrap(),
+        0.0
+    );
+    // JSD_β, β = 0.25, p = [½, ½], q = [¼, ¾]: m = ¼q + ¾p = [0.4375, 0.5625];
+    // β Σ q ln(q/m) + (1−β) Σ p ln(p/m) = 0.25·(0.25 ln(0.25/0.4375) + 0.75 ln(0.75/0.5625))
+    //   + 0.75·(0.5 ln(0.5/0.4375) + 0.5 ln(0.5/0.5625)) = 0.0092372… computed below in f64
+    let r = 0.25 * (0.25 * (0.25f64 / 0.4375).ln() + 0.75 * (0.75f64 / 0.5625).ln())
+        + 0.75 * (0.5 * (0.5f64 / 0.4375).ln() + 0.5 * (0.5f64 / 0.5625).ln());
+    let j = jsd(&[0.0f32, 0.0], &[0.0f32, 3f32.ln()], 0.25, 1.0).unwrap();
+    assert!((j as f64 - r).abs() < 1e-7, "{j} vs {r}");
+}
+
+// ---- errors ---------------------------------------------------------------------------------
+
+#[test]
+fn invalid_inputs_are_rejected_and_outputs_untouched() {
+    let ninf = f32::NEG_INFINITY;
+    let good = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, 0.5];
+    let s = 7.25f32; // sentinel
+    let run = |z: &[f32], v: usize, t: &[u32], temp: f32| {
+        let (mut lp, mut h) = ([s; 2], [s; 2]);
+        let r = logprob_entropy_rows(z, v, t, temp, &mut lp, Some(&mut h));
+        if r.is_err() {
+            assert_eq!((lp, h), ([s; 2], [s; 2]), "outputs written on {r:?}");
+        }
+        r
+    };
+    assert!(run(&good, 4, &[0, 1], 1.0).is_ok());
+    for temp in [0.0f32, -1.0, f32::NAN, f32::INFINITY, 1e-40] {
+        assert!(matches!(
+            run(&good, 4, &[0, 1], temp),
+            Err(Error::InvalidParam {
+                name: "temperature",
+                ..
+            })
+        ));
+    }
+    assert!(matches!(
+        run(&good, 0, &[0, 1], 1.0),
+        Err(Error::InvalidParam { name: "vocab", .. })
+    ));
+    assert_eq!(
+        run(&good[..7], 4, &[0, 1], 1.0),
+        Err(Error::LengthMismatch {
+            what: "logits",
+            expected: 8,
+            found: 7
+        })
+    );
+    assert_eq!(
+        run(&good, 4, &[0, 4], 1.0),
+        Err(Error::TokenOutOfRange {
+            index: 1,
+            token: 4,
+            vocab: 4
+        })
+    );
+    let mut z = good;
+    z[6] = f32::NAN;
+    assert_eq!(
+        run(&z, 4, &[0, 1], 1.0),
+        Err(Error::NonFinite {
+            what: "logits",
+            index: 6
+        })
+    );
+    z[6] = f32::INFINITY;
+    assert_eq!(
+        run(&z, 4, &[0, 1], 1.0),
+        Err(Error::NonFinite {
+            what: "logits",
+            index: 6
+        })
+    );
+    let z = [0.0f32, 1.0, 2.0, 3.0, ninf, ninf, ninf, ninf];
+    assert_eq!(
+        run(&z, 4, &[0, 1], 1.0),
+        Err(Error::EmptySegment { segment: 1 })
+    );
+    let z = [0.0f32, 1.0, 2.0, 3.0, 0.0, ninf, 1.0, 1.0];
+    assert_eq!(
+        run(&z, 4, &[0, 1], 1.0),
+        Err(Error::NonFinite {
+            what: "logits[target]",
+            index: 5
+        })
+    );
+    // max z / T overflows
+    let z = [3e38f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+    assert!(matches!(
+        run(&z, 4, &[0, 1], 0.5),
+        Err(Error::NonFinite {
+            what: "logits / temperature",
+            index: 0
+        })
+    ));
+    // the other batched ops leave their outputs untouched too
+    let mut out = [s; 2];
+    let bad = [0.0f32, 1.0, f32::NAN, 0.0];
+    assert!(stats_rows(&bad, 2, 1.0, &mut out, &mut [s; 2]).is_err());
+    assert!(kl_rows(&bad, &good[..4], 2, 1.0, KlDirection::Forward, &mut out).is_err());
+    assert!(jsd_rows(&good[..4], &bad, 2, 0.5, 1.0, &mut out).is_err());
+    assert_eq!(out, [s; 2]);
+    assert!(jsd_rows(&good[..4], &good[..4], 2, 1.0, 1.0, &mut out).is_err());
+    assert_eq!(out, [s; 2]);
+    // KL support: teacher masked where the student is not
+    let z = [0.0f32, 0.0];
+    let w = [0.0f32, ninf];
+    assert!(matches!(
+        kl_divergence(&z, &w, 1.0, KlDirection::Forward),
+        Err(Error::NonFinite { index: 1, .. })
+    ));
+    assert!(kl_divergence(&z, &w, 1.0, KlDirection::Reverse).is_ok());
+    assert!(matches!(
+        kl_divergence(&w, &z, 1.0, KlDirection::Reverse),
+        Err(Error::NonFinite { index: 1, .. })
+    ));
+    assert!(kl_divergence(&z, &w[..1], 1.0, KlDirection::Forward).is_err());
+    // backward: out and logits untouched
+    let mut g = [s; 8];
+    let terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((&[0, 1], &[1.0, f32::NAN])),
+        entropy: None,
+        kl: None,
+    };
+    assert_eq!(
+        backward_rows(&good, 4, 1.0, &terms, &mut g),
+        Err(Error::NonFinite {
+            what: "grad_logp",
+            index: 1
+        })
+    );
+    assert_eq!(g, [s; 8]);
+    let mut zz = good;
+    assert!(backward_rows_in_place(&mut zz, 4, 1.0, &terms).is_err());
+    assert_eq!(zz, good);
+    let terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((&[0, 9], &[1.0, 1.0])),
+        entropy: None,
+        kl: None,
+    };
+    assert!(backward_rows_in_place(&mut zz, 4, 1.0, &terms).is_err());
+    assert_eq!(zz, good);
+    assert!(backward_rows(&good, 4, 1.0, &terms, &mut g[..7]).is_err());
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+/// f64 loss of one row: g_lp·logp(y) + g_h·H + g_kl·KL(dir).
+fn loss64(z: &[f64], w: &[f32], y: usize, t: f64, g: [f64; 3], dir: Option<KlDirection>) -> f64 {
+    let zf: Vec<f32> = z.iter().map(|&x| x as f32).collect();
+    let _ = zf;
+    // direct f64 evaluation (not through f32)
+    let m = z.iter().map(|&x| x / t).fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + z.iter().map(|&x| (x / t - m).exp()).sum::<f64>().ln();
+    let lp: Vec<f64> = z.iter().map(|&x| x / t - lse).collect();
+    let h: f64 = lp
+        .iter()
+        .map(|&a| {
+            if a == f64::NEG_INFINITY {
+                0.0
+            } else {
+                -a.exp() * a
+            }
+        })
+        .sum();
+    let lq = logp64(w, t);
+    let kl = match dir {
+        None => 0.0,
+        Some(KlDirection::Forward) => lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum(),
+        Some(KlDirection::Reverse) => lp.iter().zip(&lq).map(|(&a, &b)| b.exp() * (b - a)).sum(),
+    };
+    g[0] * lp[y] + g[1] * h + g[2] * kl
+}
+
+/// The analytic f64 gradient (the documented formulas).
+fn grad64(
+    z: &[f32],
+    w: &[f32],
+    y: usize,
+    t: f64,
+    g: [f64; 3],
+    dir: Option<KlDirection>,
+) -> Vec<f64> {
+    let lp = logp64(z, t);
+    let lq = logp64(w, t);
+    let h = entropy64(z, t);
+    let kl = match dir {
+        Some(KlDirection::Forward) => kl64(z, w, t),
+        _ => 0.0,
+    };
+    (0..z.len())
+        .map(|v| {
+            let p = lp[v].exp();
+            if p == 0.0 {
+                // masked entry: every term carries a factor p (or p − q with q > 0 only
+                // where the teacher is unmasked, which the tests avoid)
+                return 0.0;
+            }
+            let mut d = g[0] * (if v == y { 1.0 } else { 0.0 } - p) - g[1] * p * (lp[v] + h);
+            d += g[2]
+                * match dir {
+                    None => 0.0,
+                    Some(KlDirection::Forward) => p * (lp[v] - lq[v] - kl),
+                    Some(KlDirection::Reverse) => p - lq[v].exp(),
+                };
+            d / t
+        })
+        .collect()
+}
+
+#[test]
+fn backward_matches_finite_differences_and_the_analytic_form() {
+    let mut rng = Rng(5);
+    let v = 37;
+    let t = 0.8f32;
+    let g = [0.7f32, -0.3, 0.45];
+    let g64 = [g[0] as f64, g[1] as f64, g[2] as f64];
+    for dir in [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)] {
+        let z = logits(&mut rng, v, 1.5, 1, 0);
+        let w = logits(&mut rng, v, 1.5, 0, 0);
+        let y = 4;
+        let mut out = vec![0.0f32; v];
+        let kl = dir.map(|d| KlTerm {
+            teacher: &w[..],
+            grad: &g[2..3],
+            direction: d,
+        });
+        let terms = GradTerms {
+            logp: Some((&[y as u32][..], &g[0..1])),
+            entropy: Some(&g[1..2]),
+            kl,
+        };
+        backward_rows(&z, v, t, &terms, &mut out).unwrap();
+        let an = grad64(&z, &w, y, t as f64, g64, dir);
+        let z64: Vec<f64> = z.iter().map(|&x| x as f64).collect();
+        for i in 0..v {
+            // central difference of the f64 loss, step 1e-5
+            let hstep = 1e-5;
+            let mut zp = z64.clone();
+            zp[i] += hstep;
+            let mut zm = z64.clone();
+            zm[i] -= hstep;
+            let fd = (loss64(&zp, &w, y, t as f64, g64, dir)
+                - loss64(&zm, &w, y, t as f64, g64, dir))
+                / (2.0 * hstep);
+            assert!(
+                (fd - an[i]).abs() < 1e-7 + 1e-6 * an[i].abs(),
+                "{dir:?} FD {fd} vs {}",
+                an[i]
+            );
+            assert!(
+                (out[i] as f64 - an[i]).abs() < 2e-7 + 2e-6 * an[i].abs(),
+                "{dir:?} v={i}: {} vs {}",
+                out[i],
+                an[i]
+            );
+        }
+        // in place equals out of place (f32), and bf16 in place is its rounding
+        let mut zi = z.clone();
+        backward_rows_in_place(&mut zi, v, t, &terms).unwrap();
+        assert_eq!(zi, out);
+        let mut zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let zb32: Vec<f32> = zb.iter().map(|x| x.to_f32()).collect();
+        let mut outb = vec![0.0f32; v];
+        backward_rows(&zb32, v, t, &terms, &mut outb).unwrap();
+        backward_rows_in_place(&mut zb, v, t, &terms).unwrap();
+        for i in 0..v {
+            assert_eq!(zb[i], half::bf16::from_f32(outb[i]));
+        }
+    }
+}
+
+#[test]
+fn backward_is_accurate_at_a_large_vocabulary_and_zero_on_masked_entries() {
+    let mut rng = Rng(9);
+    let v = 151_936;
+    let mut z = logits(&mut rng, v, 3.0, 4, 50);
+    z[10] = f32::NEG_INFINITY;
+    let w = logits(&mut rng, v, 3.0, 2, 0);
+    let g = [1.0f32, 0.5, 0.25];
+    let terms = GradTerms {
+        logp: Some((&[3u32][..], &g[0..1])),
+        entropy: Some(&g[1..2]),
+        kl: Some(KlTerm {
+            teacher: &w[..],
+            grad: &g[2..3],
+            direction: KlDirection::Forward,
+        }),
+    };
+    let mut out = vec![0.0f32; v];
+    backward_rows(&z, v, 1.0, &terms, &mut out).unwrap();
+    let an = grad64(&z, &w, 3, 1.0, [1.0, 0.5, 0.25], Some(KlDirection::Forward));
+    let mut worst = 0.0f64;
+    for i in 0..v {
+        let e = (out[i] as f64 - an[i]).abs();
+        worst = worst.max(e);
+        assert!(
+            e <= 1e-7 + 1e-5 * an[i].abs(),
+            "v={i}: {} vs {}",
+            out[i],
+            an[i]
+        );
+    }
+    assert_eq!(out[10], 0.0);
+    // the gradient of logp + H + KL w.r.t. logits sums to 0 over the vocabulary (shift
+    // invariance of softmax); check in f64
+    let sum: f64 = out.iter().map(|&x| x as f64).sum();
+    assert!(sum.abs() < 1e-4, "{sum}");
+    std::eprintln!("backward worst abs err {worst:e}");
+}
+
+#[test]
+fn merges_across_blocks_with_distant_maxima() {
+    // The student's mass sits in block 2, the teacher's in block 0; block 1 is masked in both.
+    // Every merge rescales by a factor that underflows, and the log-ratio shifts are large.
+    let mut rng = Rng(21);
+    let v = 3 * BLOCK + 5;
+    let mut z: Vec<f32> = (0..v).map(|_| rng.normal() as f32).collect();
+    let mut w: Vec<f32> = (0..v).map(|_| rng.normal() as f32).collect();
+    for i in 0..BLOCK {
+        w[i] += 40.0;
+        z[i] -= 40.0;
+    }
+    for i in BLOCK..2 * BLOCK {
+        z[i] = f32::NEG_INFINITY;
+        w[i] = f32::NEG_INFINITY;
+    }
+    for i in 2 * BLOCK..v {
+        z[i] += 30.0;
+    }
+    for t in [1.0f32, 2.5] {
+        let t64 = t as f64;
+        for (dir, want) in [
+            (KlDirection::Forward, kl64(&z, &w, t64)),
+            (KlDirection::Reverse, kl64(&w, &z, t64)),
+        ] {
+            let got = kl_divergence(&z, &w, t, dir).unwrap() as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 + 1e-6 * want,
+                "{dir:?} T={t}: {got} vs {want}"
+            );
+        }
+        let st = row_stats(&z, t).unwrap();
+        assert!((st.entropy as f64 - entropy64(&z, t64)).abs() <= 1e-5);
+        assert!((st.lse as f64 - lse64(&z, t64)).abs() <= 2e-6 + 1e-7 * lse64(&z, t64).abs());
+        let j = jsd(&z, &w, 0.3, t).unwrap() as f64;
+        let jr = jsd64(&z, &w, 0.3, t64);
+        assert!((j - jr).abs() <= 1e-5 + 1e-6 * jr, "JSD {j} vs {jr}");
+    }
+}
+
+#[test]
+fn tiny_temperatures_and_huge_scaled_logits_stay_finite() {
+    // Found by the fuzzer: with T = 2.9e-11, z·τ ≈ 6.7e11 whose rounding residual (up to
+    // 32768) used to reach exp as a positive argument. Differences are now taken before τ.
+    let t = 2.922_502_9e-11f32;
+    for z in [
+        &[19.670_816f32][..],
+        &[19.670_816, 19.0, f32::NEG_INFINITY, -1e30][..],
+    ] {
+        let st = row_stats(z, t).unwrap();
+        assert!(st.lse.is_finite() && st.entropy.is_finite());
+        // the maximum dominates completely: H = 0, lse = z_max/T (within f32 rounding)
+        assert_eq!(st.entropy, 0.0);
+        let want = z[0] as f64 / t as f64;
+        assert!(
+            (st.lse as f64 - want).abs() <= want * 1e-7,
+            "{} vs {want}",
+            st.lse
+        );
+        let lp = token_logprob(z, 0u32, t).unwrap();
+        assert_eq!(lp, 0.0);
+        let mut g = vec![1.0f32; z.len()];
+        let terms: GradTerms<'_, u32> = GradTerms {
+            logp: Some((&[0], &[1.0])),
+            entropy: Some(&[1.0]),
+            kl: None,
+        };
+        // 1/T ≈ 3.4e10 exceeds the backward's bound: refused, buffer untouched
+        assert!(matches!(
+            backward_rows(z, z.len(), t, &terms, &mut g),
+            Err(Error::InvalidParam {
+                name: "temperature",
+                ..
+            })
+        ));
+        assert!(g.iter().all(|&x| x == 1.0));
+        backward_rows(z, z.len(), MIN_GRAD_TEMPERATURE, &terms, &mut g).unwrap();
+        assert!(g.iter().all(|x| x.is_finite()), "{g:?}");
+    }
+}
