@@ -32,7 +32,7 @@
 //! (no clamp), every loss evaluates its kernel twice: once to check finiteness and gather the
 //! diagnostics, once to write — the reference favours the guarantee over speed.
 
-use crate::error::{Error, Result, check_len, ensure};
+use crate::error::{Error, Result, check_len};
 use crate::layout::Tokens;
 use crate::real::Real;
 
@@ -214,13 +214,8 @@ pub(crate) fn mul0<T: Real>(a: T, b: T) -> T {
     }
 }
 
-/// Checks an optional log-ratio clamp: `c > 0` (and not NaN).
-pub(crate) fn check_clamp<T: Real>(c: Option<T>, name: &'static str) -> Result<()> {
-    match c {
-        Some(c) => ensure(c > T::ZERO, name, "must be > 0"),
-        None => Ok(()),
-    }
-}
+// One validation rule for every optional clamp in the crate (finite and > 0).
+pub(crate) use crate::divergence::measures::check_clamp;
 
 /// Clamps a log-ratio to `[−c, c]`; returns it and whether it was outside (then constant).
 #[inline]

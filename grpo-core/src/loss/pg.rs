@@ -6,6 +6,7 @@ use super::{
     for_each_valid, mul0, validate_aux, validate_inputs,
 };
 use crate::divergence::RatioBounds;
+use crate::divergence::measures::expm1_minus_x;
 use crate::error::{Error, Result, check_len, ensure};
 use crate::layout::Tokens;
 use crate::presets::Preset;
@@ -536,7 +537,8 @@ pub fn p3o<T: Real>(
             let rho = x.exp();
             let (w, capped) = if rho > ess { (ess, true) } else { (rho, false) };
             let wa = mul0(w, a);
-            let k3 = kl3_of_log_ratio(x, rho);
+            // k3 = ρ − 1 − ln ρ = eˣ − 1 − x, evaluated without cancellation near x = 0.
+            let k3 = expm1_minus_x(x);
             let value = -mul0(wa, inp.lp[t]) + mul0(pen, k3);
             let dk3 = if clamped { T::ZERO } else { rho - T::ONE };
             TokenOut {
@@ -552,31 +554,9 @@ pub fn p3o<T: Real>(
     })
 }
 
-/// k3 = ρ − 1 − log ρ for ρ = eˣ, via `expm1` for accuracy near x = 0.
-/// (Private helper; the divergence module owns the public k3 — deduplicate at merge.)
-#[inline]
-fn kl3_of_log_ratio<T: Real>(x: T, rho: T) -> T {
-    if x.abs() < T::ONE {
-        x.exp_m1() - x
-    } else {
-        rho - T::ONE - x
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kl3_is_nonnegative_and_accurate() {
-        for &x in &[-30.0f64, -1.5, -1e-8, 0.0, 1e-8, 0.7, 5.0] {
-            let k = kl3_of_log_ratio(x, x.exp());
-            assert!(k >= 0.0);
-        }
-        // x = 1e-4: e^x − 1 − x = x²/2 + x³/6 + … = 5.000166…e-9.
-        let k = kl3_of_log_ratio(1e-4f64, 1e-4f64.exp());
-        assert!((k - 5.000166670833e-9).abs() < 1e-20);
-    }
 
     #[test]
     fn sigmoid_slope_matches_definition() {

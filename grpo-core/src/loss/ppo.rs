@@ -80,6 +80,26 @@ impl<T: Real> PpoClipConfig<T> {
         }
     }
 
+    /// ATR-GRPO [2602.05494]: PPO-clip whose trust region is the KL3 constraint
+    /// `ρ − 1 − ln ρ ≤ δ`, i.e. the asymmetric ratio interval [`RatioBounds::kl3`]`(δ)`
+    /// (δ = 0.05 → [0.71619, 1.35040]); everything else as the default.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`](crate::Error::InvalidParam) unless `δ > 0` and finite.
+    ///
+    /// # Example
+    /// ```
+    /// use grpo_core::loss::PpoClipConfig;
+    /// let cfg = PpoClipConfig::<f64>::atr_kl3(0.05).unwrap();
+    /// assert!((cfg.bounds.lo - 0.71619).abs() < 1e-5 && (cfg.bounds.hi - 1.35040).abs() < 1e-5);
+    /// ```
+    pub fn atr_kl3(delta: T) -> Result<Self> {
+        Ok(PpoClipConfig {
+            bounds: RatioBounds::kl3(delta)?,
+            ..Self::default()
+        })
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         RatioBounds::new(self.bounds.lo, self.bounds.hi)?;
         if let Some(c) = self.dual_clip {
