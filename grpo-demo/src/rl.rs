@@ -6,13 +6,14 @@
 
 use std::fmt;
 
-use grpo_core::advantage::filter::dynamic_sampling_keep;
+use grpo_core::advantage::filter::{DynamicSamplingConfig, dynamic_sampling_keep};
 use grpo_core::advantage::zscore::{ZScoreConfig, zscore};
 use grpo_core::aggregate::{AggConfig, AggMode, aggregate, scale_gradients};
 use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::{
     CispoConfig, CispoWeight, GspoConfig, PolicyInputs, PpoClipConfig, cispo, gspo, ppo_clip,
 };
+use grpo_core::vocab::{GradTerms, backward_rows, logprob_entropy_rows};
 use grpo_core::{Groups, Preset, Tokens};
 
 /// The `--loss` recipes.
@@ -70,7 +71,7 @@ pub fn advantages(kind: LossKind, scores: &[f32], group_size: usize, out: &mut [
 
 /// DAPO dynamic-sampling keep mask per group (grpo-core: keep iff the group's rewards differ).
 pub fn keep_groups(scores: &[f32], group_size: usize, keep: &mut [bool]) -> Result<usize> {
-    dynamic_sampling_keep(scores, Groups::Uniform(group_size), keep)
+    dynamic_sampling_keep(scores, Groups::Uniform(group_size), &DynamicSamplingConfig::default(), keep)
 }
 
 /// What one policy-loss evaluation reports.
@@ -116,8 +117,7 @@ pub fn policy_loss_grad(
         LossKind::Grpo | LossKind::DrGrpo => ppo_clip(&PpoClipConfig::default(), &inp, &mut value, g_lp)?,
         LossKind::Dapo => ppo_clip(&PpoClipConfig::dapo(), &inp, &mut value, g_lp)?,
         LossKind::AtrKl3 => {
-            let cfg = PpoClipConfig { bounds: RatioBounds::kl3(ATR_DELTA)?, ..PpoClipConfig::default() };
-            ppo_clip(&cfg, &inp, &mut value, g_lp)?
+            ppo_clip(&PpoClipConfig::atr_kl3(ATR_DELTA)?, &inp, &mut value, g_lp)?
         }
         LossKind::Gspo => gspo(&GspoConfig::default(), &inp, &mut value, g_lp)?,
         LossKind::Cispo => {
@@ -140,39 +140,43 @@ pub fn policy_loss_grad(
 /// ATR-GRPO's KL3 trust-region bound δ: ρ − 1 − ln ρ ≤ δ ⇔ ρ ∈ [0.71619, 1.35040].
 pub const ATR_DELTA: f32 = 0.05;
 
-/// Fused vocabulary forward over `rows` logit rows of width `vocab`: log-prob of each target
-/// and entropy of each row.
-pub fn vocab_forward(logits: &[f32], vocab: usize, targets: &[u32], lp: &mut [f32], ent: &mut [f32]) {
-    // TEMP(vocab, vocab-cpu): replaced by the fused kernels when the branches land.
-    for (r, z) in logits.chunks(vocab).enumerate() {
-        let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let s: f32 = z.iter().map(|v| (v - m).exp()).sum();
-        let lse = m + s.ln();
-        lp[r] = z[targets[r] as usize] - lse;
-        ent[r] = lse - z.iter().map(|v| (v - lse).exp() * v).sum::<f32>();
-    }
+/// Where the fused vocabulary kernels run. Today: grpo-core's reference implementation
+/// (`grpo_core::vocab`). grpo-cpu's SIMD + rayon versions have the same signatures plus `&self`
+/// and the same bits; they replace the two calls below once the grpo-cpu vocabulary kernels
+/// build against the current grpo-core.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+/// Fused vocabulary forward over `targets.len()` logit rows of width `vocab`: `lp[r] = log softmax(z_r)[y_r]` and
+/// `ent[r] = H(softmax(z_r))`, temperature 1.
+pub fn vocab_forward(
+    cpu: &Cpu,
+    logits: &[f32],
+    vocab: usize,
+    targets: &[u32],
+    lp: &mut [f32],
+    ent: &mut [f32],
+) -> Result<()> {
+    let _ = cpu;
+    logprob_entropy_rows(logits, vocab, targets, 1.0, lp, Some(ent))
 }
 
-/// Fused vocabulary backward: `dlogits = g_lp·∂lp/∂z + g_h·∂H/∂z` per row.
+/// Fused vocabulary backward: `dlogits[r, v] = g_lp[r]·∂lp_r/∂z_{r,v} +
+/// g_h[r]·∂H_r/∂z_{r,v}`, the chain rule from per-row loss gradients to the logits.
 pub fn vocab_backward(
+    cpu: &Cpu,
     logits: &[f32],
     vocab: usize,
     targets: &[u32],
     g_lp: &[f32],
     g_h: &[f32],
     dlogits: &mut [f32],
-) {
-    // TEMP(vocab, vocab-cpu): replaced by the fused kernels when the branches land.
-    for (r, (z, d)) in logits.chunks(vocab).zip(dlogits.chunks_mut(vocab)).enumerate() {
-        let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let s: f32 = z.iter().map(|v| (v - m).exp()).sum();
-        let lse = m + s.ln();
-        let h = lse - z.iter().map(|v| (v - lse).exp() * v).sum::<f32>();
-        for (v, (zv, dv)) in z.iter().zip(d.iter_mut()).enumerate() {
-            let lpv = zv - lse;
-            let p = lpv.exp();
-            let onehot = if v == targets[r] as usize { 1.0 } else { 0.0 };
-            *dv = g_lp[r] * (onehot - p) - g_h[r] * p * (lpv + h);
-        }
-    }
+) -> Result<()> {
+    let terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((targets, g_lp)),
+        entropy: Some(g_h),
+        kl: None,
+    };
+    let _ = cpu;
+    backward_rows(logits, vocab, 1.0, &terms, dlogits)
 }

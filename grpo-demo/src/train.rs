@@ -12,7 +12,7 @@ use candle_core::{Device, Result, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
 use crate::model::{ModelConfig, Transformer, token_tensor};
-use crate::rl::{self, LossKind};
+use crate::rl::{self, Cpu, LossKind};
 use crate::rng::Rng;
 use crate::task::{ANSWER_LEN, Datasets, MAX_LEN, PROMPT_LEN, Problem, VOCAB, reward};
 
@@ -133,6 +133,7 @@ pub struct Trainer {
     /// Train / held-out problems.
     pub data: Datasets,
     opt: AdamW,
+    cpu: Cpu,
     sample_rng: Rng,
     batch_rng: Rng,
     start: std::time::Instant,
@@ -261,6 +262,7 @@ impl Trainer {
             model,
             data,
             opt,
+            cpu: Cpu,
             sample_rng,
             batch_rng,
             start: std::time::Instant::now(),
@@ -307,10 +309,11 @@ impl Trainer {
         let z: Vec<f32> = logits.flatten_all()?.to_vec1()?;
         let rows = targets.len();
         let (mut lp, mut ent) = (vec![0f32; rows], vec![0f32; rows]);
-        rl::vocab_forward(&z, VOCAB, &targets, &mut lp, &mut ent);
+        rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent).map_err(lib_err)?;
         let g_lp = vec![-1.0 / rows as f32; rows];
         let mut dz = vec![0f32; z.len()];
-        rl::vocab_backward(&z, VOCAB, &targets, &g_lp, &vec![0.0; rows], &mut dz);
+        rl::vocab_backward(&self.cpu, &z, VOCAB, &targets, &g_lp, &vec![0.0; rows], &mut dz)
+            .map_err(lib_err)?;
         self.apply(&surrogate(&logits, dz)?)?;
         Ok(-lp.iter().map(|&v| v as f64).sum::<f64>() / rows as f64)
     }
@@ -407,7 +410,7 @@ impl Trainer {
         for u in 0..self.cfg.updates_per_step {
             let logits = self.answer_logits(&inputs, n)?;
             let z: Vec<f32> = logits.flatten_all()?.to_vec1()?;
-            rl::vocab_forward(&z, VOCAB, &targets, &mut lp, &mut ent);
+            rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent).map_err(lib_err)?;
             if u == 0 {
                 // The policy that sampled the batch is the current one: old log-probs = lp.
                 old.copy_from_slice(&lp);
@@ -422,7 +425,8 @@ impl Trainer {
             }
             let g_h = vec![-self.cfg.entropy_coef / rows as f32; rows];
             dz.resize(z.len(), 0.0);
-            rl::vocab_backward(&z, VOCAB, &targets, &g_lp, &g_h, &mut dz);
+            rl::vocab_backward(&self.cpu, &z, VOCAB, &targets, &g_lp, &g_h, &mut dz)
+                .map_err(lib_err)?;
             self.apply(&surrogate(&logits, std::mem::take(&mut dz))?)?;
         }
         if self.cfg.updates_per_step > 1 {
