@@ -66,7 +66,10 @@ pub fn plot(path: &Path, rows: &[StepMetrics], title: &str) -> Result<(), Box<dy
     let mut chart = builder.build_cartesian_2d(0f64..last as f64, 0f64..1f64)?;
     let mut mesh = chart.configure_mesh();
     if has_text {
-        mesh.x_desc("GRPO step").y_desc("reward / accuracy");
+        mesh.x_desc("GRPO step")
+            .y_desc("reward / accuracy")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.1}"));
     } else {
         mesh.x_labels(0).y_labels(0);
     }
@@ -130,6 +133,8 @@ pub struct Summary {
     pub grpo_s: f64,
     /// GRPO steps.
     pub steps: usize,
+    /// CPU seconds (user + system) of the whole process, if the OS reports them.
+    pub cpu_s: Option<f64>,
 }
 
 impl Summary {
@@ -153,6 +158,10 @@ impl Summary {
             format!("train reward, last 10 st.   {:.3}", self.reward_last),
             format!("warm-up / GRPO steps        {} / {}", self.warmup_steps, self.steps),
             format!("wall time: warm-up / GRPO   {:.1} s / {:.1} s", self.warmup_s, self.grpo_s),
+            format!(
+                "CPU time (user + sys)       {}",
+                self.cpu_s.map_or("n/a".into(), |c| format!("{c:.1} s"))
+            ),
         ];
         let w = lines.iter().map(|l| l.chars().count()).max().unwrap_or(0);
         let bar = format!("+{}+", "-".repeat(w + 2));
@@ -164,4 +173,15 @@ impl Summary {
         s.push_str(&bar);
         s
     }
+}
+
+/// CPU seconds (user + system) this process has used, from `/proc/self/stat` (Linux); wall time
+/// on a shared machine is an upper bound, CPU time is what the run itself costs.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every mainstream Linux configuration.
+    Some(ticks / 100.0)
 }
