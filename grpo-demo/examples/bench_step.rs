@@ -13,7 +13,9 @@ fn main() {
     let x = token_tensor(&toks, b, 12).unwrap();
     for _ in 0..2 {
         let c0 = cpu();
-        for _ in 0..10 { let _ = t.model.forward_positions(&x, 8, 4).unwrap(); }
+        for _ in 0..10 {
+            let _ = t.model.forward_positions(&x, 8, 4).unwrap();
+        }
         let c1 = cpu();
         for _ in 0..10 {
             let l = t.model.forward_positions(&x, 8, 4).unwrap();
@@ -21,6 +23,10 @@ fn main() {
             let _ = surrogate(&l, vec![0.01; n]).unwrap().backward().unwrap();
         }
         let c2 = cpu();
-        println!("fwd {:.1} ms, fwd+bwd {:.1} ms (cpu time)", (c1 - c0) * 100.0, (c2 - c1) * 100.0);
+        println!(
+            "fwd {:.1} ms, fwd+bwd {:.1} ms (cpu time)",
+            (c1 - c0) * 100.0,
+            (c2 - c1) * 100.0
+        );
     }
 }

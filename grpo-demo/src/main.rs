@@ -125,10 +125,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     );
     let random_acc = t.held_out_accuracy()?;
 
-    let style = ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>4}/{len} {elapsed:>4} {msg}")
-        .map_err(|e| e.to_string())?
-        .progress_chars("=> ");
-    let bar = ProgressBar::new(cfg.warmup_steps as u64).with_style(style.clone()).with_prefix("warm-up");
+    let style =
+        ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos:>4}/{len} {elapsed:>4} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> ");
+    let bar = ProgressBar::new(cfg.warmup_steps as u64)
+        .with_style(style.clone())
+        .with_prefix("warm-up");
     let warmup_steps = t.warmup(|i, nll| {
         if i % 5 == 0 {
             bar.set_message(format!("nll {nll:.3}"));
@@ -151,7 +154,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         reward: f64::NAN,
         ..Default::default()
     }];
-    let bar = ProgressBar::new(cfg.steps as u64).with_style(style).with_prefix("GRPO");
+    let bar = ProgressBar::new(cfg.steps as u64)
+        .with_style(style)
+        .with_prefix("GRPO");
     let mut acc = warmup_acc;
     for step in 1..=cfg.steps {
         let mut m = t.grpo_step(step)?;
@@ -177,7 +182,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
 
     let accs: Vec<f64> = rows.iter().filter_map(|m| m.held_out_acc).collect();
     let rewards: Vec<f64> = rows.iter().skip(1).map(|m| m.reward).collect();
-    let mean = |v: &[f64]| if v.is_empty() { 0.0 } else { v.iter().sum::<f64>() / v.len() as f64 };
+    let mean = |v: &[f64]| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    };
     let k = rewards.len().min(10);
     let summary = Summary {
         loss: cfg.loss.to_string(),
@@ -197,7 +208,10 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     println!("{table}");
     report::write_file(&cli.out.join("metrics.csv"), &report::csv(&rows))?;
     report::write_file(&cli.out.join("summary.txt"), &format!("{table}\n"))?;
-    let title = format!("grpo-demo: {} (G = {}, seed {})", cfg.loss, cfg.group_size, cfg.seed);
+    let title = format!(
+        "grpo-demo: {} (G = {}, seed {})",
+        cfg.loss, cfg.group_size, cfg.seed
+    );
     report::plot(&cli.out.join("reward.png"), &rows, &title).map_err(|e| format!("plot: {e}"))?;
     println!(
         "wrote {}/metrics.csv, reward.png, summary.txt ({total_s:.1} s)",

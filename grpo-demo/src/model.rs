@@ -80,7 +80,10 @@ impl Transformer {
     /// A randomly initialised model (N(0, 0.02²) weights, residual projections scaled by
     /// 1/√(2·layers) as in GPT-2, LayerNorm γ = 1, β = 0, biases 0).
     pub fn new(cfg: ModelConfig, rng: &mut Rng) -> Result<Self> {
-        assert!(cfg.d_model % cfg.n_heads == 0, "d_model must be a multiple of n_heads");
+        assert!(
+            cfg.d_model % cfg.n_heads == 0,
+            "d_model must be a multiple of n_heads"
+        );
         let (d, f) = (cfg.d_model, cfg.d_ff);
         let std = 0.02;
         let resid_std = std / ((2 * cfg.n_layers) as f64).sqrt();
@@ -237,7 +240,9 @@ mod tests {
         let logits = m.forward(&toks).unwrap();
         // A random linear functional of the logits: every parameter influences it.
         let mut rng = Rng::new(5);
-        let w: Vec<f32> = (0..logits.elem_count()).map(|_| rng.normal() as f32).collect();
+        let w: Vec<f32> = (0..logits.elem_count())
+            .map(|_| rng.normal() as f32)
+            .collect();
         let w = Tensor::from_vec(w, logits.shape(), &Device::Cpu).unwrap();
         let loss = (logits * w).unwrap().sum_all().unwrap();
         let grads = loss.backward().unwrap();
@@ -246,7 +251,10 @@ mod tests {
                 .get(v.as_tensor())
                 .unwrap_or_else(|| panic!("parameter {i} has no gradient"));
             let norm: f32 = g.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
-            assert!(norm > 0.0 && norm.is_finite(), "parameter {i}: |g|² = {norm}");
+            assert!(
+                norm > 0.0 && norm.is_finite(),
+                "parameter {i}: |g|² = {norm}"
+            );
         }
     }
 
@@ -254,13 +262,37 @@ mod tests {
     fn attention_is_causal() {
         // Changing a later token must not change earlier positions' logits.
         let m = tiny();
-        let a = m.forward(&token_tensor(&[1, 2, 3, 4], 1, 4).unwrap()).unwrap();
-        let b = m.forward(&token_tensor(&[1, 2, 3, 6], 1, 4).unwrap()).unwrap();
-        let a: Vec<f32> = a.narrow(1, 0, 3).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = b.narrow(1, 0, 3).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a = m
+            .forward(&token_tensor(&[1, 2, 3, 4], 1, 4).unwrap())
+            .unwrap();
+        let b = m
+            .forward(&token_tensor(&[1, 2, 3, 6], 1, 4).unwrap())
+            .unwrap();
+        let a: Vec<f32> = a
+            .narrow(1, 0, 3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = b
+            .narrow(1, 0, 3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_eq!(a, b);
-        let c = m.forward(&token_tensor(&[1, 2, 5, 4], 1, 4).unwrap()).unwrap();
-        let c: Vec<f32> = c.narrow(1, 2, 1).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let c = m
+            .forward(&token_tensor(&[1, 2, 5, 4], 1, 4).unwrap())
+            .unwrap();
+        let c: Vec<f32> = c
+            .narrow(1, 2, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         assert_ne!(c, a[2 * 7..3 * 7].to_vec());
     }
 }

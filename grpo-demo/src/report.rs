@@ -16,11 +16,21 @@ pub fn csv(rows: &[StepMetrics]) -> String {
     let mut s = String::from(CSV_HEADER);
     s.push('\n');
     for m in rows {
-        let acc = m.held_out_acc.map(|a| format!("{a:.4}")).unwrap_or_default();
+        let acc = m
+            .held_out_acc
+            .map(|a| format!("{a:.4}"))
+            .unwrap_or_default();
         s.push_str(&format!(
             "{},{:.2},{:.4},{},{},{:.4},{:.4},{:.6},{}\n",
-            m.step, m.elapsed_s, m.reward, m.groups_kept, m.groups_sampled, m.entropy, m.clip_frac,
-            m.loss, acc
+            m.step,
+            m.elapsed_s,
+            m.reward,
+            m.groups_kept,
+            m.groups_sampled,
+            m.entropy,
+            m.clip_frac,
+            m.loss,
+            acc
         ));
     }
     s
@@ -53,7 +63,11 @@ fn register_font() -> bool {
 }
 
 /// Draws train reward (every step) and held-out accuracy (evaluated steps) against the step.
-pub fn plot(path: &Path, rows: &[StepMetrics], title: &str) -> Result<(), Box<dyn std::error::Error>> {
+pub fn plot(
+    path: &Path,
+    rows: &[StepMetrics],
+    title: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let has_text = register_font();
     let root = BitMapBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -61,7 +75,10 @@ pub fn plot(path: &Path, rows: &[StepMetrics], title: &str) -> Result<(), Box<dy
     let mut builder = ChartBuilder::on(&root);
     builder.margin(16);
     if has_text {
-        builder.caption(title, ("sans-serif", 22)).x_label_area_size(40).y_label_area_size(50);
+        builder
+            .caption(title, ("sans-serif", 22))
+            .x_label_area_size(40)
+            .y_label_area_size(50);
     }
     let mut chart = builder.build_cartesian_2d(0f64..last as f64, 0f64..1f64)?;
     let mut mesh = chart.configure_mesh();
@@ -153,11 +170,20 @@ impl Summary {
             format!("held-out acc, after warm-up {}", pct(self.warmup_acc)),
             format!("held-out acc, final         {}", pct(self.final_acc)),
             format!("held-out acc, best eval     {}", pct(self.best_acc)),
-            format!("gain (final - warm-up)      {:+5.1} points, {ratio}", 100.0 * gain),
+            format!(
+                "gain (final - warm-up)      {:+5.1} points, {ratio}",
+                100.0 * gain
+            ),
             format!("train reward, first 10 st.  {:.3}", self.reward_first),
             format!("train reward, last 10 st.   {:.3}", self.reward_last),
-            format!("warm-up / GRPO steps        {} / {}", self.warmup_steps, self.steps),
-            format!("wall time: warm-up / GRPO   {:.1} s / {:.1} s", self.warmup_s, self.grpo_s),
+            format!(
+                "warm-up / GRPO steps        {} / {}",
+                self.warmup_steps, self.steps
+            ),
+            format!(
+                "wall time: warm-up / GRPO   {:.1} s / {:.1} s",
+                self.warmup_s, self.grpo_s
+            ),
             format!(
                 "CPU time (user + sys)       {}",
                 self.cpu_s.map_or("n/a".into(), |c| format!("{c:.1} s"))

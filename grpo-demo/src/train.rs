@@ -181,7 +181,11 @@ pub enum Decode<'a> {
 }
 
 /// Decodes `ANSWER_LEN` tokens after each prompt; returns full sequences `[n, MAX_LEN]`.
-pub fn generate(model: &Transformer, prompts: &[[u32; PROMPT_LEN]], mut decode: Decode<'_>) -> Result<Vec<u32>> {
+pub fn generate(
+    model: &Transformer,
+    prompts: &[[u32; PROMPT_LEN]],
+    mut decode: Decode<'_>,
+) -> Result<Vec<u32>> {
     let n = prompts.len();
     let mut seqs = vec![0u32; n * MAX_LEN];
     for (i, p) in prompts.iter().enumerate() {
@@ -190,7 +194,10 @@ pub fn generate(model: &Transformer, prompts: &[[u32; PROMPT_LEN]], mut decode: 
     let vocab = model.config().vocab;
     for k in 0..ANSWER_LEN {
         let len = PROMPT_LEN + k;
-        let input: Vec<u32> = seqs.chunks(MAX_LEN).flat_map(|s| s[..len].iter().copied()).collect();
+        let input: Vec<u32> = seqs
+            .chunks(MAX_LEN)
+            .flat_map(|s| s[..len].iter().copied())
+            .collect();
         let logits = model.forward_positions(&token_tensor(&input, n, len)?, len - 1, 1)?;
         let logits: Vec<f32> = logits.flatten_all()?.to_vec1()?;
         for (i, z) in logits.chunks(vocab).enumerate() {
@@ -216,7 +223,9 @@ fn argmax(z: &[f32]) -> u32 {
 
 /// Inverse-CDF draw from softmax(z) (the rollout sampler, not part of the GRPO math).
 fn sample(z: &[f32], rng: &mut Rng) -> u32 {
-    let m = z.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    let m = z
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
     let w: Vec<f64> = z.iter().map(|&v| ((v - m) as f64).exp()).collect();
     let mut u = rng.uniform() * w.iter().sum::<f64>();
     for (i, &wi) in w.iter().enumerate() {
@@ -282,8 +291,11 @@ impl Trainer {
 
     /// Logits of the answer positions `[n, ANSWER_LEN, V]` for full sequences' inputs.
     fn answer_logits(&self, inputs: &[u32], n: usize) -> Result<Tensor> {
-        self.model
-            .forward_positions(&token_tensor(inputs, n, MAX_LEN - 1)?, PROMPT_LEN - 1, ANSWER_LEN)
+        self.model.forward_positions(
+            &token_tensor(inputs, n, MAX_LEN - 1)?,
+            PROMPT_LEN - 1,
+            ANSWER_LEN,
+        )
     }
 
     fn apply(&mut self, loss_surrogate: &Tensor) -> Result<()> {
@@ -312,15 +324,27 @@ impl Trainer {
         rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent).map_err(lib_err)?;
         let g_lp = vec![-1.0 / rows as f32; rows];
         let mut dz = vec![0f32; z.len()];
-        rl::vocab_backward(&self.cpu, &z, VOCAB, &targets, &g_lp, &vec![0.0; rows], &mut dz)
-            .map_err(lib_err)?;
+        rl::vocab_backward(
+            &self.cpu,
+            &z,
+            VOCAB,
+            &targets,
+            &g_lp,
+            &vec![0.0; rows],
+            &mut dz,
+        )
+        .map_err(lib_err)?;
         self.apply(&surrogate(&logits, dz)?)?;
         Ok(-lp.iter().map(|&v| v as f64).sum::<f64>() / rows as f64)
     }
 
     /// Greedy accuracy on the warm-up probe (seen examples).
     pub fn warmup_probe_accuracy(&self) -> Result<f64> {
-        let n = self.cfg.warmup_probe.min(self.cfg.warmup_examples).min(self.data.train.len());
+        let n = self
+            .cfg
+            .warmup_probe
+            .min(self.cfg.warmup_examples)
+            .min(self.data.train.len());
         accuracy(&self.model, &self.data.train[..n])
     }
 
@@ -346,8 +370,10 @@ impl Trainer {
         let probs: Vec<Problem> = (0..p)
             .map(|_| self.data.train[self.batch_rng.below(self.data.train.len())])
             .collect();
-        let prompts: Vec<[u32; PROMPT_LEN]> =
-            probs.iter().flat_map(|q| std::iter::repeat_n(q.prompt(), g)).collect();
+        let prompts: Vec<[u32; PROMPT_LEN]> = probs
+            .iter()
+            .flat_map(|q| std::iter::repeat_n(q.prompt(), g))
+            .collect();
         let seqs = generate(&self.model, &prompts, Decode::Sample(&mut self.sample_rng))?;
         let rewards: Vec<f32> = seqs
             .chunks(MAX_LEN)
@@ -410,7 +436,8 @@ impl Trainer {
         for u in 0..self.cfg.updates_per_step {
             let logits = self.answer_logits(&inputs, n)?;
             let z: Vec<f32> = logits.flatten_all()?.to_vec1()?;
-            rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent).map_err(lib_err)?;
+            rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent)
+                .map_err(lib_err)?;
             if u == 0 {
                 // The policy that sampled the batch is the current one: old log-probs = lp.
                 old.copy_from_slice(&lp);

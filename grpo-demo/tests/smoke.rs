@@ -8,7 +8,14 @@ use grpo_demo::train::{StepMetrics, TrainConfig, Trainer};
 
 fn tiny(loss: LossKind) -> TrainConfig {
     TrainConfig {
-        model: ModelConfig { vocab: VOCAB, max_len: MAX_LEN, d_model: 32, n_heads: 2, n_layers: 1, d_ff: 64 },
+        model: ModelConfig {
+            vocab: VOCAB,
+            max_len: MAX_LEN,
+            d_model: 32,
+            n_heads: 2,
+            n_layers: 1,
+            d_ff: 64,
+        },
         seed: 9,
         n_train: 400,
         n_held_out: 40,
@@ -26,7 +33,9 @@ fn tiny(loss: LossKind) -> TrainConfig {
 
 fn run(cfg: TrainConfig) -> (Vec<f64>, Vec<StepMetrics>, f64) {
     let mut t = Trainer::new(cfg.clone()).unwrap();
-    let nll: Vec<f64> = (0..cfg.warmup_steps).map(|_| t.warmup_step().unwrap()).collect();
+    let nll: Vec<f64> = (0..cfg.warmup_steps)
+        .map(|_| t.warmup_step().unwrap())
+        .collect();
     let rows: Vec<StepMetrics> = (1..=cfg.steps).map(|s| t.grpo_step(s).unwrap()).collect();
     let acc = t.held_out_accuracy().unwrap();
     (nll, rows, acc)
@@ -34,23 +43,50 @@ fn run(cfg: TrainConfig) -> (Vec<f64>, Vec<StepMetrics>, f64) {
 
 fn key(rows: &[StepMetrics]) -> Vec<(u64, u64, u64, u64, usize)> {
     rows.iter()
-        .map(|m| (m.reward.to_bits(), m.entropy.to_bits(), m.loss.to_bits(), m.clip_frac.to_bits(), m.groups_kept))
+        .map(|m| {
+            (
+                m.reward.to_bits(),
+                m.entropy.to_bits(),
+                m.loss.to_bits(),
+                m.clip_frac.to_bits(),
+                m.groups_kept,
+            )
+        })
         .collect()
 }
 
 #[test]
 fn every_recipe_runs_and_is_deterministic() {
-    for loss in [LossKind::Dapo, LossKind::Grpo, LossKind::DrGrpo, LossKind::AtrKl3, LossKind::Gspo, LossKind::Cispo] {
+    for loss in [
+        LossKind::Dapo,
+        LossKind::Grpo,
+        LossKind::DrGrpo,
+        LossKind::AtrKl3,
+        LossKind::Gspo,
+        LossKind::Cispo,
+    ] {
         let (nll, rows, acc) = run(tiny(loss));
-        assert!(nll.iter().all(|v| v.is_finite()), "{loss}: warm-up NLL {nll:?}");
+        assert!(
+            nll.iter().all(|v| v.is_finite()),
+            "{loss}: warm-up NLL {nll:?}"
+        );
         // Warm-up learns something: cross-entropy drops from ≈ ln 13 = 2.56.
-        assert!(nll.last().unwrap() < &nll[0], "{loss}: NLL did not fall {nll:?}");
+        assert!(
+            nll.last().unwrap() < &nll[0],
+            "{loss}: NLL did not fall {nll:?}"
+        );
         for m in &rows {
-            assert!(m.reward.is_finite() && (0.0..=1.0).contains(&m.reward), "{loss}: {m:?}");
+            assert!(
+                m.reward.is_finite() && (0.0..=1.0).contains(&m.reward),
+                "{loss}: {m:?}"
+            );
             assert!(m.groups_kept <= m.groups_sampled, "{loss}: {m:?}");
             if m.groups_kept > 0 {
                 assert!(m.entropy.is_finite() && m.entropy > 0.0, "{loss}: {m:?}");
-                assert!(m.loss.is_finite() && (0.0..=1.0).contains(&m.clip_frac), "{loss}: {m:?}");
+                assert!(
+                    m.loss.is_finite() && (0.0..=1.0).contains(&m.clip_frac),
+                    "{loss}: {m:?}"
+                );
             }
         }
         assert!((0.0..=1.0).contains(&acc));
@@ -76,7 +112,10 @@ fn invalid_options_exit_nonzero_with_a_message() {
         let out = std::process::Command::new(exe).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("error:") && err.contains("--"), "{args:?}: {err}");
+        assert!(
+            err.contains("error:") && err.contains("--"),
+            "{args:?}: {err}"
+        );
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
@@ -86,15 +125,40 @@ fn binary_writes_its_outputs() {
     let exe = env!("CARGO_BIN_EXE_grpo-demo");
     let dir = std::env::temp_dir().join(format!("grpo-demo-smoke-{}", std::process::id()));
     let out = std::process::Command::new(exe)
-        .args(["--steps", "2", "--warmup-steps", "2", "--prompts", "2", "--group-size", "4"])
-        .args(["--eval-every", "1", "--threads", "1", "--held-out", "50", "--out"])
+        .args([
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "2",
+            "--prompts",
+            "2",
+            "--group-size",
+            "4",
+        ])
+        .args([
+            "--eval-every",
+            "1",
+            "--threads",
+            "1",
+            "--held-out",
+            "50",
+            "--out",
+        ])
         .arg(&dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 3, "{csv}"); // header, step 0, steps 1..=2
     assert!(std::fs::metadata(dir.join("reward.png")).unwrap().len() > 1000);
-    assert!(std::fs::read_to_string(dir.join("summary.txt")).unwrap().contains("after warm-up"));
+    assert!(
+        std::fs::read_to_string(dir.join("summary.txt"))
+            .unwrap()
+            .contains("after warm-up")
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
