@@ -81,7 +81,7 @@ impl Transformer {
     /// 1/√(2·layers) as in GPT-2, LayerNorm γ = 1, β = 0, biases 0).
     pub fn new(cfg: ModelConfig, rng: &mut Rng) -> Result<Self> {
         assert!(
-            cfg.d_model % cfg.n_heads == 0,
+            cfg.d_model.is_multiple_of(cfg.n_heads),
             "d_model must be a multiple of n_heads"
         );
         let (d, f) = (cfg.d_model, cfg.d_ff);

@@ -83,5 +83,6 @@ fn surrogate_gradient_equals_direct_loss_gradient() {
             worst = worst.max((p - q).abs() / scale);
         }
     }
+    eprintln!("largest relative gradient difference: {worst:e}");
     assert!(worst < 1e-4, "relative gradient mismatch {worst}");
 }
