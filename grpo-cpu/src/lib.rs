@@ -3,10 +3,30 @@
 //! Fast CPU kernels for grpo-core's operations: SIMD backends (AVX-512, AVX2+FMA, NEON) and row
 //! parallelism, **bit-identical** to grpo-core for every ISA and thread count.
 //!
-//! Status: this crate currently provides run-time backend detection ([`Backend`]) only. The
-//! vocabulary kernels that use it arrive with the vocabulary-kernels issue; until then, call
-//! grpo-core directly — it is the reference every backend must match.
+//! - [`Backend`]: the instruction set, detected once; [`Cpu`]: a backend plus a thread pool.
+//! - Vocabulary row operations as methods of [`Cpu`] (`stats_rows`, `logprob_entropy_rows`,
+//!   `kl_rows`, `jsd_rows`, `backward_rows`, `backward_rows_in_place`): grpo-core's
+//!   `grpo_core::vocab` batch functions, same signatures plus `&self`, same bits, same errors.
+//! - [`roofline`]: the streaming read / copy loops that kernel bandwidth is measured against.
+//!
+//! Structure (BLAKE3/memchr style): one lane trait of 16 `f32` lanes with `#[inline(always)]`
+//! operations, one implementation per ISA in `arch/` (the only place with `unsafe`), kernels
+//! written once over the trait, and `#[target_feature]` only on the per-ISA entry functions.
 
 pub mod backend;
+mod cpu;
+pub mod math;
+pub mod roofline;
+mod vocab;
+
+mod arch;
+mod kernels;
+mod lanes;
 
 pub use backend::Backend;
+pub use cpu::Cpu;
+/// Logit storage the kernels read: `f32`, `half::bf16`, `half::f16` (sealed: its methods name
+/// crate-internal lane types).
+pub use kernels::vocab::Load as Storage;
+#[doc(hidden)]
+pub use vocab::fallbacks_on_this_thread;

@@ -1,0 +1,127 @@
+//! grpo-bench: kernel throughput against a memory roofline measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p grpo-bench -- vocab [--rows N --vocab V --dtype f32|bf16|f16|all
+//!     --threads T --backend NAME --kernel NAME --iters K]
+//! ```
+//!
+//! Prints one JSON object per line. `gbps` counts the bytes a kernel must move (logits read,
+//! gradients written); `roofline_gbps` is a plain multi-threaded streaming read (forward
+//! kernels) or read + write (backward) of the same number of bytes on the same threads, timed
+//! interleaved with the kernel so machine drift hits both alike; `ratio = gbps / roofline_gbps`.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+mod vocab;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("vocab") => vocab::main(&args[1..]),
+        _ => Err(USAGE.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("grpo-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
+[--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K]";
+
+/// Median of `f`'s wall time in milliseconds over `iters` runs, interleaved with `g` (whose
+/// median is returned second). One untimed warm-up of each first.
+pub(crate) fn interleaved_medians(
+    iters: usize,
+    mut f: impl FnMut(),
+    mut g: impl FnMut(),
+) -> (f64, f64) {
+    f();
+    g();
+    let (mut tf, mut tg) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
+    for _ in 0..iters {
+        let t = Instant::now();
+        f();
+        tf.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        g();
+        tg.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    (median(&mut tf), median(&mut tg))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// A tiny argument parser: `--key value` pairs.
+pub(crate) struct Args(Vec<(String, String)>);
+
+impl Args {
+    pub(crate) fn parse(args: &[String], known: &[&str]) -> Result<Self, String> {
+        let mut out = Vec::new();
+        let mut it = args.iter();
+        while let Some(k) = it.next() {
+            let key = k
+                .strip_prefix("--")
+                .filter(|k| known.contains(k))
+                .ok_or_else(|| format!("unknown argument {k:?}\n{USAGE}"))?;
+            let v = it
+                .next()
+                .ok_or_else(|| format!("--{key} needs a value\n{USAGE}"))?;
+            out.push((key.to_string(), v.clone()));
+        }
+        Ok(Args(out))
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(crate) fn num(&self, key: &str) -> Result<Option<usize>, String> {
+        self.get(key)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| format!("--{key}: {v:?} is not a number"))
+            })
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn args_parse() {
+        let a: Vec<String> = ["--rows", "4", "--dtype", "bf16"]
+            .map(String::from)
+            .to_vec();
+        let p = Args::parse(&a, &["rows", "dtype"]).unwrap();
+        assert_eq!(p.num("rows").unwrap(), Some(4));
+        assert_eq!(p.get("dtype"), Some("bf16"));
+        assert!(Args::parse(&a, &["rows"]).is_err());
+    }
+}

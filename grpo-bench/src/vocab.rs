@@ -1,0 +1,203 @@
+//! `grpo-bench vocab`: grpo-cpu's vocabulary kernels against the same-run memory roofline.
+
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
+use grpo_cpu::{Backend, Cpu, Storage, roofline};
+
+use crate::{Args, interleaved_medians};
+
+/// Every kernel the benchmark knows, in the default order.
+pub(crate) const KERNELS: &[&str] = &[
+    "fused",
+    "logprob",
+    "stats",
+    "kl",
+    "jsd",
+    "backward",
+    "backward_in_place",
+];
+
+/// The default shapes `(rows, vocab)`: a 32k-vocabulary batch and a Qwen-sized vocabulary.
+const SHAPES: &[(usize, usize)] = &[(2048, 32768), (512, 151936)];
+
+pub(crate) fn main(args: &[String]) -> Result<(), String> {
+    let a = Args::parse(
+        args,
+        &[
+            "rows", "vocab", "dtype", "threads", "backend", "kernel", "iters",
+        ],
+    )?;
+    let shapes: Vec<(usize, usize)> = match (a.num("rows")?, a.num("vocab")?) {
+        (None, None) => SHAPES.to_vec(),
+        (r, v) => vec![(r.unwrap_or(512), v.unwrap_or(32768))],
+    };
+    let dtypes: Vec<&str> = match a.get("dtype") {
+        None => vec!["f32", "bf16"],
+        Some("all") => vec!["f32", "bf16", "f16"],
+        Some(d @ ("f32" | "bf16" | "f16")) => vec![d],
+        Some(d) => return Err(format!("--dtype {d:?}: expected f32, bf16, f16 or all")),
+    };
+    let kernels: Vec<&str> = match a.get("kernel") {
+        None | Some("all") => KERNELS.to_vec(),
+        Some(k) if KERNELS.contains(&k) => vec![k],
+        Some(k) => return Err(format!("--kernel {k:?}: expected one of {KERNELS:?}")),
+    };
+    let backend = match a.get("backend") {
+        None => Backend::detect(),
+        Some(name) => Backend::available()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
+    };
+    let threads = a.num("threads")?.unwrap_or(2);
+    let iters = a.num("iters")?.unwrap_or(7).max(1);
+    let cpu = Cpu::new(backend)
+        .ok_or("backend unavailable")?
+        .with_threads(threads)
+        .map_err(|e| e.to_string())?;
+    for &(rows, vocab) in &shapes {
+        for &dtype in &dtypes {
+            let cfg = Config {
+                cpu: &cpu,
+                rows,
+                vocab,
+                dtype,
+                iters,
+                kernels: &kernels,
+            };
+            match dtype {
+                "f32" => run::<f32>(&cfg, |x| x),
+                "bf16" => run::<half::bf16>(&cfg, half::bf16::from_f32),
+                _ => run::<half::f16>(&cfg, half::f16::from_f32),
+            }?;
+        }
+    }
+    Ok(())
+}
+
+struct Config<'a> {
+    cpu: &'a Cpu,
+    rows: usize,
+    vocab: usize,
+    dtype: &'a str,
+    iters: usize,
+    kernels: &'a [&'a str],
+}
+
+/// Deterministic logits in [−12, 12) with a few masked (−∞) entries, like a real LM head.
+fn logits(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 24.0 - 12.0
+        })
+        .collect()
+}
+
+fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String> {
+    let n = c.rows * c.vocab;
+    let z: Vec<S> = logits(1, n).into_iter().map(&conv).collect();
+    let needs_teacher = c.kernels.iter().any(|k| matches!(*k, "kl" | "jsd"));
+    let w: Vec<S> = if needs_teacher {
+        logits(2, n).into_iter().map(&conv).collect()
+    } else {
+        Vec::new()
+    };
+    let targets: Vec<u32> = (0..c.rows)
+        .map(|r| ((r * 7919 + 13) % c.vocab) as u32)
+        .collect();
+    let ones = vec![1.0f32; c.rows];
+    let halves = vec![0.5f32; c.rows];
+    let size = size_of::<S>();
+    let mut a = vec![0.0f32; c.rows];
+    let mut b = vec![0.0f32; c.rows];
+    let mut grad: Vec<f32> = Vec::new();
+    let mut inplace: Vec<S> = Vec::new();
+    for &kernel in c.kernels {
+        // Bytes the kernel must move: its inputs once, its gradient output once.
+        let (read, write) = match kernel {
+            "kl" | "jsd" => (2 * n * size, 0),
+            "backward" => (n * size, n * 4),
+            "backward_in_place" => (n * size, n * size),
+            _ => (n * size, 0),
+        };
+        let terms: GradTerms<'_, u32> = GradTerms {
+            logp: Some((&targets, &ones)),
+            entropy: Some(&halves),
+            kl: None,
+        };
+        let _: Option<KlTerm<'_, f32>> = None;
+        let mut fail: Option<String> = None;
+        let (kernel_ms, roof_ms, roof_bytes);
+        if write == 0 {
+            let probe = vec![1.0f32; read / 4];
+            roof_bytes = probe.len() * 4;
+            let mut f = || {
+                let r = match kernel {
+                    "fused" => {
+                        c.cpu
+                            .logprob_entropy_rows(&z, c.vocab, &targets, 1.0, &mut a, Some(&mut b))
+                    }
+                    "logprob" => c
+                        .cpu
+                        .logprob_entropy_rows(&z, c.vocab, &targets, 1.0, &mut a, None),
+                    "stats" => c.cpu.stats_rows(&z, c.vocab, 1.0, &mut a, &mut b),
+                    "kl" => c
+                        .cpu
+                        .kl_rows(&z, &w, c.vocab, 1.0, KlDirection::Forward, &mut a),
+                    _ => c.cpu.jsd_rows(&z, &w, c.vocab, 0.5, 1.0, &mut a),
+                };
+                if let Err(e) = r {
+                    fail = Some(e.to_string());
+                }
+            };
+            (kernel_ms, roof_ms) = interleaved_medians(c.iters, &mut f, || {
+                std::hint::black_box(roofline::read(c.cpu, &probe));
+            });
+        } else {
+            let half_elems = (read + write) / 8;
+            let src = vec![1.0f32; half_elems];
+            let mut dst = vec![0.0f32; half_elems];
+            roof_bytes = half_elems * 8;
+            if kernel == "backward" {
+                grad = vec![0.0f32; n];
+            } else {
+                inplace = z.clone();
+            }
+            let mut f = || {
+                let r = if kernel == "backward" {
+                    c.cpu.backward_rows(&z, c.vocab, 1.0, &terms, &mut grad)
+                } else {
+                    // Re-running in place overwrites logits with gradients; still valid input
+                    // (finite), so every iteration does the same amount of work.
+                    c.cpu
+                        .backward_rows_in_place(&mut inplace, c.vocab, 1.0, &terms)
+                };
+                if let Err(e) = r {
+                    fail = Some(e.to_string());
+                }
+            };
+            (kernel_ms, roof_ms) =
+                interleaved_medians(c.iters, &mut f, || roofline::copy(c.cpu, &src, &mut dst));
+        }
+        if let Some(e) = fail {
+            return Err(format!("{kernel}: {e}"));
+        }
+        let bytes = (read + write) as f64;
+        let gbps = bytes / kernel_ms / 1e6;
+        let roof = roof_bytes as f64 / roof_ms / 1e6;
+        println!(
+            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
+            c.dtype,
+            c.rows,
+            c.vocab,
+            c.cpu.backend().name(),
+            c.cpu.threads(),
+            c.iters,
+            gbps / roof,
+            c.rows as f64 / (kernel_ms / 1e3),
+        );
+    }
+    Ok(())
+}

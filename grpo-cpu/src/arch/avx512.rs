@@ -1,0 +1,273 @@
+//! AVX-512F backend: the 16 lanes are one `__m512`.
+//!
+//! `vmaxps`/`vminps` implement the project's NaN rule exactly (`a > b ? a : b`; for a NaN or
+//! equal operands the second operand is returned), so no select is needed.
+
+use core::arch::x86_64::*;
+
+use crate::kernels::Kernel;
+use crate::lanes::F32x16;
+
+/// 16 lanes in one 512-bit register. Created only inside [`run`] after detection.
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512(__m512);
+
+/// Runs `k` compiled for AVX-512F + FMA.
+///
+/// # Safety
+/// The CPU must support AVX-512F and FMA.
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+    let out = k.run::<Avx512>();
+    // Order the kernel's streaming stores before whatever signals completion to other threads.
+    _mm_sfence();
+    out
+}
+
+/// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F or FMA.
+pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
+        Ok(unsafe { entry(k) })
+    } else {
+        Err(k)
+    }
+}
+
+// SAFETY (every block below): an `Avx512` value exists only inside `entry`, which runs only after
+// `run` detected AVX-512F and FMA, so the intrinsics' target features are present. Loads and
+// stores go through references to 16-element arrays, so the 64 (or 32) bytes they touch are in
+// bounds; the unaligned forms are used, so no alignment is assumed.
+impl F32x16 for Avx512 {
+    type Mask = __mmask16;
+
+    #[inline(always)]
+    fn splat(x: f32) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_set1_ps(x) })
+    }
+    #[inline(always)]
+    fn from_array(a: [f32; 16]) -> Self {
+        Self::load(&a)
+    }
+    #[inline(always)]
+    fn to_array(self) -> [f32; 16] {
+        let mut a = [0.0; 16];
+        self.store(&mut a);
+        a
+    }
+    #[inline(always)]
+    fn load(src: &[f32; 16]) -> Self {
+        // SAFETY: see the impl comment (64 readable bytes behind the reference).
+        Avx512(unsafe { _mm512_loadu_ps(src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn load_bf16(src: &[half::bf16; 16]) -> Self {
+        // SAFETY: see the impl comment (32 readable bytes behind the reference). bf16 → f32 is
+        // zero-extension to 32 bits and a 16-bit left shift: exact for every value.
+        Avx512(unsafe {
+            let h = _mm256_loadu_si256(src.as_ptr().cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        })
+    }
+    #[inline(always)]
+    fn load_f16(src: &[half::f16; 16]) -> Self {
+        // SAFETY: see the impl comment (32 readable bytes). `vcvtph2ps` is exact for every f16.
+        Avx512(unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(src.as_ptr().cast())) })
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f32; 16]) {
+        // SAFETY: see the impl comment (64 writable bytes behind the exclusive reference).
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_stream(self, dst: &mut [f32; 16]) {
+        let p = dst.as_mut_ptr();
+        if p.addr() % 64 == 0 {
+            // SAFETY: see the impl comment; `vmovntps` needs the 64-byte alignment checked above.
+            unsafe { _mm512_stream_ps(p, self.0) }
+        } else {
+            self.store(dst);
+        }
+    }
+    #[inline(always)]
+    fn prefetch(p: *const u8) {
+        // SAFETY: a prefetch never dereferences architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+
+    #[inline(always)]
+    fn add(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_add_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn sub(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_sub_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn mul(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_mul_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn div(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_div_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn mul_add(self, b: Self, c: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_fmadd_ps(self.0, b.0, c.0) })
+    }
+    #[inline(always)]
+    fn max(self, b: Self) -> Self {
+        // SAFETY: see the impl comment. vmaxps(a, b) = a > b ? a : b, NaN → b.
+        Avx512(unsafe { _mm512_max_ps(self.0, b.0) })
+    }
+    #[inline(always)]
+    fn min(self, b: Self) -> Self {
+        // SAFETY: see the impl comment. vminps(a, b) = a < b ? a : b, NaN → b.
+        Avx512(unsafe { _mm512_min_ps(self.0, b.0) })
+    }
+
+    #[inline(always)]
+    fn and(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_and_si512(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn or(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_or_si512(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn xor(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_xor_si512(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn andnot(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_andnot_si512(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn add_i32(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_add_epi32(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn sub_i32(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_sub_epi32(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn max_i32(self, b: Self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_max_epi32(bits(self), bits(b))) })
+    }
+    #[inline(always)]
+    fn shl<const N: u32>(self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<N>(bits(self))) })
+    }
+    #[inline(always)]
+    fn shr_logical<const N: u32>(self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_srli_epi32::<N>(bits(self))) })
+    }
+    #[inline(always)]
+    fn shr_arith<const N: u32>(self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_srai_epi32::<N>(bits(self))) })
+    }
+    #[inline(always)]
+    fn i32_to_f32(self) -> Self {
+        // SAFETY: see the impl comment. The MXCSR rounding mode is Rust's default (nearest).
+        Avx512(unsafe { _mm512_cvtepi32_ps(bits(self)) })
+    }
+    #[inline(always)]
+    fn f32_to_i32_round(self) -> Self {
+        // SAFETY: see the impl comment. Rounds with MXCSR's mode: nearest-even in Rust.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_cvtps_epi32(self.0)) })
+    }
+    #[inline(always)]
+    fn f32_to_i32_trunc(self) -> Self {
+        // SAFETY: see the impl comment.
+        Avx512(unsafe { _mm512_castsi512_ps(_mm512_cvttps_epi32(self.0)) })
+    }
+
+    #[inline(always)]
+    fn gt(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment. Ordered, quiet: false when either lane is NaN.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_GT_OQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn ge(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_GE_OQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn lt(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn le(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LE_OQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn not_lt(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment. Unordered: true when either lane is NaN.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn eq(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn ne(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment. Unordered: true when either lane is NaN, like Rust's `!=`.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(self.0, b.0) }
+    }
+    #[inline(always)]
+    fn eq_i32(self, b: Self) -> __mmask16 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_cmpeq_epi32_mask(bits(self), bits(b)) }
+    }
+    #[inline(always)]
+    fn select(m: __mmask16, a: Self, b: Self) -> Self {
+        // SAFETY: see the impl comment. mask_blend takes the second operand where m is set.
+        Avx512(unsafe { _mm512_mask_blend_ps(m, b.0, a.0) })
+    }
+    #[inline(always)]
+    fn mask_and(a: __mmask16, b: __mmask16) -> __mmask16 {
+        a & b
+    }
+    #[inline(always)]
+    fn mask_or(a: __mmask16, b: __mmask16) -> __mmask16 {
+        a | b
+    }
+    #[inline(always)]
+    fn mask_andnot(a: __mmask16, b: __mmask16) -> __mmask16 {
+        !a & b
+    }
+    #[inline(always)]
+    fn mask_none() -> __mmask16 {
+        0
+    }
+    #[inline(always)]
+    fn mask_any(m: __mmask16) -> bool {
+        m != 0
+    }
+}
+
+#[inline(always)]
+fn bits(v: Avx512) -> __m512i {
+    // SAFETY: see the impl comment (a reinterpretation, no instruction).
+    unsafe { _mm512_castps_si512(v.0) }
+}

@@ -1,0 +1,132 @@
+//! grpo-core's canonical `exp`/`ln` (grpo_core::vocab::exp_ln) over 16 lanes.
+//!
+//! Each function repeats the reference's operation sequence one-for-one — same constants, same
+//! FMAs, same integer bit manipulation, same selects — so every lane equals the scalar result
+//! bit for bit. The sequences are specified in the module documentation of
+//! `grpo_core::vocab::exp_ln`; keep the two in lockstep.
+
+use grpo_core::vocab::exp_ln::{
+    D_MIN, EXP_C2, EXP_C3, EXP_C4, EXP_C5, EXP_C6, EXP_HI, EXP_LO, LN_C0, LN_C1, LN_C2, LN_C3,
+    LN_C4, LN_C5, LN_C6, LN_C7, LN_C8, LN2_HI, LN2_LO, LOG2E, MIN_NORMAL, SHIFT, SQRT_HALF,
+    TWO_POW_23,
+};
+
+use crate::lanes::F32x16;
+
+/// `(ki, p)` with e^x = 2^ki·p for a clamped `x` (reference: `exp_reduce`). `ki` is returned as
+/// an `i32` bit pattern in the lanes.
+#[inline(always)]
+fn exp_reduce<V: F32x16>(x: V) -> (V, V) {
+    let shift = V::splat(SHIFT);
+    let t = x.mul_add(V::splat(LOG2E), shift);
+    let ki = t.sub_i32(shift);
+    let k = t.sub(shift);
+    let r = k.mul_add(V::splat(-LN2_HI), x);
+    let r = k.mul_add(V::splat(-LN2_LO), r);
+    let mut p = V::splat(EXP_C6);
+    p = p.mul_add(r, V::splat(EXP_C5));
+    p = p.mul_add(r, V::splat(EXP_C4));
+    p = p.mul_add(r, V::splat(EXP_C3));
+    p = p.mul_add(r, V::splat(EXP_C2));
+    p = p.mul_add(r, V::splat(1.0));
+    p = p.mul_add(r, V::splat(1.0));
+    (ki, p)
+}
+
+/// `2^k` from the biased exponent `k + 127` held as an `i32` bit pattern.
+#[inline(always)]
+fn pow2_biased<V: F32x16>(biased: V) -> V {
+    biased.shl::<23>()
+}
+
+/// `grpo_core::vocab::exp_ln::exp` per lane.
+#[inline(always)]
+pub(crate) fn exp<V: F32x16>(x: V) -> V {
+    let x = V::splat(EXP_HI).min(V::splat(EXP_LO).max(x));
+    let (ki, p) = exp_reduce(x);
+    let k1 = ki.shr_arith::<1>();
+    let k2 = ki.sub_i32(k1);
+    let bias = V::from_bits(127);
+    p.mul(pow2_biased(k1.add_i32(bias)))
+        .mul(pow2_biased(k2.add_i32(bias)))
+}
+
+/// `grpo_core::vocab::exp_ln::exp_nonpos_clamped` per lane: the caller has applied
+/// `max_r(D_MIN, ·)`.
+#[inline(always)]
+pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
+    let (ki, p) = exp_reduce(x);
+    let biased = ki.add_i32(V::from_bits(127)).max_i32(V::from_bits(0));
+    p.mul(pow2_biased(biased))
+}
+
+/// `grpo_core::vocab::exp_ln::exp_nonpos` per lane.
+#[inline(always)]
+pub(crate) fn exp_nonpos<V: F32x16>(x: V) -> V {
+    exp_nonpos_clamped(V::splat(D_MIN).max(x))
+}
+
+/// `grpo_core::vocab::exp_ln::ln` per lane.
+#[inline(always)]
+pub(crate) fn ln<V: F32x16>(x: V) -> V {
+    let sub = x.lt(V::splat(MIN_NORMAL));
+    let xs = V::select(sub, x.mul(V::splat(TWO_POW_23)), x);
+    let sqrt_half = V::splat(SQRT_HALF);
+    let ix = xs.sub_i32(sqrt_half);
+    let e =
+        ix.shr_arith::<23>()
+            .add_i32(V::select(sub, V::from_bits(-23i32 as u32), V::from_bits(0)));
+    let m = ix.and(V::from_bits(0x007f_ffff)).add_i32(sqrt_half);
+    let f = m.sub(V::splat(1.0));
+    let mut q = V::splat(LN_C8);
+    q = q.mul_add(f, V::splat(LN_C7));
+    q = q.mul_add(f, V::splat(LN_C6));
+    q = q.mul_add(f, V::splat(LN_C5));
+    q = q.mul_add(f, V::splat(LN_C4));
+    q = q.mul_add(f, V::splat(LN_C3));
+    q = q.mul_add(f, V::splat(LN_C2));
+    q = q.mul_add(f, V::splat(LN_C1));
+    q = q.mul_add(f, V::splat(LN_C0));
+    let fe = e.i32_to_f32();
+    let u = f.mul(f).mul_add(q, fe.mul(V::splat(LN2_LO)));
+    let y = fe.mul_add(V::splat(LN2_HI), f.add(u));
+    let inf = V::splat(f32::INFINITY);
+    let y = V::select(x.eq(inf), inf, y);
+    let y = V::select(x.eq(V::splat(0.0)), V::splat(f32::NEG_INFINITY), y);
+    V::select(x.ge(V::splat(0.0)), y, V::splat(f32::NAN))
+}
+
+/// Which canonical function [`Map`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Func {
+    Exp,
+    ExpNonpos,
+    Ln,
+}
+
+/// `out[i] = f(x[i])` (equal lengths; the tail goes through lane 0).
+pub(crate) struct Map<'a> {
+    pub(crate) f: Func,
+    pub(crate) x: &'a [f32],
+    pub(crate) out: &'a mut [f32],
+}
+
+impl super::Kernel for Map<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        let f = |v: V| match self.f {
+            Func::Exp => exp(v),
+            Func::ExpNonpos => exp_nonpos(v),
+            Func::Ln => ln(v),
+        };
+        let (xc, xt) = self.x.as_chunks::<16>();
+        let (oc, ot) = self.out.as_chunks_mut::<16>();
+        for (x, o) in xc.iter().zip(oc.iter_mut()) {
+            f(V::load(x)).store(o);
+        }
+        for (x, o) in xt.iter().zip(ot.iter_mut()) {
+            *o = f(V::splat(*x)).to_array()[0];
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! Kernels written once over [`F32x16`](crate::lanes::F32x16) and instantiated per ISA.
+//!
+//! A kernel is a value implementing [`Kernel`]: its arguments are fields, and `run::<V>` is the
+//! body for the lane type `V`. `arch::run` calls it from an entry function compiled with the
+//! ISA's `#[target_feature]`; because `run` and everything it calls are `#[inline(always)]`, the
+//! whole body is compiled for that ISA (memchr's and pulp's pattern).
+
+use crate::lanes::F32x16;
+
+pub(crate) mod math;
+pub(crate) mod roofline;
+pub(crate) mod vocab;
+
+/// A computation generic over the lane type.
+pub(crate) trait Kernel {
+    /// What the kernel returns.
+    type Output;
+    /// The kernel body for lane type `V`. Implementations must be `#[inline(always)]`.
+    fn run<V: F32x16>(self) -> Self::Output;
+}

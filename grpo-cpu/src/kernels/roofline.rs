@@ -1,0 +1,50 @@
+//! The memory roofline: the fastest plain streaming read (and read + write) of a buffer, against
+//! which the vocabulary kernels' bandwidth is reported.
+//!
+//! Sixteen independent vector accumulators hide the add latency, so the loop is limited by the
+//! memory system only; this is the "best vectorised read loop" a kernel is compared to.
+
+use super::Kernel;
+use crate::lanes::F32x16;
+
+/// Sums `data` with 16 vector accumulators (a bandwidth probe; the sum's order is not canonical).
+pub(crate) struct ReadSum<'a>(pub(crate) &'a [f32]);
+
+impl Kernel for ReadSum<'_> {
+    type Output = f32;
+
+    #[inline(always)]
+    fn run<V: F32x16>(self) -> f32 {
+        let mut acc = [V::splat(0.0); 16];
+        let mut blocks = self.0.chunks_exact(256);
+        for b in &mut blocks {
+            let (vs, _) = b.as_chunks::<16>();
+            for (a, v) in acc.iter_mut().zip(vs) {
+                *a = a.add(V::load(v));
+            }
+        }
+        let mut s = 0.0;
+        for a in acc {
+            s += a.to_array().iter().sum::<f32>();
+        }
+        s + blocks.remainder().iter().sum::<f32>()
+    }
+}
+
+/// Copies `src` to `dst` 16 vectors at a time (read + write probe). Lengths must be equal.
+pub(crate) struct Copy<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
+
+impl Kernel for Copy<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        let (src, dst) = (self.0, self.1);
+        let (s, s_tail) = src.as_chunks::<16>();
+        let (d, d_tail) = dst.as_chunks_mut::<16>();
+        for (d, s) in d.iter_mut().zip(s) {
+            V::load(s).store(d);
+        }
+        d_tail.copy_from_slice(s_tail);
+    }
+}

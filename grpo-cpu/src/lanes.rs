@@ -1,0 +1,127 @@
+//! The one vector abstraction every kernel is written against: 16 f32 lanes.
+//!
+//! Sixteen lanes is the width of grpo-core's canonical reduction (16 strided accumulators), so a
+//! kernel written once over [`F32x16`] reproduces the reference's order on every ISA: AVX-512
+//! holds the lanes in one register, AVX2+FMA in two, NEON in four and the portable backend in an
+//! array. Every operation is exactly specified by IEEE 754 (+ − × ÷ with one rounding, fused
+//! multiply-add with one rounding, bit operations, exact conversions), so all implementations
+//! give the same bits lane by lane.
+//!
+//! Integer operations act on the lanes' bit patterns (`i32`/`u32` per lane), the way branch-free
+//! `exp`/`ln` build and take apart floats. Masks are an associated type because AVX-512 keeps
+//! them in mask registers while the other ISAs use all-ones lanes.
+//!
+//! Style: memchr's vector trait — every method `#[inline(always)]`, `#[target_feature]` only on
+//! the entry functions in `arch/`, so the whole kernel is inlined into a function compiled for
+//! the ISA.
+
+/// 16 lanes of `f32` with exactly specified operations.
+///
+/// Implementations exist only in `arch/`; a value of an ISA's type can only be created inside a
+/// function compiled for that ISA after run-time detection, which is what makes the safe methods
+/// sound.
+pub trait F32x16: Copy {
+    /// Lane mask produced by comparisons.
+    type Mask: Copy;
+
+    /// Every lane `x`.
+    fn splat(x: f32) -> Self;
+    /// Lanes from an array (index order = lane order).
+    fn from_array(a: [f32; 16]) -> Self;
+    /// Lanes to an array (index order = lane order).
+    fn to_array(self) -> [f32; 16];
+    /// Loads 16 consecutive `f32`.
+    fn load(src: &[f32; 16]) -> Self;
+    /// Loads 16 consecutive `bf16` and widens them exactly (a 16-bit shift).
+    fn load_bf16(src: &[half::bf16; 16]) -> Self;
+    /// Loads 16 consecutive `f16` and widens them exactly.
+    fn load_f16(src: &[half::f16; 16]) -> Self;
+    /// Stores the lanes to 16 consecutive `f32`.
+    fn store(self, dst: &mut [f32; 16]);
+    /// Stores like [`store`](F32x16::store), bypassing the caches where the ISA can and `dst`
+    /// is aligned enough (a write-only stream: saves the read-for-ownership of the line). The
+    /// entry functions of `arch/` fence after the kernel, so the data is visible to other
+    /// threads when the kernel returns.
+    fn store_stream(self, dst: &mut [f32; 16]);
+    /// Hints that the cache line at `p` will be read soon. `p` is never dereferenced, so any
+    /// address is allowed (a prefetch never faults).
+    fn prefetch(p: *const u8);
+
+    /// `a + b`, one rounding.
+    fn add(self, b: Self) -> Self;
+    /// `a − b`, one rounding.
+    fn sub(self, b: Self) -> Self;
+    /// `a × b`, one rounding.
+    fn mul(self, b: Self) -> Self;
+    /// `a ÷ b`, one rounding.
+    fn div(self, b: Self) -> Self;
+    /// `a × b + c` with a single rounding (fused multiply-add).
+    fn mul_add(self, b: Self, c: Self) -> Self;
+    /// `if a > b { a } else { b }` per lane (the project's NaN rule: a NaN in `a` or `b` yields `b`).
+    fn max(self, b: Self) -> Self;
+    /// `if a < b { a } else { b }` per lane.
+    fn min(self, b: Self) -> Self;
+
+    /// Bitwise and.
+    fn and(self, b: Self) -> Self;
+    /// Bitwise or.
+    fn or(self, b: Self) -> Self;
+    /// Bitwise xor.
+    fn xor(self, b: Self) -> Self;
+    /// Bitwise `!a & b`.
+    fn andnot(self, b: Self) -> Self;
+    /// Lanes from bit patterns.
+    fn from_bits(bits: u32) -> Self {
+        Self::splat(f32::from_bits(bits))
+    }
+    /// Wrapping `i32` addition of the bit patterns.
+    fn add_i32(self, b: Self) -> Self;
+    /// Wrapping `i32` subtraction of the bit patterns.
+    fn sub_i32(self, b: Self) -> Self;
+    /// Larger of the bit patterns read as `i32`.
+    fn max_i32(self, b: Self) -> Self;
+    /// Bit pattern shifted left by `N`.
+    fn shl<const N: u32>(self) -> Self;
+    /// Bit pattern shifted right by `N`, filling with zeros.
+    fn shr_logical<const N: u32>(self) -> Self;
+    /// Bit pattern shifted right by `N`, filling with the sign bit.
+    fn shr_arith<const N: u32>(self) -> Self;
+    /// Bit pattern read as `i32`, converted to the nearest `f32` (ties to even; exact below 2²⁴).
+    fn i32_to_f32(self) -> Self;
+    /// `f32` converted to `i32` rounding to nearest, ties to even, stored as the bit pattern.
+    /// Out-of-range and NaN lanes give `i32::MIN` (x86's "integer indefinite"); callers keep their
+    /// inputs in range.
+    fn f32_to_i32_round(self) -> Self;
+    /// `f32` converted to `i32` truncating toward zero, stored as the bit pattern (out of range:
+    /// `i32::MIN`).
+    fn f32_to_i32_trunc(self) -> Self;
+
+    /// `a > b` (false when either is NaN).
+    fn gt(self, b: Self) -> Self::Mask;
+    /// `a >= b` (false when either is NaN).
+    fn ge(self, b: Self) -> Self::Mask;
+    /// `a < b` (false when either is NaN).
+    fn lt(self, b: Self) -> Self::Mask;
+    /// `a <= b` (false when either is NaN).
+    fn le(self, b: Self) -> Self::Mask;
+    /// `!(a < b)` (true when either is NaN).
+    fn not_lt(self, b: Self) -> Self::Mask;
+    /// `a == b` (false when either is NaN).
+    fn eq(self, b: Self) -> Self::Mask;
+    /// `a != b` (true when either is NaN).
+    fn ne(self, b: Self) -> Self::Mask;
+    /// Lanes whose bit patterns are equal as `i32`.
+    fn eq_i32(self, b: Self) -> Self::Mask;
+    /// Per lane `if m { a } else { b }`.
+    fn select(m: Self::Mask, a: Self, b: Self) -> Self;
+    /// Lanes where both masks are set.
+    fn mask_and(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+    /// Lanes where either mask is set.
+    fn mask_or(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+    /// Lanes set in `b` but not in `a`.
+    fn mask_andnot(a: Self::Mask, b: Self::Mask) -> Self::Mask;
+    /// No lane set.
+    fn mask_none() -> Self::Mask;
+    /// Whether any lane of the mask is set.
+    fn mask_any(m: Self::Mask) -> bool;
+}

@@ -1,0 +1,542 @@
+//! grpo-core's vocabulary row operations (`grpo_core::vocab`), fast: SIMD lanes and whole rows
+//! per thread, with the same results bit for bit and the same errors.
+//!
+//! Validation is fused into the computation: the kernels' streaming pass also checks every
+//! logit (NaN/+∞, masked rows, overflow of `max/T`, KL support), so the data is read once.
+//! Results go to a small per-row buffer first; only when every row passed are the caller's
+//! outputs written. When anything is wrong, the call is handed to grpo-core's own function,
+//! which reports exactly the error grpo-core reports (and leaves the outputs untouched).
+
+use grpo_core::Result;
+use grpo_core::vocab::canon::{self, GradCoef, KlGrad, LseState, PairState};
+use grpo_core::vocab::exp_ln::{fma, ln};
+use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, TokenId};
+use rayon::prelude::*;
+
+use crate::arch;
+use crate::cpu::Cpu;
+use crate::kernels::vocab::{
+    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairRows, lse_ok,
+    pair_ok,
+};
+
+thread_local! {
+    static FALLBACKS: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+/// How many calls on this thread were handed to grpo-core (because validation found
+/// something wrong). For tests: valid input must take the fast path.
+#[doc(hidden)]
+pub fn fallbacks_on_this_thread() -> usize {
+    FALLBACKS.with(|c| c.get())
+}
+
+fn note_fallback() {
+    FALLBACKS.with(|c| c.set(c.get() + 1));
+}
+
+/// Counts the hand-over to grpo-core, then returns the closure that performs it.
+fn fallback<F>(core: F) -> F {
+    note_fallback();
+    core
+}
+
+/// `τ = 1/T` when grpo-core accepts `T` (finite, > 0, 1/T finite).
+fn tau_of(temperature: f32) -> Option<f32> {
+    let tau = 1.0 / temperature;
+    (temperature > 0.0 && temperature.is_finite() && tau.is_finite()).then_some(tau)
+}
+
+/// `rows · vocab == len` with `vocab > 0` and no overflow.
+fn shape_ok(len: usize, vocab: usize, rows: usize) -> bool {
+    vocab > 0 && rows.checked_mul(vocab) == Some(len)
+}
+
+/// grpo-core's weight check: finite and |g| ≤ MAX_GRAD_WEIGHT.
+fn weights_ok(g: &[f32], rows: usize) -> bool {
+    g.len() == rows && g.iter().all(|x| x.abs() <= MAX_GRAD_WEIGHT)
+}
+
+/// `(KL(p‖q), KL(q‖p))` of a pair state, as grpo-core's `finish_kl`.
+fn finish_kl(st: &PairState) -> (f32, f32) {
+    let (lz, lw) = (ln(st.sz), ln(st.sw));
+    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
+}
+
+/// grpo-core's target check on a validated row: `z_y/T − max/T` finite.
+fn target_ok(zy: f32, tau: f32, st: &LseState) -> bool {
+    fma(zy, tau, canon::offset(st.max)).is_finite()
+}
+
+impl Cpu {
+    /// Splits `out` (one element per row) into tasks of whole rows: `run(first_row, chunk)`.
+    fn par_rows<T: Send>(&self, out: &mut [T], run: impl Fn(usize, &mut [T]) + Sync) {
+        let per = self.rows_per_task(out.len());
+        self.install(|| {
+            out.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, c)| run(i * per, c))
+        })
+    }
+
+    /// Row states of a validated-shape batch.
+    fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32) -> Vec<LseState> {
+        let mut st = vec![LseState::EMPTY; z.len() / vocab];
+        let backend = self.backend();
+        self.par_rows(&mut st, |r0, out| {
+            arch::run(
+                backend,
+                LseRows {
+                    z: &z[r0 * vocab..(r0 + out.len()) * vocab],
+                    vocab,
+                    tau,
+                    out,
+                },
+            )
+        });
+        st
+    }
+
+    /// Pair states and validation flags of validated-shape batches.
+    fn pair_states<S: Load, U: Load>(
+        &self,
+        z: &[S],
+        w: &[U],
+        vocab: usize,
+        tau: f32,
+    ) -> Vec<(PairState, PairFlags)> {
+        let mut st = vec![(EMPTY_PAIR, PairFlags::default()); z.len() / vocab];
+        let backend = self.backend();
+        self.par_rows(&mut st, |r0, out| {
+            arch::run(
+                backend,
+                PairRows {
+                    z: &z[r0 * vocab..(r0 + out.len()) * vocab],
+                    w: &w[r0 * vocab..(r0 + out.len()) * vocab],
+                    vocab,
+                    tau,
+                    out,
+                },
+            )
+        });
+        st
+    }
+
+    /// [`grpo_core::vocab::stats_rows`]: log-sum-exp and entropy of every row of `logits`
+    /// (`[rows, vocab]`, `rows = lse_out.len()`), `lse = log Σ_v exp(z_v/T)`,
+    /// `H = lse − Σ_v p_v z_v/T` [ours]. Same bits, same errors; on `Err` nothing is written.
+    ///
+    /// ```
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // row 0: [0, 0] → lse = H = ln 2; row 1: [5, −∞] → lse = 5, H = 0
+    /// let z = [0.0f32, 0.0, 5.0, f32::NEG_INFINITY];
+    /// let (mut lse, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+    /// cpu.stats_rows(&z, 2, 1.0, &mut lse, &mut h).unwrap();
+    /// assert!((lse[0] - 2f32.ln()).abs() < 1e-6 && (h[0] - 2f32.ln()).abs() < 1e-6);
+    /// assert_eq!((lse[1], h[1]), (5.0, 0.0));
+    /// ```
+    pub fn stats_rows<S: Load>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        temperature: f32,
+        lse_out: &mut [f32],
+        entropy_out: &mut [f32],
+    ) -> Result<()> {
+        let core = |lse_out: &mut [f32], entropy_out: &mut [f32]| {
+            grpo_core::vocab::stats_rows(logits, vocab, temperature, lse_out, entropy_out)
+        };
+        let rows = lse_out.len();
+        let Some(tau) = tau_of(temperature) else {
+            return fallback(core)(lse_out, entropy_out);
+        };
+        if !shape_ok(logits.len(), vocab, rows) || entropy_out.len() != rows {
+            return fallback(core)(lse_out, entropy_out);
+        }
+        let st = self.lse_states(logits, vocab, tau);
+        if !st.iter().all(lse_ok) {
+            return fallback(core)(lse_out, entropy_out);
+        }
+        for (s, (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
+            let (lse, _, ent) = canon::finish_lse(s);
+            (*l, *h) = (lse, ent);
+        }
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::logprob_entropy_rows`]: `logp_out[r] = z[r, y_r]/T − lse_r` and
+    /// optionally `entropy_out[r] = H_r`, in one pass over each row [ours]. Same bits, same
+    /// errors; on `Err` nothing is written.
+    ///
+    /// ```
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // row 0: [0, ln 3, 0, 0], target 1 → logp = ln(3/6) = −ln 2;
+    /// // row 1: [1, 1, 1, 1], target 0 → logp = −ln 4, H = ln 4
+    /// let z = [0.0f32, 3f32.ln(), 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+    /// let (mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+    /// cpu.logprob_entropy_rows(&z, 4, &[1u32, 0], 1.0, &mut lp, Some(&mut h)).unwrap();
+    /// assert!((lp[0] + 2f32.ln()).abs() < 1e-6);
+    /// assert!((lp[1] + 4f32.ln()).abs() < 1e-6 && (h[1] - 4f32.ln()).abs() < 1e-6);
+    /// ```
+    pub fn logprob_entropy_rows<S: Load, I: TokenId>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        targets: &[I],
+        temperature: f32,
+        logp_out: &mut [f32],
+        mut entropy_out: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let core = |logp_out: &mut [f32], entropy_out: Option<&mut [f32]>| {
+            grpo_core::vocab::logprob_entropy_rows(
+                logits,
+                vocab,
+                targets,
+                temperature,
+                logp_out,
+                entropy_out,
+            )
+        };
+        let rows = targets.len();
+        let Some(tau) = tau_of(temperature) else {
+            return fallback(core)(logp_out, entropy_out);
+        };
+        let shapes = shape_ok(logits.len(), vocab, rows)
+            && logp_out.len() == rows
+            && entropy_out.as_deref().is_none_or(|h| h.len() == rows)
+            && targets.iter().all(|t| t.index() < vocab);
+        if !shapes {
+            return fallback(core)(logp_out, entropy_out);
+        }
+        let st = self.lse_states(logits, vocab, tau);
+        let zy = |r: usize| logits[r * vocab + targets[r].index()].to_f32();
+        let ok = st
+            .iter()
+            .enumerate()
+            .all(|(r, s)| lse_ok(s) && target_ok(zy(r), tau, s));
+        if !ok {
+            return fallback(core)(logp_out, entropy_out);
+        }
+        for (r, s) in st.iter().enumerate() {
+            logp_out[r] = canon::logp_of(zy(r), tau, s);
+            if let Some(h) = entropy_out.as_deref_mut() {
+                h[r] = canon::finish_lse(s).2;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::kl_rows`]: `KL(p‖q) = Σ p (log p − log q)` (or the reverse) of every
+    /// student/teacher row pair, `p = softmax(z/T)`, `q = softmax(w/T)`, one pass over both rows
+    /// [ours; arXiv 2306.13649]. Same bits, same errors; on `Err` nothing is written.
+    ///
+    /// ```
+    /// use grpo_core::vocab::KlDirection;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // row 0 identical → 0; row 1: p = [½, ½], q = [¼, ¾] → KL(p‖q) = ½ ln 2 + ½ ln ⅔ = 0.1438410
+    /// let z = [1.0f32, 2.0, 0.0, 0.0];
+    /// let w = [1.0f32, 2.0, 0.0, 3f32.ln()];
+    /// let mut out = [9.0f32; 2];
+    /// cpu.kl_rows(&z, &w, 2, 1.0, KlDirection::Forward, &mut out).unwrap();
+    /// assert!(out[0].abs() < 1e-7 && (out[1] - 0.1438410).abs() < 1e-6);
+    /// ```
+    pub fn kl_rows<S: Load, U: Load>(
+        &self,
+        student: &[S],
+        teacher: &[U],
+        vocab: usize,
+        temperature: f32,
+        direction: KlDirection,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let core = |out: &mut [f32]| {
+            grpo_core::vocab::kl_rows(student, teacher, vocab, temperature, direction, out)
+        };
+        let rows = out.len();
+        let Some(tau) = tau_of(temperature) else {
+            return fallback(core)(out);
+        };
+        if !shape_ok(student.len(), vocab, rows) || !shape_ok(teacher.len(), vocab, rows) {
+            return fallback(core)(out);
+        }
+        let st = self.pair_states(student, teacher, vocab, tau);
+        let ok = st.iter().all(|(s, f)| {
+            let support = match direction {
+                KlDirection::Forward => !f.forward,
+                KlDirection::Reverse => !f.reverse,
+            };
+            support && pair_ok(s)
+        });
+        if !ok {
+            return fallback(core)(out);
+        }
+        for ((s, _), o) in st.iter().zip(out.iter_mut()) {
+            let (f, r) = finish_kl(s);
+            *o = match direction {
+                KlDirection::Forward => f,
+                KlDirection::Reverse => r,
+            };
+        }
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::jsd_rows`]: generalised JSD_β of every student/teacher row pair,
+    /// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` with `m = β q + (1 − β) p` [arXiv 2306.13649]; two
+    /// passes per row (the second from cache). Same bits, same errors.
+    ///
+    /// ```
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // disjoint (masked) rows: JSD_½ = ln 2; identical rows: 0
+    /// let ninf = f32::NEG_INFINITY;
+    /// let (z, w) = ([0.0f32, ninf, 1.0, 2.0], [ninf, 0.0f32, 1.0, 2.0]);
+    /// let mut out = [9.0f32; 2];
+    /// cpu.jsd_rows(&z, &w, 2, 0.5, 1.0, &mut out).unwrap();
+    /// assert!((out[0] - 2f32.ln()).abs() < 1e-6 && out[1].abs() < 1e-7);
+    /// ```
+    pub fn jsd_rows<S: Load, U: Load>(
+        &self,
+        student: &[S],
+        teacher: &[U],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let core = |out: &mut [f32]| {
+            grpo_core::vocab::jsd_rows(student, teacher, vocab, beta, temperature, out)
+        };
+        let rows = out.len();
+        let Some(tau) = tau_of(temperature) else {
+            return fallback(core)(out);
+        };
+        let shapes = beta > 0.0
+            && beta < 1.0
+            && shape_ok(student.len(), vocab, rows)
+            && shape_ok(teacher.len(), vocab, rows);
+        if !shapes {
+            return fallback(core)(out);
+        }
+        let mut res = vec![(f32::NAN, PairFlags::default()); rows];
+        let backend = self.backend();
+        self.par_rows(&mut res, |r0, o| {
+            arch::run(
+                backend,
+                JsdRows {
+                    z: &student[r0 * vocab..(r0 + o.len()) * vocab],
+                    w: &teacher[r0 * vocab..(r0 + o.len()) * vocab],
+                    vocab,
+                    tau,
+                    beta,
+                    omb: 1.0 - beta,
+                    out: o,
+                },
+            )
+        });
+        if res.iter().any(|(v, _)| v.is_nan()) {
+            return fallback(core)(out);
+        }
+        for ((v, _), o) in res.iter().zip(out.iter_mut()) {
+            *o = *v;
+        }
+        Ok(())
+    }
+
+    /// Per-row backward coefficients, or `None` where grpo-core would report an error.
+    fn backward_coefs<S: Load, I: TokenId, U: Load>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, I, U>,
+    ) -> Option<(Vec<GradCoef>, Vec<usize>, KlGrad)> {
+        let tau = tau_of(temperature)?;
+        if vocab == 0 {
+            return None;
+        }
+        let rows = logits.len() / vocab;
+        if !shape_ok(logits.len(), vocab, rows) {
+            return None;
+        }
+        if let Some((t, g)) = terms.logp
+            && (t.len() != rows || !weights_ok(g, rows) || t.iter().any(|t| t.index() >= vocab))
+        {
+            return None;
+        }
+        if let Some(g) = terms.entropy
+            && !weights_ok(g, rows)
+        {
+            return None;
+        }
+        if let Some(k) = &terms.kl
+            && (!shape_ok(k.teacher.len(), vocab, rows) || !weights_ok(k.grad, rows))
+        {
+            return None;
+        }
+        // Forward statistics of every row (validating them) before anything is written.
+        let (lse_part, kl_grad): (Vec<_>, KlGrad) = match &terms.kl {
+            Some(k) => {
+                let st = self.pair_states(logits, k.teacher, vocab, tau);
+                let mut v = Vec::with_capacity(rows);
+                for (r, (s, f)) in st.iter().enumerate() {
+                    let support = match k.direction {
+                        KlDirection::Forward => !f.forward,
+                        KlDirection::Reverse => !f.reverse,
+                    };
+                    if !support || !pair_ok(s) {
+                        return None;
+                    }
+                    let (lse, _, h) = canon::finish_lse(&s.student());
+                    let (lse_w, _, _) = canon::finish_lse(&s.teacher());
+                    let (kl, _) = finish_kl(s);
+                    v.push((s.student(), -lse, h, k.grad[r], -lse_w, kl));
+                }
+                let dir = match k.direction {
+                    KlDirection::Forward => KlGrad::Forward,
+                    KlDirection::Reverse => KlGrad::Reverse,
+                };
+                (v, dir)
+            }
+            None => {
+                let st = self.lse_states(logits, vocab, tau);
+                let mut v = Vec::with_capacity(rows);
+                for s in &st {
+                    if !lse_ok(s) {
+                        return None;
+                    }
+                    let (lse, _, h) = canon::finish_lse(s);
+                    v.push((*s, -lse, h, 0.0, 0.0, 0.0));
+                }
+                (v, KlGrad::None)
+            }
+        };
+        let mut coefs = Vec::with_capacity(rows);
+        let mut ys = Vec::with_capacity(rows);
+        for (r, &(s, nlse, h, g_kl, nlse_w, kl)) in lse_part.iter().enumerate() {
+            let (g_lp, y) = match terms.logp {
+                Some((t, g)) => {
+                    let y = t[r].index();
+                    if !target_ok(logits[r * vocab + y].to_f32(), tau, &s) {
+                        return None;
+                    }
+                    (g[r], y)
+                }
+                None => (0.0, usize::MAX),
+            };
+            coefs.push(GradCoef {
+                tau,
+                nlse,
+                h,
+                g_lp,
+                g_h: terms.entropy.map_or(0.0, |g| g[r]),
+                g_kl,
+                nlse_w,
+                kl,
+            });
+            ys.push(y);
+        }
+        Some((coefs, ys, kl_grad))
+    }
+
+    /// [`grpo_core::vocab::backward_rows`]: `out[r, v] = ∂loss_r/∂z[r, v]` for
+    /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` [ours], e.g.
+    /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`, `∂H/∂z_v = −p_v (log p_v + H)/T`. Every row is reduced
+    /// and validated first, then the gradient is written (streaming stores). Same bits, same
+    /// errors; on `Err`, `out` is untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::GradTerms;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // one row [0, 0], target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
+    /// let mut g = [0.0f32; 2];
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+    /// cpu.backward_rows(&[0.0f32, 0.0], 2, 1.0, &terms, &mut g).unwrap();
+    /// assert!((g[0] - 0.5).abs() < 1e-7 && (g[1] + 0.5).abs() < 1e-7);
+    /// ```
+    pub fn backward_rows<S: Load, I: TokenId + Sync, U: Load>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, I, U>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let core = |out: &mut [f32]| {
+            grpo_core::vocab::backward_rows(logits, vocab, temperature, terms, out)
+        };
+        if out.len() != logits.len() {
+            return fallback(core)(out);
+        }
+        let Some((coefs, ys, kl)) = self.backward_coefs(logits, vocab, temperature, terms) else {
+            return fallback(core)(out);
+        };
+        let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
+        let ys = terms.logp.is_some().then_some(&ys[..]);
+        let backend = self.backend();
+        let per = self.rows_per_task(coefs.len()) * vocab;
+        self.install(|| {
+            out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
+                let (r0, n) = (i * per / vocab, o.len() / vocab);
+                arch::run(
+                    backend,
+                    GradRows {
+                        z: &logits[r0 * vocab..(r0 + n) * vocab],
+                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
+                        y: ys.map(|y| &y[r0..r0 + n]),
+                        coef: &coefs[r0..r0 + n],
+                        kl,
+                        vocab,
+                        out: o,
+                    },
+                )
+            })
+        });
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::backward_rows_in_place`]: [`backward_rows`](Cpu::backward_rows)
+    /// writing the gradient over the logits, rounded to their storage type (ties to even).
+    /// Same bits, same errors; on `Err` the logits are untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::GradTerms;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // the entropy of [0, 0] is maximal: ∂H/∂z_v = −½(−ln 2 + ln 2) = 0
+    /// let mut z = [0.0f32, 0.0];
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: Some(&[1.0]), kl: None };
+    /// cpu.backward_rows_in_place(&mut z, 2, 1.0, &terms).unwrap();
+    /// assert!(z[0].abs() < 1e-7 && z[1].abs() < 1e-7);
+    /// ```
+    pub fn backward_rows_in_place<S: Load, I: TokenId + Sync, U: Load>(
+        &self,
+        logits: &mut [S],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, I, U>,
+    ) -> Result<()> {
+        let Some((coefs, ys, kl)) = self.backward_coefs(logits, vocab, temperature, terms) else {
+            note_fallback();
+            return grpo_core::vocab::backward_rows_in_place(logits, vocab, temperature, terms);
+        };
+        let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
+        let ys = terms.logp.is_some().then_some(&ys[..]);
+        let backend = self.backend();
+        let per = self.rows_per_task(coefs.len()) * vocab;
+        self.install(|| {
+            logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
+                let (r0, n) = (i * per / vocab, z.len() / vocab);
+                arch::run(
+                    backend,
+                    GradRowsInPlace {
+                        z,
+                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
+                        y: ys.map(|y| &y[r0..r0 + n]),
+                        coef: &coefs[r0..r0 + n],
+                        kl,
+                        vocab,
+                    },
+                )
+            })
+        });
+        Ok(())
+    }
+}
