@@ -8,9 +8,8 @@
 //! which reports exactly the error grpo-core reports (and leaves the outputs untouched).
 
 use grpo_core::Result;
-use grpo_core::vocab::canon::{self, GradCoef, KlGrad, LseState, PairState};
-use grpo_core::vocab::exp_ln::{fma, ln};
-use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, TokenId};
+use grpo_core::vocab::canon::{self, GradCoef, KlGrad, LseState, PairState, finish_kl};
+use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, TokenId};
 use rayon::prelude::*;
 
 use crate::arch;
@@ -41,10 +40,9 @@ fn fallback<F>(core: F) -> F {
     core
 }
 
-/// `τ = 1/T` when grpo-core accepts `T` (finite, > 0, 1/T finite).
+/// `τ = 1/T` when grpo-core accepts `T`.
 fn tau_of(temperature: f32) -> Option<f32> {
-    let tau = 1.0 / temperature;
-    (temperature > 0.0 && temperature.is_finite() && tau.is_finite()).then_some(tau)
+    grpo_core::vocab::validate::inverse_temperature(temperature).ok()
 }
 
 /// `rows · vocab == len` with `vocab > 0` and no overflow.
@@ -57,15 +55,9 @@ fn weights_ok(g: &[f32], rows: usize) -> bool {
     g.len() == rows && g.iter().all(|x| x.abs() <= MAX_GRAD_WEIGHT)
 }
 
-/// `(KL(p‖q), KL(q‖p))` of a pair state, as grpo-core's `finish_kl`.
-fn finish_kl(st: &PairState) -> (f32, f32) {
-    let (lz, lw) = (ln(st.sz), ln(st.sw));
-    ((lw - lz) + st.u / st.sz, (lz - lw) + st.v / st.sw)
-}
-
-/// grpo-core's target check on a validated row: `z_y/T − max/T` finite.
+/// grpo-core's target check on a validated row: `(z_y − max)·τ` finite.
 fn target_ok(zy: f32, tau: f32, st: &LseState) -> bool {
-    fma(zy, tau, canon::offset(st.max)).is_finite()
+    ((zy - st.max) * tau).is_finite()
 }
 
 impl Cpu {
@@ -124,7 +116,7 @@ impl Cpu {
 
     /// [`grpo_core::vocab::stats_rows`]: log-sum-exp and entropy of every row of `logits`
     /// (`[rows, vocab]`, `rows = lse_out.len()`), `lse = log Σ_v exp(z_v/T)`,
-    /// `H = lse − Σ_v p_v z_v/T` [ours]. Same bits, same errors; on `Err` nothing is written.
+    /// `H = lse − Σ_v p_v z_v/T` \[ours\]. Same bits, same errors; on `Err` nothing is written.
     ///
     /// ```
     /// let cpu = grpo_cpu::Cpu::detect();
@@ -154,18 +146,18 @@ impl Cpu {
             return fallback(core)(lse_out, entropy_out);
         }
         let st = self.lse_states(logits, vocab, tau);
-        if !st.iter().all(lse_ok) {
+        if !st.iter().all(|s| lse_ok(s, tau)) {
             return fallback(core)(lse_out, entropy_out);
         }
         for (s, (l, h)) in st.iter().zip(lse_out.iter_mut().zip(entropy_out)) {
-            let (lse, _, ent) = canon::finish_lse(s);
+            let (lse, _, ent) = canon::finish_lse(s, tau);
             (*l, *h) = (lse, ent);
         }
         Ok(())
     }
 
     /// [`grpo_core::vocab::logprob_entropy_rows`]: `logp_out[r] = z[r, y_r]/T − lse_r` and
-    /// optionally `entropy_out[r] = H_r`, in one pass over each row [ours]. Same bits, same
+    /// optionally `entropy_out[r] = H_r`, in one pass over each row \[ours\]. Same bits, same
     /// errors; on `Err` nothing is written.
     ///
     /// ```
@@ -213,14 +205,14 @@ impl Cpu {
         let ok = st
             .iter()
             .enumerate()
-            .all(|(r, s)| lse_ok(s) && target_ok(zy(r), tau, s));
+            .all(|(r, s)| lse_ok(s, tau) && target_ok(zy(r), tau, s));
         if !ok {
             return fallback(core)(logp_out, entropy_out);
         }
         for (r, s) in st.iter().enumerate() {
             logp_out[r] = canon::logp_of(zy(r), tau, s);
             if let Some(h) = entropy_out.as_deref_mut() {
-                h[r] = canon::finish_lse(s).2;
+                h[r] = canon::finish_lse(s, tau).2;
             }
         }
         Ok(())
@@ -228,7 +220,7 @@ impl Cpu {
 
     /// [`grpo_core::vocab::kl_rows`]: `KL(p‖q) = Σ p (log p − log q)` (or the reverse) of every
     /// student/teacher row pair, `p = softmax(z/T)`, `q = softmax(w/T)`, one pass over both rows
-    /// [ours; arXiv 2306.13649]. Same bits, same errors; on `Err` nothing is written.
+    /// \[ours; arXiv 2306.13649\]. Same bits, same errors; on `Err` nothing is written.
     ///
     /// ```
     /// use grpo_core::vocab::KlDirection;
@@ -265,7 +257,7 @@ impl Cpu {
                 KlDirection::Forward => !f.forward,
                 KlDirection::Reverse => !f.reverse,
             };
-            support && pair_ok(s)
+            support && pair_ok(s, tau)
         });
         if !ok {
             return fallback(core)(out);
@@ -281,7 +273,7 @@ impl Cpu {
     }
 
     /// [`grpo_core::vocab::jsd_rows`]: generalised JSD_β of every student/teacher row pair,
-    /// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` with `m = β q + (1 − β) p` [arXiv 2306.13649]; two
+    /// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` with `m = β q + (1 − β) p` \[arXiv 2306.13649\]; two
     /// passes per row (the second from cache). Same bits, same errors.
     ///
     /// ```
@@ -350,7 +342,8 @@ impl Cpu {
         terms: &GradTerms<'_, I, U>,
     ) -> Option<(Vec<GradCoef>, Vec<usize>, KlGrad)> {
         let tau = tau_of(temperature)?;
-        if vocab == 0 {
+        // `tau_of` passed, so `temperature` is finite and > 0 here (no NaN to compare).
+        if vocab == 0 || temperature < MIN_GRAD_TEMPERATURE {
             return None;
         }
         let rows = logits.len() / vocab;
@@ -373,7 +366,9 @@ impl Cpu {
             return None;
         }
         // Forward statistics of every row (validating them) before anything is written.
-        let (lse_part, kl_grad): (Vec<_>, KlGrad) = match &terms.kl {
+        let g_h = |r: usize| terms.entropy.map_or(0.0, |g| g[r]);
+        let g_lp = |r: usize| terms.logp.map_or(0.0, |(_, g)| g[r]);
+        let (st, kl_grad): (Vec<(LseState, GradCoef)>, KlGrad) = match &terms.kl {
             Some(k) => {
                 let st = self.pair_states(logits, k.teacher, vocab, tau);
                 let mut v = Vec::with_capacity(rows);
@@ -382,13 +377,11 @@ impl Cpu {
                         KlDirection::Forward => !f.forward,
                         KlDirection::Reverse => !f.reverse,
                     };
-                    if !support || !pair_ok(s) {
+                    if !support || !pair_ok(s, tau) {
                         return None;
                     }
-                    let (lse, _, h) = canon::finish_lse(&s.student());
-                    let (lse_w, _, _) = canon::finish_lse(&s.teacher());
-                    let (kl, _) = finish_kl(s);
-                    v.push((s.student(), -lse, h, k.grad[r], -lse_w, kl));
+                    let c = GradCoef::from_pair(s, tau, g_lp(r), g_h(r), k.grad[r]);
+                    v.push((s.student(), c));
                 }
                 let dir = match k.direction {
                     KlDirection::Forward => KlGrad::Forward,
@@ -399,46 +392,36 @@ impl Cpu {
             None => {
                 let st = self.lse_states(logits, vocab, tau);
                 let mut v = Vec::with_capacity(rows);
-                for s in &st {
-                    if !lse_ok(s) {
+                for (r, s) in st.iter().enumerate() {
+                    if !lse_ok(s, tau) {
                         return None;
                     }
-                    let (lse, _, h) = canon::finish_lse(s);
-                    v.push((*s, -lse, h, 0.0, 0.0, 0.0));
+                    v.push((*s, GradCoef::from_lse(s, tau, g_lp(r), g_h(r))));
                 }
                 (v, KlGrad::None)
             }
         };
         let mut coefs = Vec::with_capacity(rows);
         let mut ys = Vec::with_capacity(rows);
-        for (r, &(s, nlse, h, g_kl, nlse_w, kl)) in lse_part.iter().enumerate() {
-            let (g_lp, y) = match terms.logp {
-                Some((t, g)) => {
+        for (r, (s, c)) in st.into_iter().enumerate() {
+            let y = match terms.logp {
+                Some((t, _)) => {
                     let y = t[r].index();
                     if !target_ok(logits[r * vocab + y].to_f32(), tau, &s) {
                         return None;
                     }
-                    (g[r], y)
+                    y
                 }
-                None => (0.0, usize::MAX),
+                None => usize::MAX,
             };
-            coefs.push(GradCoef {
-                tau,
-                nlse,
-                h,
-                g_lp,
-                g_h: terms.entropy.map_or(0.0, |g| g[r]),
-                g_kl,
-                nlse_w,
-                kl,
-            });
+            coefs.push(c);
             ys.push(y);
         }
         Some((coefs, ys, kl_grad))
     }
 
     /// [`grpo_core::vocab::backward_rows`]: `out[r, v] = ∂loss_r/∂z[r, v]` for
-    /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` [ours], e.g.
+    /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\], e.g.
     /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`, `∂H/∂z_v = −p_v (log p_v + H)/T`. Every row is reduced
     /// and validated first, then the gradient is written (streaming stores). Same bits, same
     /// errors; on `Err`, `out` is untouched.

@@ -145,7 +145,7 @@ impl F32x16 for Avx2 {
     #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
         let p = dst.as_mut_ptr();
-        if p.addr() % 32 == 0 {
+        if p.addr().is_multiple_of(32) {
             // SAFETY: as in `both!`; `vmovntps` needs the 32-byte alignment checked above (p + 8
             // floats keeps it), and the reference covers 64 writable bytes.
             unsafe {

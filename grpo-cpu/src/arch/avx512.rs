@@ -84,7 +84,7 @@ impl F32x16 for Avx512 {
     #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
         let p = dst.as_mut_ptr();
-        if p.addr() % 64 == 0 {
+        if p.addr().is_multiple_of(64) {
             // SAFETY: see the impl comment; `vmovntps` needs the 64-byte alignment checked above.
             unsafe { _mm512_stream_ps(p, self.0) }
         } else {

@@ -33,12 +33,37 @@ pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
     }
 }
 
+/// `[e(0), e(1), e(2), e(3)]` written out as blocks, not a closure: a closure is a separate
+/// function, and if LLVM declines to inline it, its intrinsics are compiled without NEON.
+macro_rules! arr4 {
+    (|$i:ident| $e:expr) => {
+        [
+            {
+                let $i = 0;
+                $e
+            },
+            {
+                let $i = 1;
+                $e
+            },
+            {
+                let $i = 2;
+                $e
+            },
+            {
+                let $i = 3;
+                $e
+            },
+        ]
+    };
+}
+
 /// Applies a NEON intrinsic to each of the four registers.
 macro_rules! each {
     ([$($x:expr),*] |$($v:ident),*| $e:expr) => {
         // SAFETY: a `Neon` value exists only inside `entry`, which runs only after `run` detected
         // NEON, so the intrinsics' target feature is present.
-        unsafe { Neon(core::array::from_fn(|i| { $(let $v = $x.0[i];)* $e })) }
+        unsafe { Neon(arr4!(|i| { $(let $v = $x.0[i];)* $e })) }
     };
 }
 
@@ -46,7 +71,7 @@ macro_rules! each_u {
     ([$($x:expr),*] |$($v:ident),*| $e:expr) => {
         // SAFETY: as in `each!`; the reinterpretations are free.
         unsafe {
-            Neon(core::array::from_fn(|i| {
+            Neon(arr4!(|i| {
                 $(let $v = vreinterpretq_u32_f32($x.0[i]);)*
                 vreinterpretq_f32_u32($e)
             }))
@@ -77,7 +102,7 @@ impl F32x16 for Neon {
     fn load(src: &[f32; 16]) -> Self {
         let p = src.as_ptr();
         // SAFETY: as in `each!`; the reference covers 16 readable f32, p + 4i + 3 < p + 16.
-        unsafe { Neon(core::array::from_fn(|i| vld1q_f32(p.add(4 * i)))) }
+        unsafe { Neon(arr4!(|i| vld1q_f32(p.add(4 * i)))) }
     }
     #[inline(always)]
     fn load_bf16(src: &[half::bf16; 16]) -> Self {
@@ -225,56 +250,56 @@ impl F32x16 for Neon {
     #[inline(always)]
     fn f32_to_i32_round(self) -> Self {
         // SAFETY: as in `each!`.
-        let r = unsafe { Neon(self.0.map(|a| vreinterpretq_f32_s32(vcvtnq_s32_f32(a)))) };
+        let r = unsafe { Neon(arr4!(|i| vreinterpretq_f32_s32(vcvtnq_s32_f32(self.0[i])))) };
         patch_out_of_range(self, r)
     }
     #[inline(always)]
     fn f32_to_i32_trunc(self) -> Self {
         // SAFETY: as in `each!`.
-        let r = unsafe { Neon(self.0.map(|a| vreinterpretq_f32_s32(vcvtq_s32_f32(a)))) };
+        let r = unsafe { Neon(arr4!(|i| vreinterpretq_f32_s32(vcvtq_s32_f32(self.0[i])))) };
         patch_out_of_range(self, r)
     }
 
     #[inline(always)]
     fn gt(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vcgtq_f32(self.0[i], b.0[i])) }
+        unsafe { arr4!(|i| vcgtq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
     fn ge(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vcgeq_f32(self.0[i], b.0[i])) }
+        unsafe { arr4!(|i| vcgeq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
     fn lt(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vcltq_f32(self.0[i], b.0[i])) }
+        unsafe { arr4!(|i| vcltq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
     fn le(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vcleq_f32(self.0[i], b.0[i])) }
+        unsafe { arr4!(|i| vcleq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
     fn not_lt(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`. NOT(ordered less): true when either lane is NaN.
-        unsafe { core::array::from_fn(|i| vmvnq_u32(vcltq_f32(self.0[i], b.0[i]))) }
+        unsafe { arr4!(|i| vmvnq_u32(vcltq_f32(self.0[i], b.0[i]))) }
     }
     #[inline(always)]
     fn eq(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vceqq_f32(self.0[i], b.0[i])) }
+        unsafe { arr4!(|i| vceqq_f32(self.0[i], b.0[i])) }
     }
     #[inline(always)]
     fn ne(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`. NOT(ordered equal): true when either lane is NaN.
-        unsafe { core::array::from_fn(|i| vmvnq_u32(vceqq_f32(self.0[i], b.0[i]))) }
+        unsafe { arr4!(|i| vmvnq_u32(vceqq_f32(self.0[i], b.0[i]))) }
     }
     #[inline(always)]
     fn eq_i32(self, b: Self) -> Self::Mask {
         // SAFETY: as in `each!`.
         unsafe {
-            core::array::from_fn(|i| {
+            arr4!(|i| {
                 vceqq_u32(
                     vreinterpretq_u32_f32(self.0[i]),
                     vreinterpretq_u32_f32(b.0[i]),
@@ -285,22 +310,22 @@ impl F32x16 for Neon {
     #[inline(always)]
     fn select(m: Self::Mask, a: Self, b: Self) -> Self {
         // SAFETY: as in `each!`.
-        unsafe { Neon(core::array::from_fn(|i| vbslq_f32(m[i], a.0[i], b.0[i]))) }
+        unsafe { Neon(arr4!(|i| vbslq_f32(m[i], a.0[i], b.0[i]))) }
     }
     #[inline(always)]
     fn mask_and(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vandq_u32(a[i], b[i])) }
+        unsafe { arr4!(|i| vandq_u32(a[i], b[i])) }
     }
     #[inline(always)]
     fn mask_or(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `each!`.
-        unsafe { core::array::from_fn(|i| vorrq_u32(a[i], b[i])) }
+        unsafe { arr4!(|i| vorrq_u32(a[i], b[i])) }
     }
     #[inline(always)]
     fn mask_andnot(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `each!`. vbicq(b, a) = b & !a.
-        unsafe { core::array::from_fn(|i| vbicq_u32(b[i], a[i])) }
+        unsafe { arr4!(|i| vbicq_u32(b[i], a[i])) }
     }
     #[inline(always)]
     fn mask_none() -> Self::Mask {

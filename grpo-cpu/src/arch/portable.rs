@@ -192,7 +192,9 @@ impl F32x16 for Portable {
     }
     #[inline(always)]
     fn not_lt(self, b: Self) -> [bool; 16] {
-        mask(self.0, b.0, |a, b| !(a < b))
+        mask(self.0, b.0, |a, b| {
+            a.partial_cmp(&b) != Some(core::cmp::Ordering::Less)
+        })
     }
     #[inline(always)]
     fn eq(self, b: Self) -> [bool; 16] {

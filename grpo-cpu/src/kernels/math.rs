@@ -60,6 +60,42 @@ pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
     p.mul(pow2_biased(biased))
 }
 
+/// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
+/// (same bits per lane). Interleaving the `N` dependency chains in program order lets the
+/// out-of-order core overlap them: one exponential is a ~50-cycle chain of dependent FMAs,
+/// and a single chain per loop iteration leaves the FMA units mostly idle.
+#[inline(always)]
+pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
+    // Plain loops rather than `array::from_fn` closures: a closure is a separate function,
+    // and if LLVM declines to inline it, its intrinsics are compiled without the ISA.
+    let shift = V::splat(SHIFT);
+    let (mut ki, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
+    for i in 0..N {
+        let t = x[i].mul_add(V::splat(LOG2E), shift);
+        ki[i] = t.sub_i32(shift);
+        k[i] = t.sub(shift);
+    }
+    for i in 0..N {
+        r[i] = k[i].mul_add(V::splat(-LN2_HI), x[i]);
+    }
+    for i in 0..N {
+        r[i] = k[i].mul_add(V::splat(-LN2_LO), r[i]);
+        p[i] = V::splat(EXP_C6);
+    }
+    for c in [EXP_C5, EXP_C4, EXP_C3, EXP_C2, 1.0, 1.0] {
+        let c = V::splat(c);
+        for i in 0..N {
+            p[i] = p[i].mul_add(r[i], c);
+        }
+    }
+    let bias = V::from_bits(127);
+    let zero = V::from_bits(0);
+    for i in 0..N {
+        p[i] = p[i].mul(pow2_biased(ki[i].add_i32(bias).max_i32(zero)));
+    }
+    p
+}
+
 /// `grpo_core::vocab::exp_ln::exp_nonpos` per lane.
 #[inline(always)]
 pub(crate) fn exp_nonpos<V: F32x16>(x: V) -> V {
@@ -115,18 +151,22 @@ impl super::Kernel for Map<'_> {
     type Output = ();
     #[inline(always)]
     fn run<V: F32x16>(self) {
-        let f = |v: V| match self.f {
-            Func::Exp => exp(v),
-            Func::ExpNonpos => exp_nonpos(v),
-            Func::Ln => ln(v),
-        };
         let (xc, xt) = self.x.as_chunks::<16>();
         let (oc, ot) = self.out.as_chunks_mut::<16>();
         for (x, o) in xc.iter().zip(oc.iter_mut()) {
-            f(V::load(x)).store(o);
+            apply(self.f, V::load(x)).store(o);
         }
         for (x, o) in xt.iter().zip(ot.iter_mut()) {
-            *o = f(V::splat(*x)).to_array()[0];
+            *o = apply(self.f, V::splat(*x)).to_array()[0];
         }
+    }
+}
+
+#[inline(always)]
+fn apply<V: F32x16>(f: Func, v: V) -> V {
+    match f {
+        Func::Exp => exp(v),
+        Func::ExpNonpos => exp_nonpos(v),
+        Func::Ln => ln(v),
     }
 }
