@@ -2,9 +2,9 @@
 //! `Ok` scalar and the weights are finite, and invalid positions get weight 0.
 #![no_main]
 
+use grpo_core::Tokens;
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
 use grpo_core::loss::LossLevel;
-use grpo_core::Tokens;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -27,22 +27,42 @@ struct Input {
 
 fuzz_target!(|inp: Input| {
     let n = (inp.rows as usize % 8) * (inp.cols as usize % 16);
-    let values: Vec<f64> = (0..n).map(|i| inp.values.get(i).copied().unwrap_or(1.0)).collect();
-    let mask = (!inp.mask.is_empty()).then(|| (0..n).map(|i| inp.mask[i % inp.mask.len()]).collect::<Vec<_>>());
+    let values: Vec<f64> = (0..n)
+        .map(|i| inp.values.get(i).copied().unwrap_or(1.0))
+        .collect();
+    let mask = (!inp.mask.is_empty()).then(|| {
+        (0..n)
+            .map(|i| inp.mask[i % inp.mask.len()])
+            .collect::<Vec<_>>()
+    });
     let cu: Vec<usize> = inp.cu.iter().map(|&c| c as usize).collect();
     let tokens = if inp.packed {
         Tokens::packed(&cu, mask.as_deref())
     } else {
-        Tokens::padded(inp.rows as usize % 8, inp.cols as usize % 16, mask.as_deref())
+        Tokens::padded(
+            inp.rows as usize % 8,
+            inp.cols as usize % 16,
+            mask.as_deref(),
+        )
     };
     let mode = match inp.mode % 9 {
-        0 => AggMode::TokenMean { global_tokens: None },
-        1 => AggMode::TokenMean { global_tokens: Some(inp.global as usize) },
+        0 => AggMode::TokenMean {
+            global_tokens: None,
+        },
+        1 => AggMode::TokenMean {
+            global_tokens: Some(inp.global as usize),
+        },
         2 => AggMode::SeqMeanTokenMean,
         3 => AggMode::SeqMeanTokenSum,
-        4 => AggMode::SeqMeanTokenSumNorm { max_len: inp.max_len.map(usize::from), divide_by_batch: inp.div },
+        4 => AggMode::SeqMeanTokenSumNorm {
+            max_len: inp.max_len.map(usize::from),
+            divide_by_batch: inp.div,
+        },
         5 => AggMode::Bnpo,
-        6 => AggMode::Dapo { global_tokens: inp.global as usize, processes: inp.procs as usize },
+        6 => AggMode::Dapo {
+            global_tokens: inp.global as usize,
+            processes: inp.procs as usize,
+        },
         _ => AggMode::Luspo,
     };
     let denominator = match inp.denom % 3 {
@@ -55,7 +75,11 @@ fuzz_target!(|inp: Input| {
     if let Ok(loss) = aggregate(&cfg, tokens, &values, &mut w) {
         assert!(loss.is_finite());
         assert!(w.iter().all(|x| x.is_finite()));
-        let level = if inp.level { LossLevel::Sequence } else { LossLevel::Token };
+        let level = if inp.level {
+            LossLevel::Sequence
+        } else {
+            LossLevel::Token
+        };
         let mut g = vec![1.0f64; n];
         scale_gradients(tokens, &w, level, &mut g).unwrap();
         assert!(g.iter().all(|x| x.is_finite()));

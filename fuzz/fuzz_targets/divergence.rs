@@ -3,16 +3,16 @@
 #![no_main]
 
 use grpo_core::Preset;
+use grpo_core::Tokens;
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::lambert_w::{lambert_w0, lambert_wm1};
 use grpo_core::divergence::measures::{MeasureConfig, measure_tokens};
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, Measure, RatioBounds};
 use grpo_core::is_correction::{
-    IsConfig, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion,
-    off_policy_sequence_mask, is_weights, rejection_mask,
+    IsConfig, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion, is_weights,
+    off_policy_sequence_mask, rejection_mask,
 };
 use grpo_core::selection::top_entropy_mask;
-use grpo_core::Tokens;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -89,14 +89,24 @@ fuzz_target!(|inp: Input| {
 
     // Token layouts of arbitrary size; the value arrays are truncated/padded to fit.
     let n = inp.rows as usize * inp.cols as usize;
-    let fit = |v: &[f32]| -> Vec<f32> { (0..n).map(|i| v.get(i).copied().unwrap_or(0.0)).collect() };
+    let fit =
+        |v: &[f32]| -> Vec<f32> { (0..n).map(|i| v.get(i).copied().unwrap_or(0.0)).collect() };
     let (lp, other, third) = (fit(&inp.lp), fit(&inp.other), fit(&inp.third));
-    let mask: Vec<bool> = (0..n).map(|i| inp.mask.get(i).copied().unwrap_or(true)).collect();
+    let mask: Vec<bool> = (0..n)
+        .map(|i| inp.mask.get(i).copied().unwrap_or(true))
+        .collect();
     let use_mask = !inp.mask.is_empty();
-    let tokens = Tokens::padded(inp.rows as usize, inp.cols as usize, use_mask.then_some(&mask[..]));
+    let tokens = Tokens::padded(
+        inp.rows as usize,
+        inp.cols as usize,
+        use_mask.then_some(&mask[..]),
+    );
     let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
 
-    let mcfg = MeasureConfig { measure: m, log_ratio_clamp: inp.clamp_in };
+    let mcfg = MeasureConfig {
+        measure: m,
+        log_ratio_clamp: inp.clamp_in,
+    };
     if let Ok(d) = measure_tokens(&mcfg, &lp, &other, &tokens, &mut v, &mut g) {
         assert!(v.iter().chain(&g).all(|x| x.is_finite()));
         assert!(d.mean.is_finite());
@@ -125,7 +135,12 @@ fuzz_target!(|inp: Input| {
         2 => IsFilter::Mask { lo: a, hi: b },
         _ => IsFilter::GeometricMask { lo: a, hi: b },
     };
-    let icfg = IsConfig { level, filter, log_clamp: inp.clamp_in, batch_normalize: inp.normalize };
+    let icfg = IsConfig {
+        level,
+        filter,
+        log_clamp: inp.clamp_in,
+        batch_normalize: inp.normalize,
+    };
     let mut w = vec![0.0f32; n];
     if let Ok(d) = is_weights(&icfg, &other, &third, &tokens, &mut w) {
         assert!(w.iter().all(|x| x.is_finite()));
@@ -134,8 +149,12 @@ fuzz_target!(|inp: Input| {
 
     let mut keep = vec![false; n];
     let stat = [RejectStat::K1, RejectStat::K2, RejectStat::K3][inp.level as usize % 3];
-    let rlevel = [RejectLevel::Token, RejectLevel::SeqSum, RejectLevel::SeqMean, RejectLevel::SeqMax]
-        [inp.filter as usize % 4];
+    let rlevel = [
+        RejectLevel::Token,
+        RejectLevel::SeqSum,
+        RejectLevel::SeqMean,
+        RejectLevel::SeqMax,
+    ][inp.filter as usize % 4];
     let crit = if stat == RejectStat::K1 {
         RejectionCriterion::k1(rlevel, a, b)
     } else {
@@ -147,7 +166,9 @@ fuzz_target!(|inp: Input| {
         }
     }
     let seqs = inp.rows as usize;
-    let adv: Vec<f32> = (0..seqs).map(|i| inp.third.get(i).copied().unwrap_or(-1.0)).collect();
+    let adv: Vec<f32> = (0..seqs)
+        .map(|i| inp.third.get(i).copied().unwrap_or(-1.0))
+        .collect();
     let mut seq_keep = vec![true; seqs];
     let _ = off_policy_sequence_mask(&adv, &lp, &other, &tokens, inp.bound_a, &mut seq_keep);
 

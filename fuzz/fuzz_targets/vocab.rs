@@ -65,11 +65,22 @@ fuzz_target!(|inp: Input| {
         f32::from_bits(inp.temperature)
     };
     let beta = f32::from_bits(inp.beta);
-    let targets: Vec<u32> = inp.targets.iter().map(|&t| t as u32 % 48).take(rows).collect();
+    let targets: Vec<u32> = inp
+        .targets
+        .iter()
+        .map(|&t| t as u32 % 48)
+        .take(rows)
+        .collect();
     let weights: Vec<f32> = inp
         .weights
         .iter()
-        .map(|&b| if b & 1 == 0 { (b as f32) * 1e-9 } else { f32::from_bits(b) })
+        .map(|&b| {
+            if b & 1 == 0 {
+                (b as f32) * 1e-9
+            } else {
+                f32::from_bits(b)
+            }
+        })
         .take(rows)
         .collect();
 

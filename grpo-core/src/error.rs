@@ -120,7 +120,7 @@ impl fmt::Display for Error {
                 found,
             } => write!(
                 f,
-                "group {group} has {found} members, this estimator needs at least {needed}"
+                "group {group} has only {found} member(s), this estimator needs at least {needed}"
             ),
             Error::InvalidOffsets { index } => write!(
                 f,

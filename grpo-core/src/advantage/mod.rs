@@ -7,14 +7,6 @@
 
 use crate::real::Real;
 
-pub mod baseline;
-pub mod filter;
-pub mod gae;
-pub mod overlong;
-pub mod rank;
-pub mod returns;
-pub mod whiten;
-
 /// What to do with a NaN reward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NanPolicy {
@@ -81,8 +73,9 @@ impl<T: Real> Diagnostics<T> {
     }
 }
 
-// z-score family (MATH.md §2): GRPO and its configurations, RLOO, pass@k, OPO, GPG, and the
-// multi-reward estimators (GDPO, reward combination, DVAO).
+// One module per estimator family (MATH.md §2). The z-score family: GRPO and its
+// configurations, RLOO, pass@k, OPO, GPG and the multi-reward estimators (GDPO, reward
+// combination, DVAO).
 pub mod gpg;
 mod group_scan;
 pub mod multi_reward;
@@ -90,12 +83,33 @@ pub mod opo;
 pub mod passk;
 pub mod rloo;
 pub mod zscore;
+// Token-level estimators over whitened returns, rank estimators, filters and shaping.
+pub mod baseline;
+pub mod filter;
+pub mod gae;
+pub mod overlong;
+pub mod rank;
+pub mod returns;
+pub mod whiten;
 
+pub use baseline::{BaselineConfig, reinforce_pp_baseline};
+pub use filter::{
+    DynamicSamplingConfig, RangeFilterConfig, dynamic_sampling_keep, dynamic_sampling_keep_correct,
+    range_filter_keep,
+};
+pub use gae::{GaeConfig, gae};
 pub use gpg::{GpgConfig, gpg};
 pub use multi_reward::{
     DvaoConfig, GdpoConfig, dvao, dvao_scratch_len, gdpo, gdpo_scratch_len, reward_combination,
 };
 pub use opo::{OpoConfig, opo};
+pub use overlong::{OverlongConfig, overlong_penalty};
 pub use passk::{PassKConfig, pass_at_k};
+pub use rank::{G2rpoConfig, GopoConfig, g2rpo, gopo, rank_scratch_len};
+pub use returns::{MaskedTokens, ReturnsConfig, reinforce_pp_returns, remax};
 pub use rloo::{RlooConfig, rloo};
+pub use whiten::{
+    EpsPlacement, WhitenConfig, WhitenReport, apply_whitening, apply_whitening_in_place, whiten,
+    whiten_moments,
+};
 pub use zscore::{Scale, ZScoreConfig, zscore};

@@ -48,7 +48,7 @@ pub struct ReturnsConfig<T> {
     /// Masked-position rule of the recurrence.
     pub masked: MaskedTokens,
     /// Whitening of the returns; `None` writes the raw returns as advantages (then whiten with
-    /// all-reduced moments, see [`whiten`](super::whiten)).
+    /// all-reduced moments, see [`whiten`](mod@super::whiten)).
     pub whiten: Option<WhitenConfig<T>>,
 }
 
