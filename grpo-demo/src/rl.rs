@@ -13,8 +13,9 @@ use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::{
     CispoConfig, CispoWeight, GspoConfig, PolicyInputs, PpoClipConfig, cispo, gspo, ppo_clip,
 };
-use grpo_core::vocab::{GradTerms, backward_rows, logprob_entropy_rows};
+use grpo_core::vocab::GradTerms;
 use grpo_core::{Groups, Preset, Tokens};
+use grpo_cpu::Cpu;
 
 /// The `--loss` recipes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -163,14 +164,8 @@ pub fn policy_loss_grad(
 /// ATR-GRPO's KL3 trust-region bound δ: ρ − 1 − ln ρ ≤ δ ⇔ ρ ∈ [0.71619, 1.35040].
 pub const ATR_DELTA: f32 = 0.05;
 
-/// Where the fused vocabulary kernels run. Today: grpo-core's reference implementation
-/// (`grpo_core::vocab`). grpo-cpu's SIMD + rayon versions have the same signatures plus `&self`
-/// and the same bits; they replace the two calls below once the grpo-cpu vocabulary kernels
-/// build against the current grpo-core.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Cpu;
-
-/// Fused vocabulary forward over `targets.len()` logit rows of width `vocab`: `lp[r] = log softmax(z_r)[y_r]` and
+/// Fused vocabulary forward (grpo-cpu: SIMD + rayon rows, bit-identical to grpo-core's
+/// `logprob_entropy_rows` for every backend and thread count) over `targets.len()` logit rows of width `vocab`: `lp[r] = log softmax(z_r)[y_r]` and
 /// `ent[r] = H(softmax(z_r))`, temperature 1.
 pub fn vocab_forward(
     cpu: &Cpu,
@@ -180,11 +175,10 @@ pub fn vocab_forward(
     lp: &mut [f32],
     ent: &mut [f32],
 ) -> Result<()> {
-    let _ = cpu;
-    logprob_entropy_rows(logits, vocab, targets, 1.0, lp, Some(ent))
+    cpu.logprob_entropy_rows(logits, vocab, targets, 1.0, lp, Some(ent))
 }
 
-/// Fused vocabulary backward: `dlogits[r, v] = g_lp[r]·∂lp_r/∂z_{r,v} +
+/// Fused vocabulary backward (grpo-cpu, bit-identical to grpo-core's `backward_rows`): `dlogits[r, v] = g_lp[r]·∂lp_r/∂z_{r,v} +
 /// g_h[r]·∂H_r/∂z_{r,v}`, the chain rule from per-row loss gradients to the logits.
 pub fn vocab_backward(
     cpu: &Cpu,
@@ -200,6 +194,5 @@ pub fn vocab_backward(
         entropy: Some(g_h),
         kl: None,
     };
-    let _ = cpu;
-    backward_rows(logits, vocab, 1.0, &terms, dlogits)
+    cpu.backward_rows(logits, vocab, 1.0, &terms, dlogits)
 }

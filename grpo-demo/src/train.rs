@@ -12,7 +12,9 @@ use candle_core::{Device, Result, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
 use crate::model::{ModelConfig, Transformer, token_tensor};
-use crate::rl::{self, Cpu, LossKind};
+use grpo_cpu::Cpu;
+
+use crate::rl::{self, LossKind};
 use crate::rng::Rng;
 use crate::task::{ANSWER_LEN, Datasets, MAX_LEN, PROMPT_LEN, Problem, VOCAB, reward};
 
@@ -271,7 +273,7 @@ impl Trainer {
             model,
             data,
             opt,
-            cpu: Cpu,
+            cpu: Cpu::detect(),
             sample_rng,
             batch_rng,
             start: std::time::Instant::now(),
