@@ -196,3 +196,75 @@ pub fn vocab_backward(
     };
     cpu.backward_rows(logits, vocab, 1.0, &terms, dlogits)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advantages_and_filter_match_hand_values() {
+        // Group (1, 0, 0, 0): μ = 0.25, σ_unb = sqrt((0.75² + 3·0.25²)/3) = sqrt(0.25) = 0.5,
+        // so z = 0.75/(0.5 + 1e-6) and −0.25/(0.5 + 1e-6); Dr.GRPO: 0.75, −0.25.
+        // Group (1, 1, 1, 1): all equal → 0 and dropped by dynamic sampling.
+        let scores = [1.0f32, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+        let mut adv = [9.0f32; 8];
+        advantages(LossKind::Dapo, &scores, 4, &mut adv).unwrap();
+        assert!((adv[0] - 0.75 / 0.500001).abs() < 1e-6 && (adv[1] + 0.25 / 0.500001).abs() < 1e-6);
+        assert_eq!(&adv[4..], &[0.0; 4]);
+        advantages(LossKind::DrGrpo, &scores, 4, &mut adv).unwrap();
+        // (f32 Welford mean: within an ulp of the exact values)
+        assert!((adv[0] - 0.75).abs() < 1e-6 && (adv[1] + 0.25).abs() < 1e-6);
+        let mut keep = [false; 2];
+        assert_eq!(keep_groups(&scores, 4, &mut keep).unwrap(), 1);
+        assert_eq!(keep, [true, false]);
+    }
+
+    #[test]
+    fn on_policy_gradient_is_minus_advantage_times_aggregation_weight() {
+        // lp = old ⇒ ρ = 1 inside every clip: ∂L_t/∂lp_t = −A (PPO-clip and CISPO alike, and for
+        // GSPO ∂L_i/∂lp_t = −A·s/n with s = 1 at sequence level). Two sequences of 2 tokens,
+        // A = (1, −2):
+        // - token-mean (dapo, atr-kl3, cispo): w = 1/4 → g = (−1/4, −1/4, 1/2, 1/2);
+        // - seq-mean-token-mean (grpo): w = 1/(2·2) = 1/4 → the same;
+        // - seq-mean-token-sum-norm with L = 2 (dr-grpo): w = 1/(2·2) → the same;
+        // - gspo: grad −A/2 per token × sequence weight mass 1/2 → the same.
+        let lp = [-0.5f32, -1.0, -2.0, -0.1];
+        let adv = [1.0f32, -2.0];
+        for kind in [
+            LossKind::Grpo,
+            LossKind::Dapo,
+            LossKind::DrGrpo,
+            LossKind::AtrKl3,
+            LossKind::Gspo,
+            LossKind::Cispo,
+        ] {
+            let mut g = [0f32; 4];
+            let st = policy_loss_grad(kind, &lp, &lp, &adv, 2, &mut g).unwrap();
+            assert_eq!(g, [-0.25, -0.25, 0.5, 0.5], "{kind}");
+            assert_eq!(st.clip_frac, 0.0, "{kind}");
+        }
+        // Off-policy, DAPO clip-higher: ρ = e^{0.5} ≈ 1.65 > 1.28 with A > 0 → no gradient,
+        // counted as clipped; the A < 0 tokens stay on-policy.
+        let old = [-1.0f32, -1.5, -2.0, -0.1];
+        let mut g = [0f32; 4];
+        let st = policy_loss_grad(LossKind::Dapo, &lp, &old, &adv, 2, &mut g).unwrap();
+        assert_eq!(g, [0.0, 0.0, 0.5, 0.5]);
+        assert_eq!(st.clip_frac, 0.5);
+    }
+
+    #[test]
+    fn vocab_kernels_on_a_uniform_row() {
+        // Row of 4 equal logits: lp = −ln 4, H = ln 4; ∂lp(y)/∂z_v = 1[v = y] − 1/4, ∂H/∂z = 0.
+        let cpu = Cpu::detect();
+        let z = [0.5f32; 4];
+        let (mut lp, mut h) = ([0f32], [0f32]);
+        vocab_forward(&cpu, &z, 4, &[2], &mut lp, &mut h).unwrap();
+        assert!((lp[0] + 4f32.ln()).abs() < 1e-6 && (h[0] - 4f32.ln()).abs() < 1e-6);
+        let mut d = [0f32; 4];
+        vocab_backward(&cpu, &z, 4, &[2], &[2.0], &[1.0], &mut d).unwrap();
+        for (v, dv) in d.iter().enumerate() {
+            let want = 2.0 * (if v == 2 { 0.75 } else { -0.25 });
+            assert!((dv - want).abs() < 1e-6, "{v}: {dv}");
+        }
+    }
+}

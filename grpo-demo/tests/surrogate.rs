@@ -59,7 +59,16 @@ fn surrogate_gradient_equals_direct_loss_gradient() {
         .unwrap();
     let z: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
     let mut dz = vec![0f32; z.len()];
-    rl::vocab_backward(&grpo_cpu::Cpu::detect(), &z, vocab, &targets, &a, &c, &mut dz).unwrap();
+    rl::vocab_backward(
+        &grpo_cpu::Cpu::detect(),
+        &z,
+        vocab,
+        &targets,
+        &a,
+        &c,
+        &mut dz,
+    )
+    .unwrap();
     let g_sur = surrogate(&logits, dz).unwrap().backward().unwrap();
 
     let mut worst = 0f32;
