@@ -119,30 +119,40 @@ fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
     }
 }
 
-/// Support flags of a student/teacher block: `(forward, reverse)` violations, i.e. some
-/// `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w` (KL(q‖p) = +∞).
+/// Both raw block maxima of a student/teacher block pair (as [`block_max`]) and its support
+/// flags `(forward, reverse)`: some `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w`
+/// (KL(q‖p) = +∞). One pass over both rows, so each is loaded once before the step pass.
 #[inline(always)]
-fn support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (bool, bool) {
+fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (f32, f32, bool, bool) {
     let ninf = V::splat(f32::NEG_INFINITY);
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
+    let (mut mz, mut mw) = (ninf, ninf);
     let (mut fwd, mut rev) = (V::mask_none(), V::mask_none());
     for (a, b) in zc.iter().zip(wc) {
-        let mz = S::load::<V>(a).eq(ninf);
-        let mw = U::load::<V>(b).eq(ninf);
-        fwd = V::mask_or(fwd, V::mask_andnot(mz, mw));
-        rev = V::mask_or(rev, V::mask_andnot(mw, mz));
+        let (x, y) = (S::load::<V>(a), U::load::<V>(b));
+        mz = mz.max(x);
+        mw = mw.max(y);
+        let (iz, iw) = (x.eq(ninf), y.eq(ninf));
+        fwd = V::mask_or(fwd, V::mask_andnot(iz, iw));
+        rev = V::mask_or(rev, V::mask_andnot(iw, iz));
     }
     let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
-    for (a, b) in zt.iter().zip(wt) {
-        let (mz, mw) = (
-            a.to_f32() == f32::NEG_INFINITY,
-            b.to_f32() == f32::NEG_INFINITY,
-        );
-        f |= mw && !mz;
-        r |= mz && !mw;
+    let (mut zr, mut wr) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for (x, y) in mz.to_array().into_iter().zip(mw.to_array()) {
+        zr = canon_max(zr, x);
+        wr = canon_max(wr, y);
     }
-    (f, r)
+    for (a, b) in zt.iter().zip(wt) {
+        let (x, y) = (a.to_f32(), b.to_f32());
+        zr = canon_max(zr, x);
+        wr = canon_max(wr, y);
+        let (iz, iw) = (x == f32::NEG_INFINITY, y == f32::NEG_INFINITY);
+        f |= iw && !iz;
+        r |= iz && !iw;
+    }
+    // `+ 0.0`: as in `block_max`.
+    (zr + 0.0, wr + 0.0, f, r)
 }
 
 /// `max_r`: `if a > b { a } else { b }`.
@@ -393,6 +403,38 @@ fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
         .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
 }
 
+/// [`jsd_term`] of two chunks at once (same bits per lane, interleaved chains).
+#[inline(always)]
+fn jsd_term2<V: F32x16>(z: [V; 2], w: [V; 2], p: &JsdParams) -> [V; 2] {
+    let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
+    let dmin = V::splat(D_MIN);
+    let (zm, zl) = (V::splat(p.lz.max), V::splat(p.lz.neg_ln_sum));
+    let (wm, wl) = (V::splat(p.lw.max), V::splat(p.lw.neg_ln_sum));
+    let lp = [
+        dmin.max(z[0].sub(zm).mul_add(tau, zl)),
+        dmin.max(z[1].sub(zm).mul_add(tau, zl)),
+    ];
+    let lq = [
+        dmin.max(w[0].sub(wm).mul_add(tau, wl)),
+        dmin.max(w[1].sub(wm).mul_add(tau, wl)),
+    ];
+    let e = exp_nonpos_clamped_n([lp[0], lq[0], lp[1], lq[1]]);
+    let floor = V::splat(canon::LN_FLOOR);
+    let mix = [
+        beta.mul_add(e[1], omb.mul(e[0])),
+        beta.mul_add(e[3], omb.mul(e[2])),
+    ];
+    let lm = [floor.max(ln(mix[0])), floor.max(ln(mix[1]))];
+    let mut out = [V::splat(0.0); 2];
+    for k in 0..2 {
+        let (pe, qe) = (e[2 * k], e[2 * k + 1]);
+        out[k] = beta
+            .mul(qe)
+            .mul_add(lq[k].sub(lm[k]), omb.mul(pe).mul(lp[k].sub(lm[k])));
+    }
+    out
+}
+
 struct JsdBlocks<'a, V, S, U> {
     z: &'a [S],
     w: &'a [U],
@@ -408,7 +450,19 @@ impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
         let mut acc = V::splat(0.0);
-        for (a, b) in zc.iter().zip(wc) {
+        // Two chunks per iteration: four exponentials and two logarithms in flight, the two
+        // terms added in index order.
+        let mut zp = zc.chunks_exact(2);
+        let mut wp = wc.chunks_exact(2);
+        for (a, b) in (&mut zp).zip(&mut wp) {
+            let t = jsd_term2(
+                [S::load(&a[0]), S::load(&a[1])],
+                [U::load(&b[0]), U::load(&b[1])],
+                &self.p,
+            );
+            acc = acc.add(t[0]).add(t[1]);
+        }
+        for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
             acc = acc.add(jsd_term(S::load(a), U::load(b), &self.p));
         }
         let mut lanes = acc.to_array();
@@ -465,9 +519,7 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     tau: f32,
     flags: &mut PairFlags,
 ) -> PairState {
-    let zmax = block_max::<V, S>(z);
-    let wmax = block_max::<V, U>(w);
-    let (fwd, rev) = support::<V, S, U>(z, w);
+    let (zmax, wmax, fwd, rev) = pair_max_support::<V, S, U>(z, w);
     flags.forward |= fwd;
     flags.reverse |= rev;
     let vt = V::splat(tau);
