@@ -24,7 +24,7 @@ fn value(sel: u8, x: u16) -> f32 {
         0 => f32::NEG_INFINITY,
         1 => f32::NAN,
         2 => f32::INFINITY,
-        3 => f32::from_bits(u32::from(x)), // subnormals
+        3 => f32::from_bits(u32::from(x)),       // subnormals
         4 => f32::from_bits(u32::from(x) << 16), // any bf16-like pattern
         5 => (x as f32 - 32768.0) * 1e25,
         _ => (x as f32 - 32768.0) / 1024.0,
@@ -50,12 +50,20 @@ fuzz_target!(|inp: Input| {
         .collect();
     let t = [1.0f32, 0.5, 2.0, 0.0, -1.0, f32::NAN, 1e-30, 7.0][usize::from(inp.temperature % 8)];
     let beta = f32::from(inp.beta) / 255.0;
-    let dir = if inp.reverse { KlDirection::Reverse } else { KlDirection::Forward };
+    let dir = if inp.reverse {
+        KlDirection::Reverse
+    } else {
+        KlDirection::Forward
+    };
     let g = vec![0.75f32; rows];
     let terms: GradTerms<'_, u32, f32> = GradTerms {
         logp: Some((&targets, &g)),
         entropy: Some(&g),
-        kl: Some(KlTerm { teacher: &w, grad: &g, direction: dir }),
+        kl: Some(KlTerm {
+            teacher: &w,
+            grad: &g,
+            direction: dir,
+        }),
     };
     let sentinel = || vec![-3.5f32; rows];
     let (mut l0, mut h0, mut p0, mut k0, mut j0) =
@@ -81,7 +89,14 @@ fuzz_target!(|inp: Input| {
             cpu.backward_rows(&z, vocab, t, &terms, &mut gr),
         );
         assert_eq!(r, r0, "{b:?}");
-        for (a, c) in [(&l, &l0), (&h, &h0), (&p, &p0), (&k, &k0), (&j, &j0), (&gr, &g0)] {
+        for (a, c) in [
+            (&l, &l0),
+            (&h, &h0),
+            (&p, &p0),
+            (&k, &k0),
+            (&j, &j0),
+            (&gr, &g0),
+        ] {
             assert_eq!(bits(a), bits(c), "{b:?}");
         }
     }
