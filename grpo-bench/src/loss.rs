@@ -8,7 +8,9 @@
 //! `threads`; `median_ms`; `gbps` = bytes moved / time, bytes = lp, old, adv read
 //! (3 × 4 B/token) + value, grad written (2 × 4 B/token); `roofline_gbps` = grpo-cpu's
 //! multi-threaded copy of the same 20 B/token (half read, half written) on the same threads,
-//! timed interleaved; `ratio = gbps / roofline_gbps`; `tokens_per_s`.
+//! timed interleaved; `ratio = gbps / roofline_gbps`; `tokens_per_s`. `--clip core` (not in
+//! `all`) times grpo-core's own single-threaded `ppo_clip` instead (`backend` = `"core"`,
+//! `threads` = 1; its roofline is still the copy on the pool's threads).
 
 use grpo_core::Tokens;
 use grpo_core::loss::{PolicyInputs, PpoClipConfig};
@@ -26,8 +28,8 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let iters = a.num("iters")?.unwrap_or(7).max(1);
     let clips: Vec<&str> = match a.get("clip") {
         None | Some("all") => vec!["ppo", "kl3"],
-        Some(c @ ("ppo" | "kl3")) => vec![c],
-        Some(c) => return Err(format!("--clip {c:?}: expected ppo, kl3 or all")),
+        Some(c @ ("ppo" | "kl3" | "core")) => vec![c],
+        Some(c) => return Err(format!("--clip {c:?}: expected ppo, kl3, core or all")),
     };
     let cpu = Cpu::detect()
         .with_threads(threads)
@@ -49,8 +51,10 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let src = vec![1.0f32; half];
     let mut dst = vec![0.0f32; half];
     for clip in clips {
+        // `core`: grpo-core's own `ppo_clip` on the calling thread, for comparison.
+        let on_core = clip == "core";
         let (name, cfg) = match clip {
-            "ppo" => ("ppo_clip", PpoClipConfig::<f32>::default()),
+            "ppo" | "core" => ("ppo_clip", PpoClipConfig::<f32>::default()),
             _ => (
                 "atr_kl3_clip",
                 PpoClipConfig::atr_kl3(0.05).map_err(|e| e.to_string())?,
@@ -60,7 +64,12 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         let (ms, roof_ms) = interleaved_medians(
             iters,
             || {
-                if let Err(e) = cpu.ppo_clip(&cfg, &inp, &mut value, &mut grad) {
+                let r = if on_core {
+                    grpo_core::loss::ppo_clip(&cfg, &inp, &mut value, &mut grad)
+                } else {
+                    cpu.ppo_clip(&cfg, &inp, &mut value, &mut grad)
+                };
+                if let Err(e) = r {
                     fail = Some(e.to_string());
                 }
             },
@@ -73,8 +82,9 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         let gbps = bytes / ms / 1e6;
         let roof = (half * 8) as f64 / roof_ms / 1e6;
         println!(
-            "{{\"kernel\":\"{name}\",\"dtype\":\"f32\",\"rows\":{rows},\"vocab\":{cols},\"backend\":\"rayon\",\"threads\":{},\"iters\":{iters},\"median_ms\":{ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"tokens_per_s\":{:.0}}}",
-            cpu.threads(),
+            "{{\"kernel\":\"{name}\",\"dtype\":\"f32\",\"rows\":{rows},\"vocab\":{cols},\"backend\":\"{}\",\"threads\":{},\"iters\":{iters},\"median_ms\":{ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"tokens_per_s\":{:.0}}}",
+            if on_core { "core" } else { "rayon" },
+            if on_core { 1 } else { cpu.threads() },
             gbps / roof,
             n as f64 / (ms / 1e3),
         );

@@ -39,7 +39,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
 [--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K]
-       grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|all]
+       grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench [all]";
 
 /// Median of `f`'s wall time in milliseconds over `iters` runs, interleaved with `g` (whose
