@@ -18,14 +18,14 @@ impl Cpu {
     /// [`grpo_core::loss::ppo_clip`] on this executor's threads: the same per-token values and
     /// gradients bit for bit, the same errors, outputs untouched on `Err`.
     ///
-    /// Formula (MATH.md §3–§4, [2602.05494] unified clipped objective; GRPO
-    /// [arXiv:2402.03300], DAPO [arXiv:2503.14476], ATR-GRPO's KL3 bounds via
+    /// Formula (MATH.md §3–§4, \[2602.05494\] unified clipped objective; GRPO
+    /// \[arXiv:2402.03300\], DAPO \[arXiv:2503.14476\], ATR-GRPO's KL3 bounds via
     /// [`PpoClipConfig::atr_kl3`]): with `ρ_t = exp(clamp(lp_t − old_t))`,
     /// `L_t = −min(ρ̃_t A_t, clip(ρ_t, lo, hi) A_t)` (`ρ̃_t = min(ρ_t, δ)` under the δ cap),
     /// optionally dual-clipped at `−c·A_t` for `A_t < 0`; `grad[t] = ∂L_t/∂lp_t`. See grpo-core's
     /// rustdoc for every detail: this function does no math of its own.
     ///
-    /// How it runs [ours]: PPO-clip is a token-level loss (token `t`'s value and gradient read
+    /// How it runs \[ours\]: PPO-clip is a token-level loss (token `t`'s value and gradient read
     /// only `lp[t]`, `old[t]`, `adv[t]`), so the batch is cut into blocks of [`LOSS_BLOCK`]
     /// positions regardless of sequence boundaries, and each block is handed to grpo-core's
     /// `ppo_clip` as a one-segment packed layout over its slice of the mask. Two parallel passes:
@@ -103,13 +103,19 @@ impl Cpu {
         let range = |k: usize| k * block..((k + 1) * block).min(n);
         // Pass 1: validate every block (grpo-core's full check, results into scratch).
         let all_ok = self.install(|| {
-            (0..blocks).into_par_iter().all(|k| {
-                let r = range(k);
-                let cu = [0, r.len()];
-                let mut v = vec![T::ZERO; r.len()];
-                let mut g = vec![T::ZERO; r.len()];
-                ppo_clip(cfg, &block_view(inp, r, &cu), &mut v, &mut g).is_ok()
-            })
+            (0..blocks)
+                .into_par_iter()
+                .map_init(
+                    || (vec![T::ZERO; block], vec![T::ZERO; block]),
+                    |(v, g), k| {
+                        let r = range(k);
+                        let cu = [0, r.len()];
+                        let len = r.len();
+                        ppo_clip(cfg, &block_view(inp, r, &cu), &mut v[..len], &mut g[..len])
+                            .is_ok()
+                    },
+                )
+                .all(|ok| ok)
         });
         if !all_ok {
             return ppo_clip(cfg, inp, value, grad);
