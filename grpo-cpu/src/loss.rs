@@ -34,6 +34,10 @@ impl Cpu {
     /// `grad`. If anything fails, grpo-core is called on the whole batch, which returns its own
     /// error and writes nothing, so the error value is exactly grpo-core's.
     ///
+    /// Cost: grpo-core itself evaluates each token twice (check, then write), so each token is
+    /// evaluated four times here, in grpo-core's scalar code; the speed-up over grpo-core is at
+    /// most half the thread count. `grpo-bench loss` measures it against the memory roofline.
+    ///
     /// Diagnostics are merged with [`LossDiagnostics::merge`] in block order. All counts and
     /// `ratio_min`/`ratio_max` equal grpo-core's exactly; `kl_sum` is the same sum associated
     /// per block (block sums added left to right), so it may differ from grpo-core's in the last
