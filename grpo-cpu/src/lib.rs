@@ -7,6 +7,8 @@
 //! - Vocabulary row operations as methods of [`Cpu`] (`stats_rows`, `logprob_entropy_rows`,
 //!   `kl_rows`, `jsd_rows`, `backward_rows`, `backward_rows_in_place`): grpo-core's
 //!   `grpo_core::vocab` batch functions, same signatures plus `&self`, same bits, same errors.
+//! - Per-token policy losses on the pool: [`Cpu::ppo_clip`] (grpo-core's `ppo_clip` per block
+//!   of [`LOSS_BLOCK`] tokens; same bits, same errors).
 //! - [`roofline`]: the streaming read / copy loops that kernel bandwidth is measured against.
 //!
 //! Structure (BLAKE3/memchr style): one lane trait of 16 `f32` lanes with `#[inline(always)]`
@@ -15,6 +17,7 @@
 
 pub mod backend;
 mod cpu;
+mod loss;
 pub mod math;
 pub mod roofline;
 mod vocab;
@@ -28,5 +31,6 @@ pub use cpu::Cpu;
 /// Logit storage the kernels read: `f32`, `half::bf16`, `half::f16` (sealed: its methods name
 /// crate-internal lane types).
 pub use kernels::vocab::Load as Storage;
+pub use loss::LOSS_BLOCK;
 #[doc(hidden)]
 pub use vocab::fallbacks_on_this_thread;

@@ -1,0 +1,282 @@
+//! grpo-cpu's multi-threaded `Cpu::ppo_clip` against grpo-core's `ppo_clip`, bit for bit: packed
+//! and padded layouts with masks (garbage, NaN included, in masked positions), GRPO / DAPO /
+//! verl dual-clip / TRL / δ-cap / ATR-GRPO KL3 configs, pools of 1, 2 and 3 threads, blocks of
+//! 1, 3, 7 and 64 positions and the default block. Errors must be grpo-core's `Err` value with
+//! both outputs untouched.
+
+use std::sync::OnceLock;
+
+use grpo_core::loss::{LossDiagnostics, PolicyInputs, PpoClipConfig, ppo_clip};
+use grpo_core::{Preset, Tokens};
+use grpo_cpu::{Backend, Cpu, LOSS_BLOCK};
+use proptest::prelude::*;
+
+fn cpus() -> &'static [Cpu] {
+    static CPUS: OnceLock<Vec<Cpu>> = OnceLock::new();
+    CPUS.get_or_init(|| {
+        [1, 2, 3]
+            .map(|t| {
+                Cpu::new(Backend::Portable)
+                    .unwrap()
+                    .with_threads(t)
+                    .unwrap()
+            })
+            .to_vec()
+    })
+}
+
+fn configs() -> Vec<PpoClipConfig<f64>> {
+    let mut capped = PpoClipConfig::from_preset(Preset::Trl);
+    capped.delta_cap = Some(1.5);
+    vec![
+        PpoClipConfig::default(),
+        PpoClipConfig::dapo(),
+        PpoClipConfig::from_preset(Preset::Verl),
+        PpoClipConfig::from_preset(Preset::Trl),
+        capped,
+        PpoClipConfig::atr_kl3(0.05).unwrap(),
+    ]
+}
+
+fn bits(x: &[f64]) -> Vec<u64> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Every field except `kl_sum` exactly; `kl_sum` is associated per block (documented), so only
+/// close.
+fn same_diag(a: &LossDiagnostics<f64>, b: &LossDiagnostics<f64>) -> bool {
+    let mut a2 = *a;
+    a2.kl_sum = b.kl_sum;
+    a2 == *b && (a.kl_sum - b.kl_sum).abs() <= 1e-9 * (1.0 + b.kl_sum.abs())
+}
+
+#[derive(Debug, Clone)]
+struct Batch {
+    lp: Vec<f64>,
+    old: Vec<f64>,
+    adv: Vec<f64>,
+    mask: Vec<bool>,
+    /// Packed sequence lengths; the padded view uses `rows × cols` over the same arrays.
+    lens: Vec<usize>,
+    cols: usize,
+}
+
+fn batch() -> impl Strategy<Value = Batch> {
+    (1usize..6, 1usize..30).prop_flat_map(|(rows, cols)| {
+        let n = rows * cols;
+        (
+            prop::collection::vec(-3.0f64..0.0, n),
+            prop::collection::vec(-3.0f64..0.0, n),
+            prop::collection::vec(prop_oneof![Just(0.0), -2.0f64..2.0], n),
+            prop::collection::vec(prop::bool::weighted(0.8), n),
+            prop::collection::vec(0usize..20, 0..8),
+        )
+            .prop_map(move |(lp, old, adv, mask, mut lens)| {
+                // Packed lengths that sum to n: the drawn ones while they fit, the rest last.
+                let mut left = n;
+                lens.retain_mut(|l| {
+                    *l = (*l).min(left);
+                    left -= *l;
+                    true
+                });
+                lens.push(left);
+                let (mut lp, mut old, mut adv) = (lp, old, adv);
+                // Garbage in masked positions must never matter.
+                for t in 0..n {
+                    if !mask[t] {
+                        lp[t] = f64::NAN;
+                        old[t] = f64::INFINITY;
+                        adv[t] = f64::NAN;
+                    }
+                }
+                Batch {
+                    lp,
+                    old,
+                    adv,
+                    mask,
+                    lens,
+                    cols,
+                }
+            })
+    })
+}
+
+fn cu(lens: &[usize]) -> Vec<usize> {
+    let mut cu = vec![0];
+    for l in lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    cu
+}
+
+/// Runs grpo-core and every (pool, block) of grpo-cpu on `inp`; both must give the same bits
+/// (or the same error with untouched outputs).
+fn check(cfg: &PpoClipConfig<f64>, inp: &PolicyInputs<'_, f64>, out_len: usize) {
+    let (mut v0, mut g0) = (vec![7.0; out_len], vec![7.0; out_len]);
+    let want = ppo_clip(cfg, inp, &mut v0, &mut g0);
+    for cpu in cpus() {
+        for block in [1, 3, 7, 64, LOSS_BLOCK] {
+            let (mut v, mut g) = (vec![7.0; out_len], vec![7.0; out_len]);
+            let got = cpu.ppo_clip_blocks(cfg, inp, &mut v, &mut g, block);
+            match (&want, &got) {
+                (Ok(a), Ok(b)) => assert!(same_diag(b, a), "{b:?} vs {a:?}"),
+                (Err(a), Err(b)) => assert_eq!(a, b),
+                _ => panic!("core {want:?}, cpu {got:?}"),
+            }
+            // On Err both are still the sentinel, on Ok both hold the same bits.
+            assert_eq!(
+                bits(&v),
+                bits(&v0),
+                "threads {} block {block}",
+                cpu.threads()
+            );
+            assert_eq!(
+                bits(&g),
+                bits(&g0),
+                "threads {} block {block}",
+                cpu.threads()
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn bit_identical_packed_and_padded(b in batch(), ci in 0usize..6) {
+        let cfg = configs()[ci];
+        let n = b.lp.len();
+        let cu = cu(&b.lens);
+        for tokens in [
+            Tokens::packed(&cu, Some(&b.mask)),
+            Tokens::padded(n / b.cols, b.cols, Some(&b.mask)),
+        ] {
+            let inp = PolicyInputs { lp: &b.lp, old: &b.old, adv: &b.adv, tokens };
+            check(&cfg, &inp, n);
+        }
+    }
+
+    #[test]
+    fn errors_match_with_outputs_untouched(b in batch(), ci in 0usize..6, at in any::<prop::sample::Index>(), kind in 0usize..4) {
+        let cfg = configs()[ci];
+        let n = b.lp.len();
+        let (mut lp, mut adv, mut mask) = (b.lp.clone(), b.adv.clone(), b.mask.clone());
+        let t = at.index(n);
+        mask[t] = true;
+        let old_t = if b.old[t].is_finite() { b.old[t] } else { -1.0 };
+        let mut old = b.old.clone();
+        old[t] = old_t;
+        lp[t] = -1.0;
+        adv[t] = 1.0;
+        match kind {
+            // A non-finite valid input.
+            0 => lp[t] = f64::NAN,
+            1 => adv[t] = f64::INFINITY,
+            // lp − old overflows although both are finite.
+            2 => {
+                lp[t] = f64::MAX;
+                old[t] = -f64::MAX;
+            }
+            // A loss value overflow: no clamp (TRL), ρ = e^700, A = 1e300, in the unclipped
+            // branch (A < 0 and ρ > hi keeps −A·ρ, which is +∞).
+            _ => {
+                lp[t] = 700.0;
+                old[t] = 0.0;
+                adv[t] = -1e300;
+            }
+        }
+        let cfg = if kind == 3 { PpoClipConfig::from_preset(Preset::Trl) } else { cfg };
+        let cu = cu(&b.lens);
+        for tokens in [
+            Tokens::packed(&cu, Some(&mask)),
+            Tokens::padded(n / b.cols, b.cols, Some(&mask)),
+        ] {
+            let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            prop_assert!(ppo_clip(&cfg, &inp, &mut v, &mut g).is_err());
+            check(&cfg, &inp, n);
+        }
+    }
+}
+
+#[test]
+fn layout_and_config_errors_match() {
+    let lp = [-1.0; 10];
+    let cfg = PpoClipConfig::<f64>::default();
+    let bad_cu = [0, 6, 4, 10];
+    for (tokens, out_len) in [
+        (Tokens::packed(&bad_cu, None), 10),
+        (Tokens::padded(3, 3, None), 10),
+        (Tokens::padded(2, 5, None), 9),
+    ] {
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &lp,
+            adv: &lp,
+            tokens,
+        };
+        check(&cfg, &inp, out_len);
+    }
+    let mut bad = cfg;
+    bad.dual_clip = Some(0.5);
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &lp,
+        adv: &lp,
+        tokens: Tokens::padded(2, 5, None),
+    };
+    check(&bad, &inp, 10);
+    // The error of a bad config on a long batch is grpo-core's, outputs untouched.
+    let mut v = [3.0; 10];
+    let mut g = [3.0; 10];
+    let e = cpus()[1].ppo_clip_blocks(&bad, &inp, &mut v, &mut g, 2);
+    assert!(matches!(
+        e,
+        Err(grpo_core::Error::InvalidParam {
+            name: "dual_clip",
+            ..
+        })
+    ));
+    assert_eq!((v, g), ([3.0; 10], [3.0; 10]));
+}
+
+/// Several default blocks in f32 through the public entry point, with hand-checked tokens.
+#[test]
+fn default_blocks_f32() {
+    let n = 3 * LOSS_BLOCK + 5;
+    let lp: Vec<f32> = (0..n).map(|t| -((t % 97) as f32) / 50.0).collect();
+    let old: Vec<f32> = (0..n).map(|t| -((t % 89) as f32) / 50.0).collect();
+    let adv: Vec<f32> = (0..n).map(|t| ((t % 7) as f32) - 3.0).collect();
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::padded(1, n, None),
+    };
+    let cfg = PpoClipConfig::<f32>::atr_kl3(0.05).unwrap();
+    let (mut v0, mut g0) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let d0 = ppo_clip(&cfg, &inp, &mut v0, &mut g0).unwrap();
+    for cpu in cpus() {
+        let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let d = cpu.ppo_clip(&cfg, &inp, &mut v, &mut g).unwrap();
+        assert_eq!(
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            v0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            g0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            (d.tokens, d.clipped_low, d.clipped_high),
+            (d0.tokens, d0.clipped_low, d0.clipped_high)
+        );
+        assert_eq!((d.ratio_min, d.ratio_max), (d0.ratio_min, d0.ratio_max));
+        assert!((d.kl_sum - d0.kl_sum).abs() <= 1e-3 * (1.0 + d0.kl_sum.abs()));
+    }
+    // Token 0: lp = old = 0, ρ = 1, A = 0 − 3 = −3: L = 3, ∂L/∂lp = −A·ρ = 3.
+    assert_eq!((v0[0], g0[0]), (3.0, 3.0));
+    // Token 3: A = 0: L = 0, grad 0.
+    assert_eq!((v0[3], g0[3]), (0.0, 0.0));
+}
