@@ -7,6 +7,9 @@
 // for a valid token; out: 1 | event bits << 1), 4 params, 5 value out, 6 grad out.
 // The host validates every input (grpo-core's order and errors) and checks the outputs'
 // finiteness after readback; the shader sees only valid tokens.
+// Aggregation (agg_seq, agg_total) rebinds them: 0 values, 1 per-sequence weights w_i, 3 the
+// mask (n words) then each sequence's [start, end) (2 words per sequence), 5 per-token weights
+// out, 6 the per-sequence products w_i·Σ then the scalar at index seqs.
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
@@ -41,7 +44,8 @@ struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    _pad0: u32,
+    // Number of sequences (reductions).
+    seqs: u32,
     // Ratio bounds [lo, hi] (clip region; CISPO's clamp); CISPO's cap in hi.
     lo: f32,
     hi: f32,
@@ -311,4 +315,40 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
     value[i] = o.v;
     grad[i] = o.g;
     flags[i] = 1u | (o.ev << 1u);
+}
+
+// Aggregation, pass 1: one invocation per sequence sums its valid values in token order (the
+// order of grpo-core's aggregate) and stores w_i·sum; it also writes the per-token weights of its
+// span (w_i at valid tokens, 0 elsewhere). The product is stored, not accumulated, so no fused
+// multiply-add can change its rounding.
+@compute @workgroup_size(256)
+fn agg_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    let w = old[i];
+    var s = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            s += lp[t];
+            value[t] = w;
+        } else {
+            value[t] = 0.0;
+        }
+    }
+    grad[i] = s * w;
+}
+
+// Aggregation, pass 2: the scalar, Σ_i (w_i·sum_i) added in sequence order by one invocation
+// (grpo-core's order, so the same bits; B is a batch size, small next to the token count).
+@compute @workgroup_size(1)
+fn agg_total() {
+    var l = 0.0;
+    for (var i = 0u; i < params.seqs; i++) {
+        l += grad[i];
+    }
+    grad[params.seqs] = l;
 }

@@ -8,12 +8,13 @@
 //! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
 
 use bytemuck::{Pod, Zeroable};
+use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::loss::{
     CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig, SapoConfig,
 };
-use grpo_core::{Error, Real, Tokens};
+use grpo_core::{Error, Real, Segments, Tokens};
 
 use crate::context::{Arg, GpuContext};
 use crate::error::{Result, check_len};
@@ -25,7 +26,8 @@ struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    _pad0: u32,
+    /// Number of sequences (reductions).
+    seqs: u32,
     lo: f32,
     hi: f32,
     clamp: f32,
@@ -126,6 +128,92 @@ fn validate_aux(tokens: &Tokens<'_>, what: &'static str, n: usize, v: &[f32]) ->
 
 fn clamp_flag(c: Option<f32>) -> (u32, f32) {
     c.map_or((0, 0.0), |c| (FLAG_CLAMP_LOG_RATIO, c))
+}
+
+/// aggregate::inv_count in f32 (the same operations, so the same bits).
+fn inv_count(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
+    match rule {
+        Denominator::Strict if d == 0 => Err(err.into()),
+        Denominator::Strict => Ok(1.0 / d as f32),
+        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
+        Denominator::PlusEps(e) => Ok(1.0 / (d as f32 + e)),
+    }
+}
+
+/// aggregate::inv_size in f32.
+fn inv_size(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
+    match rule {
+        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
+        _ if d == 0 => Err(err.into()),
+        _ => Ok(1.0 / d as f32),
+    }
+}
+
+/// The weight `w_i` of every valid token of each sequence, exactly as grpo-core's `aggregate`
+/// computes it (validation included, in its order); 0 where grpo-core skips the sequence (an
+/// empty one under a per-sequence mean, which contributes nothing either way).
+fn aggregation_weights(cfg: &AggConfig<f32>, tokens: &Tokens<'_>, b: usize) -> Result<Vec<f32>> {
+    let rule = cfg.denominator;
+    let local = tokens.total_valid();
+    let uniform = |w: f32| Ok(vec![w; b]);
+    match cfg.mode {
+        AggMode::TokenMean { global_tokens } => uniform(inv_count(
+            global_tokens.unwrap_or(local),
+            rule,
+            Error::NoValidTokens,
+        )?),
+        AggMode::Bnpo => uniform(inv_count(local, rule, Error::NoValidTokens)?),
+        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
+            uniform(inv_size(b, rule, Error::NoValidTokens)?)
+        }
+        AggMode::SeqMeanTokenSumNorm {
+            max_len,
+            divide_by_batch,
+        } => {
+            let l = max_len.unwrap_or_else(|| match tokens.segments {
+                Segments::Padded { cols, .. } => cols,
+                Segments::Packed(_) => (0..b).map(|i| tokens.span(i).len()).max().unwrap_or(0),
+            });
+            let d = if divide_by_batch {
+                b.checked_mul(l).ok_or(Error::InvalidParam {
+                    name: "max_len",
+                    reason: "B * max_len overflows usize",
+                })?
+            } else {
+                l
+            };
+            uniform(inv_size(d, rule, Error::NoValidTokens)?)
+        }
+        AggMode::Dapo {
+            global_tokens,
+            processes,
+        } => {
+            if processes == 0 {
+                return Err(Error::InvalidParam {
+                    name: "processes",
+                    reason: "must be >= 1",
+                }
+                .into());
+            }
+            let inv = inv_count(global_tokens, rule, Error::NoValidTokens)?;
+            uniform(inv * processes as f32)
+        }
+        AggMode::SeqMeanTokenMean => {
+            let scale = inv_size(b, rule, Error::NoValidTokens)?;
+            if let Denominator::Strict = rule
+                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
+            {
+                return Err(Error::EmptySegment { segment }.into());
+            }
+            Ok((0..b)
+                .map(|i| match tokens.valid_count(i) {
+                    0 => 0.0,
+                    c => inv_count(c, rule, Error::EmptySegment { segment: i })
+                        .map_or(0.0, |inv| inv * scale),
+                })
+                .collect())
+        }
+    }
 }
 
 struct Outputs {
@@ -450,5 +538,90 @@ impl<'c> LossKernel<'c> {
         value.copy_from_slice(&o.value);
         grad.copy_from_slice(&o.grad);
         Ok(d)
+    }
+
+    /// Aggregation of per-token losses into the scalar that is differentiated, grpo-core's
+    /// [`grpo_core::aggregate::aggregate`] (every [`AggMode`]: token-mean, seq-mean-token-mean,
+    /// seq-mean-token-sum, seq-mean-token-sum-norm in Dr. GRPO's and verl's variants, BNPO,
+    /// DAPO, LUSPO): `loss = Σ_i w_i·Σ_{t∈i} m_t·L_t` and `weights[t] = w_i·m_t`.
+    ///
+    /// The per-sequence weights `w_i` are functions of counts and are computed on the host with
+    /// grpo-core's f32 operations. The reduction runs in grpo-core's order: one invocation per
+    /// sequence sums its valid values in token order and multiplies by `w_i` (`agg_seq`, which
+    /// also writes the per-token weights), then one invocation adds the B products in sequence
+    /// order (`agg_total`). WGSL rounds `+` and `×` correctly and the product is stored before
+    /// it is added (no fused multiply-add is possible), so the scalar is bit-identical to
+    /// grpo-core's; the parallelism is over sequences.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input (including `NonFinite { what: "aggregated loss" }`
+    /// when the scalar overflows); `weights` is untouched on `Err`.
+    pub fn aggregate(
+        &self,
+        cfg: &AggConfig<f32>,
+        tokens: Tokens<'_>,
+        values: &[f32],
+        weights: &mut [f32],
+    ) -> Result<f32> {
+        let n = values.len();
+        let b = tokens.validate(n)?;
+        check_len("weights", n, weights.len())?;
+        if let Denominator::PlusEps(e) = cfg.denominator
+            && !(e > 0.0 && e.is_finite())
+        {
+            return Err(Error::InvalidParam {
+                name: "denominator eps",
+                reason: "must be finite and > 0",
+            }
+            .into());
+        }
+        if let Some(index) = tokens.first_non_finite(values) {
+            return Err(Error::NonFinite {
+                what: "values",
+                index,
+            }
+            .into());
+        }
+        let w = aggregation_weights(cfg, &tokens, b)?;
+        // Bindings: values in `lp`, w_i in `old`, the mask then the B spans in `flags`, the
+        // per-token weights in `value`, the B products then the scalar in `grad`.
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(values))),
+                (1, Arg::In(bytemuck::cast_slice(&w))),
+                (3, Arg::In(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out(((b + 1) * 4) as u64)),
+            ],
+            &[
+                ("agg_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("agg_total", [1, 1, 1]),
+            ],
+        )?;
+        let out_w: &[f32] = bytemuck::cast_slice(&res[0]);
+        let sums: &[f32] = bytemuck::cast_slice(&res[1]);
+        let loss = sums[b];
+        if !loss.is_finite() {
+            return Err(Error::NonFinite {
+                what: "aggregated loss",
+                index: 0,
+            }
+            .into());
+        }
+        weights.copy_from_slice(&out_w[..n]);
+        Ok(loss)
     }
 }

@@ -105,6 +105,8 @@ pub enum Op {
     LossAlgebraic,
     /// Per-token loss value / gradient through exp of a log-ratio (PPO-clip, CISPO, SAPO, k3…).
     LossExp,
+    /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
+    Aggregate,
 }
 
 /// The tolerance of `op` on inputs stored as `dtype`.
@@ -175,6 +177,11 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
+        // The weights are grpo-core's own f32 operations on counts (host), and the reduction
+        // runs in grpo-core's order (per-sequence sums in token order, then the B products in
+        // sequence order) with correctly rounded + and ×, the product stored before it is added
+        // (no fused multiply-add): bit-identical.
+        (Aggregate, _) => Tol::ulp(0),
     }
 }
 
