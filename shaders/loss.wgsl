@@ -10,12 +10,16 @@
 // Aggregation (agg_seq, agg_total) rebinds them: 0 values, 1 per-sequence weights w_i, 3 the
 // mask (n words) then each sequence's [start, end) (2 words per sequence), 5 per-token weights
 // out, 6 the per-sequence products w_i·Σ then the scalar at index seqs.
+// Sequence-ratio losses (seq_ratio) keep the per-token bindings; flags holds the mask then the
+// spans as for aggregation.
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
 const KIND_CISPO_CAP: u32 = 2u;
 const KIND_SAPO: u32 = 3u;
 const KIND_REINFORCE: u32 = 4u;
+const KIND_GSPO: u32 = 5u;
+const KIND_GSPO_TOKEN: u32 = 6u;
 const KIND_K1: u32 = 8u;
 const KIND_ABS: u32 = 9u;
 const KIND_K2: u32 = 10u;
@@ -351,4 +355,66 @@ fn agg_total() {
         l += grad[i];
     }
     grad[params.seqs] = l;
+}
+
+// Sequence-ratio losses (loss/seq.rs), one invocation per sequence: x̄ = Σ(lp − old)/n and
+// Ā = ΣA/n over the valid tokens in token order (grpo-core's seq_sum), then
+//   GSPO:       s = e^{clamp(x̄)}, L = ppo_core(s, Ā) on every valid token, ∂L/∂lp_t = ∂L/∂s·s/n;
+//   GSPO-token: r = e^{min(x̄, max)}, L_t = ppo_core(r, A_t), ∂r/∂lp_t = r (0 when clamped).
+// Masked tokens of the span get 0; valid ones get their event bits as per_token writes them.
+@compute @workgroup_size(256)
+fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sx = 0.0;
+    var sa = 0.0;
+    var c = 0u;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            sx += lp[t] - old[t];
+            sa += adv[t];
+            c += 1u;
+        }
+    }
+    let nt = f32(max(c, 1u));
+    let xbar = sx / nt;
+    var x = xbar;
+    var clamped = false;
+    if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+        if x > params.clamp {
+            x = params.clamp;
+            clamped = true;
+        } else if params.kind == KIND_GSPO && x < -params.clamp {
+            x = -params.clamp;
+            clamped = true;
+        }
+    }
+    let rho = exp(x);
+    let drho = select(rho, 0.0, clamped);
+    var seq = Out(0.0, 0.0, 0u);
+    if params.kind == KIND_GSPO {
+        seq = ppo_core(rho, drho, sa / nt);
+        seq.g = seq.g / nt;
+    }
+    for (var t = start; t < end; t++) {
+        if flags[t] == 0u {
+            value[t] = 0.0;
+            grad[t] = 0.0;
+            continue;
+        }
+        var o = seq;
+        if params.kind == KIND_GSPO_TOKEN {
+            o = ppo_core(rho, drho, adv[t]);
+        }
+        if clamped {
+            o.ev |= EV_CLAMPED;
+        }
+        value[t] = o.v;
+        grad[t] = o.g;
+        flags[t] = 1u | (o.ev << 1u);
+    }
 }

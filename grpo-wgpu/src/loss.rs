@@ -12,7 +12,8 @@ use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::loss::{
-    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig, SapoConfig,
+    CispoConfig, CispoWeight, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
+    PolicyInputs, PpoClipConfig, SapoConfig,
 };
 use grpo_core::{Error, Real, Segments, Tokens};
 
@@ -43,6 +44,8 @@ const KIND_CISPO_CLAMP: u32 = 1;
 const KIND_CISPO_CAP: u32 = 2;
 const KIND_SAPO: u32 = 3;
 const KIND_REINFORCE: u32 = 4;
+const KIND_GSPO: u32 = 5;
+const KIND_GSPO_TOKEN: u32 = 6;
 const KIND_K1: u32 = 8;
 const KIND_ABS: u32 = 9;
 const KIND_K2: u32 = 10;
@@ -264,12 +267,13 @@ impl<'c> LossKernel<'c> {
     /// loss::drive's second half: finiteness in token order, diagnostics, then the writes.
     fn finish(
         o: Outputs,
+        level: LossLevel,
         tokens: &Tokens<'_>,
         ratio_of: Option<&dyn Fn(usize) -> (f32, f32)>,
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
-        let mut d = LossDiagnostics::empty(LossLevel::Token);
+        let mut d = LossDiagnostics::empty(level);
         for_each_valid(tokens, |t| {
             if !o.value[t].is_finite() {
                 return Err(Error::NonFinite {
@@ -326,7 +330,7 @@ impl<'c> LossKernel<'c> {
             }
             (x, Real::exp(x))
         };
-        Self::finish(o, &inp.tokens, Some(&ratio), value, grad)
+        Self::finish(o, LossLevel::Token, &inp.tokens, Some(&ratio), value, grad)
     }
 
     /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with `RatioBounds::kl3`, dual-clip, δ cap),
@@ -451,7 +455,7 @@ impl<'c> LossKernel<'c> {
             ..Default::default()
         };
         let o = self.dispatch(lp, weights.unwrap_or(lp), adv, &tokens, p)?;
-        Self::finish(o, &tokens, None, value, grad)
+        Self::finish(o, LossLevel::Token, &tokens, None, value, grad)
     }
 
     /// KL-to-reference penalty and its gradient w.r.t. lp, grpo-core's
@@ -623,5 +627,150 @@ impl<'c> LossKernel<'c> {
         }
         weights.copy_from_slice(&out_w[..n]);
         Ok(loss)
+    }
+
+    /// The sequence-ratio dispatch: per-token inputs, the mask then the spans in `flags`.
+    fn dispatch_seq(&self, inp: &PolicyInputs<'_, f32>, params: LossParams) -> Result<Outputs> {
+        let (n, tokens) = (inp.lp.len(), &inp.tokens);
+        let b = tokens.num_sequences();
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let p = LossParams {
+            seqs: b as u32,
+            ..params
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(inp.lp))),
+                (1, Arg::In(bytemuck::cast_slice(inp.old))),
+                (2, Arg::In(bytemuck::cast_slice(inp.adv))),
+                (3, Arg::InOut(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out((n * 4) as u64)),
+            ],
+            &[("seq_ratio", [(b as u32).div_ceil(256), 1, 1])],
+        )?;
+        let flags: &[u32] = bytemuck::cast_slice(&res[0]);
+        let value: &[f32] = bytemuck::cast_slice(&res[1]);
+        let grad: &[f32] = bytemuck::cast_slice(&res[2]);
+        Ok(Outputs {
+            value: value[..n].to_vec(),
+            grad: grad[..n].to_vec(),
+            events: flags[..n].iter().map(|f| f >> 1).collect(),
+        })
+    }
+
+    /// Every valid token's (x_t, sequence ratio) for the diagnostics, with grpo-core's f32
+    /// operations: x̄_i = Σ(lp − old)/n_i in token order, then `ratio(x̄_i)`.
+    fn seq_ratios(inp: &PolicyInputs<'_, f32>, ratio: impl Fn(f32) -> f32) -> Vec<(f32, f32)> {
+        let tokens = &inp.tokens;
+        let mut out = vec![(0.0, 0.0); inp.lp.len()];
+        for i in 0..tokens.num_sequences() {
+            let (mut sx, mut c) = (0.0f32, 0usize);
+            for t in tokens.valid_positions(i) {
+                sx += inp.lp[t] - inp.old[t];
+                c += 1;
+            }
+            let r = ratio(sx / c.max(1) as f32);
+            for t in tokens.valid_positions(i) {
+                out[t] = (inp.lp[t] - inp.old[t], r);
+            }
+        }
+        out
+    }
+
+    /// GSPO, sequence form, grpo-core's [`grpo_core::loss::gspo`]:
+    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·Ā_i, clip(s_i)·Ā_i)` on every valid
+    /// token of sequence `i`, `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`. One invocation per sequence
+    /// (sums in token order, as grpo-core); [`LossLevel::Sequence`] diagnostics.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn gspo(
+        &self,
+        cfg: &GspoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::gspo(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let mut p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_GSPO,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        if let Some(d) = cfg.delta_cap {
+            flags |= FLAG_DELTA_CAP;
+            p.delta = d;
+        }
+        p.flags = flags;
+        let o = self.dispatch_seq(inp, p)?;
+        let c = cfg.log_ratio_clamp;
+        let ratios = Self::seq_ratios(inp, |x| {
+            let x = match c {
+                Some(c) if x > c => c,
+                Some(c) if x < -c => -c,
+                _ => x,
+            };
+            Real::exp(x)
+        });
+        let ratio = |t: usize| ratios[t];
+        Self::finish(
+            o,
+            LossLevel::Sequence,
+            &inp.tokens,
+            Some(&ratio),
+            value,
+            grad,
+        )
+    }
+
+    /// GSPO-token (verl `gspo`), grpo-core's [`grpo_core::loss::gspo_token`]:
+    /// `r_t = exp(min(x̄_i, max))` with the token's own gradient path (`∂r_t/∂lp_t = r_t`, 0 when
+    /// clamped), `L_t = −min(r_t·A_t, clip(r_t)·A_t)`. One invocation per sequence.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn gspo_token(
+        &self,
+        cfg: &GspoTokenConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::gspo_token(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.seq_log_ratio_max);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_GSPO_TOKEN,
+            flags,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        let o = self.dispatch_seq(inp, p)?;
+        let m = cfg.seq_log_ratio_max;
+        let ratios = Self::seq_ratios(inp, |x| {
+            let x = match m {
+                Some(m) if x > m => m,
+                _ => x,
+            };
+            Real::exp(x)
+        });
+        let ratio = |t: usize| ratios[t];
+        Self::finish(o, LossLevel::Token, &inp.tokens, Some(&ratio), value, grad)
     }
 }

@@ -84,7 +84,7 @@ impl ShaderId {
                 "finish",
                 "gdpo_sum",
             ],
-            ShaderId::Loss => &["per_token", "agg_seq", "agg_total"],
+            ShaderId::Loss => &["per_token", "agg_seq", "agg_total", "seq_ratio"],
         }
     }
 

@@ -105,6 +105,8 @@ pub enum Op {
     LossAlgebraic,
     /// Per-token loss value / gradient through exp of a log-ratio (PPO-clip, CISPO, SAPO, k3…).
     LossExp,
+    /// Sequence-ratio losses (GSPO, GSPO-token): exp of a masked mean log-ratio, vs grpo-core f32.
+    LossSeqRatio,
     /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
     Aggregate,
 }
@@ -174,6 +176,15 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
         // 8.7e-39).
         (LossExp, _) => Tol {
             ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+        // LossExp plus three WGSL divisions (x̄ = Σx/n, Ā = ΣA/n, ∂L/∂s·s/n), each ≤ 2.5 ULP
+        // instead of correctly rounded: 8 + 3·2.5 → 16. The sums themselves run in grpo-core's
+        // order (bit-identical). x̄'s 2.5 ULP become 2.5|x̄| ULP of e^x̄, which the caller adds
+        // with `exp_ulps` (an extra argument 1.25·x̄) on top of exp's own 3 + 2|x̄|.
+        (LossSeqRatio, _) => Tol {
+            ulp: 16,
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },

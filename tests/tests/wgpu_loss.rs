@@ -5,7 +5,8 @@
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
 use grpo_core::loss::{
-    CispoConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, ppo_clip, reinforce, sapo,
+    CispoConfig, GspoConfig, GspoTokenConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, gspo,
+    gspo_token, ppo_clip, reinforce, sapo,
 };
 use grpo_core::{Error, Preset, Real, Tokens};
 use grpo_tests::gpu;
@@ -510,4 +511,163 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
             found: 2
         }))
     );
+}
+
+/// Each valid token's sequence mean log-ratio x̄ (grpo-core's f32 order).
+fn seq_means(b: &Batch) -> Vec<f32> {
+    let mut out = vec![0f32; b.lp.len()];
+    for w in b.cu.windows(2) {
+        let valid: Vec<usize> = (w[0]..w[1]).filter(|&t| b.mask[t]).collect();
+        let sx: f32 = valid.iter().fold(0.0, |s, &t| s + (b.lp[t] - b.old[t]));
+        for &t in &valid {
+            out[t] = sx / valid.len() as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn gspo_and_gspo_token_match_grpo_core() {
+    let Some(ctx) = gpu::context("gspo_and_gspo_token_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let tol = tolerance(Op::LossSeqRatio, Dtype::F32);
+    let gspo_cfgs = [
+        GspoConfig::from_preset(Preset::Paper),
+        GspoConfig::from_preset(Preset::Trl),
+        GspoConfig {
+            delta_cap: Some(1.5),
+            bounds: RatioBounds::new(0.8, 1.2).unwrap(),
+            ..GspoConfig::default()
+        },
+    ];
+    for cfg in &gspo_cfgs {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let dc = gspo(cfg, &b.inputs(), &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let dg = k.gspo(cfg, &b.inputs(), &mut gv, &mut gg);
+                let (dc, dg) = match (dc, dg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                let xbar = seq_means(&b);
+                let clamp = cfg.log_ratio_clamp;
+                let x = |t: usize| clamp.map_or(xbar[t], |c| xbar[t].clamp(-c, c));
+                let mut points = vec![cfg.bounds.lo, cfg.bounds.hi];
+                points.extend(cfg.delta_cap);
+                let skip = |t: usize| {
+                    let near_clamp = clamp.is_some_and(|c| ulp_distance(xbar[t].abs(), c) <= 8);
+                    near_clamp
+                        || points
+                            .iter()
+                            .any(|&p| ulp_distance(Real::exp(x(t)), p) <= 64)
+                };
+                let args = |t: usize| vec![x(t) as f64, 1.25 * x(t) as f64];
+                compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &|_| 1.0)?;
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc, dg);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let cfg = GspoTokenConfig::from_preset(Preset::Verl);
+    runner()
+        .run(&batch(), |b| {
+            let n = b.lp.len();
+            let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+            let dc = gspo_token(&cfg, &b.inputs(), &mut cv, &mut cg);
+            let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+            let dg = k.gspo_token(&cfg, &b.inputs(), &mut gv, &mut gg);
+            let (dc, dg) = match (dc, dg) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), g) => {
+                    prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                    return Ok(());
+                }
+                (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+            };
+            let xbar = seq_means(&b);
+            let m = cfg.seq_log_ratio_max.unwrap();
+            let x = |t: usize| if xbar[t] > m { m } else { xbar[t] };
+            let points = [cfg.bounds.lo, cfg.bounds.hi];
+            let skip = |t: usize| {
+                ulp_distance(xbar[t], m) <= 8
+                    || points
+                        .iter()
+                        .any(|&p| ulp_distance(Real::exp(x(t)), p) <= 64)
+            };
+            let args = |t: usize| vec![x(t) as f64, 1.25 * x(t) as f64];
+            compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &|_| 1.0)?;
+            if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                prop_assert_eq!(dc, dg);
+            }
+            Ok(())
+        })
+        .unwrap();
+    eprintln!(
+        "gspo+gspo_token: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn hand_computed_gspo() {
+    let Some(ctx) = gpu::context("hand_computed_gspo") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // One sequence, x = (0.0002, 0, masked NaN): x̄ = 0.0001, s = e^0.0001 inside
+    // [1 − 3e-4, 1 + 4e-4]; A = 1: L = −s, ∂L/∂lp_t = −A·s/2.
+    let lp = [0.0002f32, 0.0, f32::NAN];
+    let old = [0.0f32; 3];
+    let adv = [1.0f32, 1.0, 1.0];
+    let cu = [0usize, 3];
+    let mask = [true, true, false];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, Some(&mask)),
+    };
+    let (mut v, mut g) = ([9f32; 3], [9f32; 3]);
+    let d = k
+        .gspo(&GspoConfig::default(), &inp, &mut v, &mut g)
+        .unwrap();
+    let s = 0.0001f32.exp();
+    assert!((v[0] + s).abs() < 1e-6 && (v[1] + s).abs() < 1e-6, "{v:?}");
+    assert!(
+        (g[0] + s / 2.0).abs() < 1e-6 && (g[1] + s / 2.0).abs() < 1e-6,
+        "{g:?}"
+    );
+    assert_eq!((v[2], g[2]), (0.0, 0.0));
+    assert_eq!(d.level, grpo_core::loss::LossLevel::Sequence);
+    // GSPO-token with x̄ = 12 > 10: r = e^10 on both tokens, A = −1 → L = e^10, gradient 0.
+    let lp = [24.0f32, 0.0, 0.0];
+    let adv = [-1.0f32; 3];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, Some(&mask)),
+    };
+    let d = k
+        .gspo_token(&GspoTokenConfig::default(), &inp, &mut v, &mut g)
+        .unwrap();
+    let e10 = 10f32.exp();
+    assert!(
+        (v[0] - e10).abs() < 1e-2 * 2.0 && (v[1] - e10).abs() < 2e-2,
+        "{v:?}"
+    );
+    assert_eq!(g, [0.0; 3]);
+    assert_eq!(d.clamped, 2);
 }
