@@ -11,7 +11,8 @@
 // mask (n words) then each sequence's [start, end) (2 words per sequence), 5 per-token weights
 // out, 6 the per-sequence products w_i·Σ then the scalar at index seqs.
 // Sequence-ratio losses (seq_ratio) keep the per-token bindings; flags holds the mask then the
-// spans as for aggregation.
+// spans as for aggregation. IS weights (is_weights) read old in lp and roll in old, take the
+// log limit in clamp and the filter bounds in lo/hi, and write the weights to value.
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
@@ -20,6 +21,8 @@ const KIND_SAPO: u32 = 3u;
 const KIND_REINFORCE: u32 = 4u;
 const KIND_GSPO: u32 = 5u;
 const KIND_GSPO_TOKEN: u32 = 6u;
+const KIND_IS_TOKEN: u32 = 12u;
+const KIND_IS_SEQ: u32 = 13u;
 const KIND_K1: u32 = 8u;
 const KIND_ABS: u32 = 9u;
 const KIND_K2: u32 = 10u;
@@ -30,6 +33,8 @@ const FLAG_DUAL_CLIP: u32 = 2u;
 const FLAG_DELTA_CAP: u32 = 4u;
 const FLAG_KL_OUT_CLAMP: u32 = 8u;
 const FLAG_WEIGHTS: u32 = 16u;
+const FLAG_IS_TRUNCATE: u32 = 32u;
+const FLAG_IS_MASK: u32 = 64u;
 
 // Event bits (grpo-core's TokenOut flags), shifted left by one in the flags word.
 const EV_CLAMPED: u32 = 1u;
@@ -416,5 +421,52 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>) {
         value[t] = o.v;
         grad[t] = o.g;
         flags[t] = 1u | (o.ev << 1u);
+    }
+}
+
+// Importance weights (is_correction::is_weights, token and sequence levels), one invocation per
+// sequence: r_t = old_t − roll_t, the log-weight (r_t, or Σ_t r_t in token order) limited to
+// ±clamp (EV_CLAMPED), w = e^l, then truncated to [lo, hi] or zeroed outside it (EV_CLIP_LOW:
+// the filter changed w). Masked tokens get 0.
+@compute @workgroup_size(256)
+fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sum = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            sum += lp[t] - old[t];
+        }
+    }
+    let lim = params.clamp;
+    for (var t = start; t < end; t++) {
+        if flags[t] == 0u {
+            value[t] = 0.0;
+            continue;
+        }
+        var l = sum;
+        if params.kind == KIND_IS_TOKEN {
+            l = lp[t] - old[t];
+        }
+        var ev = 0u;
+        if limit_hit(l, lim) {
+            ev |= EV_CLAMPED;
+        }
+        let raw = exp(rclamp(l, -lim, lim));
+        var w = raw;
+        if (params.flags & FLAG_IS_TRUNCATE) != 0u {
+            w = rclamp(raw, params.lo, params.hi);
+        } else if (params.flags & FLAG_IS_MASK) != 0u && !(raw >= params.lo && raw <= params.hi) {
+            w = 0.0;
+        }
+        if w != raw {
+            ev |= EV_CLIP_LOW;
+        }
+        value[t] = w;
+        flags[t] = 1u | (ev << 1u);
     }
 }

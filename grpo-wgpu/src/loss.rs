@@ -11,6 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
+use grpo_core::is_correction::{IsConfig, IsDiagnostics, IsFilter, IsLevel};
 use grpo_core::loss::{
     CispoConfig, CispoWeight, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
     PolicyInputs, PpoClipConfig, SapoConfig,
@@ -46,6 +47,8 @@ const KIND_SAPO: u32 = 3;
 const KIND_REINFORCE: u32 = 4;
 const KIND_GSPO: u32 = 5;
 const KIND_GSPO_TOKEN: u32 = 6;
+const KIND_IS_TOKEN: u32 = 12;
+const KIND_IS_SEQ: u32 = 13;
 const KIND_K1: u32 = 8;
 const KIND_ABS: u32 = 9;
 const KIND_K2: u32 = 10;
@@ -55,6 +58,10 @@ const FLAG_DUAL_CLIP: u32 = 2;
 const FLAG_DELTA_CAP: u32 = 4;
 const FLAG_KL_OUT_CLAMP: u32 = 8;
 const FLAG_WEIGHTS: u32 = 16;
+const FLAG_IS_TRUNCATE: u32 = 32;
+const FLAG_IS_MASK: u32 = 64;
+/// divergence::measures::exp_guard in f32 (ln(f32::MAX)/2 − 1), as loss.wgsl's EXP_GUARD_BITS.
+const EXP_GUARD_BITS: u32 = 0x422d7218;
 const EV_CLAMPED: u32 = 1;
 const EV_CLIP_LOW: u32 = 2;
 const EV_CLIP_HIGH: u32 = 4;
@@ -630,7 +637,12 @@ impl<'c> LossKernel<'c> {
     }
 
     /// The sequence-ratio dispatch: per-token inputs, the mask then the spans in `flags`.
-    fn dispatch_seq(&self, inp: &PolicyInputs<'_, f32>, params: LossParams) -> Result<Outputs> {
+    fn dispatch_seq(
+        &self,
+        entry: &'static str,
+        inp: &PolicyInputs<'_, f32>,
+        params: LossParams,
+    ) -> Result<Outputs> {
         let (n, tokens) = (inp.lp.len(), &inp.tokens);
         let b = tokens.num_sequences();
         let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
@@ -654,7 +666,7 @@ impl<'c> LossKernel<'c> {
                 (5, Arg::Out((n * 4) as u64)),
                 (6, Arg::Out((n * 4) as u64)),
             ],
-            &[("seq_ratio", [(b as u32).div_ceil(256), 1, 1])],
+            &[(entry, [(b as u32).div_ceil(256), 1, 1])],
         )?;
         let flags: &[u32] = bytemuck::cast_slice(&res[0]);
         let value: &[f32] = bytemuck::cast_slice(&res[1]);
@@ -715,7 +727,7 @@ impl<'c> LossKernel<'c> {
             p.delta = d;
         }
         p.flags = flags;
-        let o = self.dispatch_seq(inp, p)?;
+        let o = self.dispatch_seq("seq_ratio", inp, p)?;
         let c = cfg.log_ratio_clamp;
         let ratios = Self::seq_ratios(inp, |x| {
             let x = match c {
@@ -761,7 +773,7 @@ impl<'c> LossKernel<'c> {
             clamp,
             ..Default::default()
         };
-        let o = self.dispatch_seq(inp, p)?;
+        let o = self.dispatch_seq("seq_ratio", inp, p)?;
         let m = cfg.seq_log_ratio_max;
         let ratios = Self::seq_ratios(inp, |x| {
             let x = match m {
@@ -772,5 +784,104 @@ impl<'c> LossKernel<'c> {
         });
         let ratio = |t: usize| ratios[t];
         Self::finish(o, LossLevel::Token, &inp.tokens, Some(&ratio), value, grad)
+    }
+
+    /// Importance weights of the rollout/trainer mismatch, grpo-core's
+    /// [`grpo_core::is_correction::is_weights`] at [`IsLevel::Token`] (`w_t = e^{r_t}`) and
+    /// [`IsLevel::Sequence`] (`w = e^{Σ_t r_t}` on every valid token), `r_t = old_t − roll_t`,
+    /// the log-weight limited to ±`log_clamp` (and the overflow guard), then
+    /// [`IsFilter::Truncate`] (clamp to `[min, max]`), [`IsFilter::Mask`] (0 outside `[lo, hi]`)
+    /// or [`IsFilter::None`]. One invocation per sequence (the sequence sum in token order, as
+    /// grpo-core); the diagnostics' mean/min/max are taken on the host over the GPU's weights
+    /// in grpo-core's order.
+    ///
+    /// Not on the GPU yet: [`IsLevel::GeometricMean`], [`IsFilter::GeometricMask`] and
+    /// `batch_normalize` (`InvalidParam { name: "is config" }`).
+    ///
+    /// # Errors
+    /// grpo-core's for the same input.
+    pub fn is_weights(
+        &self,
+        cfg: &IsConfig<f32>,
+        old: &[f32],
+        roll: &[f32],
+        tokens: &Tokens<'_>,
+        weights: &mut [f32],
+    ) -> Result<IsDiagnostics<f32>> {
+        grpo_core::is_correction::is_weights(
+            cfg,
+            &[],
+            &[],
+            &Tokens::packed(&EMPTY_CU, None),
+            &mut [],
+        )?;
+        let kind = match cfg.level {
+            IsLevel::Token => KIND_IS_TOKEN,
+            IsLevel::Sequence => KIND_IS_SEQ,
+            IsLevel::GeometricMean => 0,
+        };
+        let (flags, lo, hi) = match cfg.filter {
+            IsFilter::None => (0, 0.0, 0.0),
+            IsFilter::Truncate { min, max } => (FLAG_IS_TRUNCATE, min, max),
+            IsFilter::Mask { lo, hi } => (FLAG_IS_MASK, lo, hi),
+            IsFilter::GeometricMask { .. } => (u32::MAX, 0.0, 0.0),
+        };
+        if kind == 0 || flags == u32::MAX || cfg.batch_normalize {
+            return Err(Error::InvalidParam {
+                name: "is config",
+                reason: "grpo-wgpu supports token/sequence levels, truncate/mask filters, \
+                         no batch normalisation",
+            }
+            .into());
+        }
+        // divergence::measures::check_token_inputs.
+        let n = old.len();
+        check_len("old", n, old.len())?;
+        check_len("roll", n, roll.len())?;
+        check_len("weights", n, weights.len())?;
+        tokens.validate(n)?;
+        for (what, s) in [("old", old), ("roll", roll)] {
+            if let Some(index) = tokens.first_non_finite(s) {
+                return Err(Error::NonFinite { what, index }.into());
+            }
+        }
+        let guard = f32::from_bits(EXP_GUARD_BITS);
+        let lim = cfg.log_clamp.map_or(guard, |c| Real::min(c, guard));
+        let p = LossParams {
+            n: n as u32,
+            kind,
+            flags,
+            lo,
+            hi,
+            clamp: lim,
+            ..Default::default()
+        };
+        let inp = PolicyInputs {
+            lp: old,
+            old: roll,
+            adv: old,
+            tokens: *tokens,
+        };
+        let o = self.dispatch_seq("is_weights", &inp, p)?;
+        let mut d = IsDiagnostics::default();
+        let (mut mean, mut count) = (0.0f32, 0usize);
+        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+        for_each_valid(tokens, |t| {
+            let w = o.value[t];
+            d.tokens += 1;
+            d.log_clamped += (o.events[t] & EV_CLAMPED != 0) as usize;
+            d.filtered += (o.events[t] & EV_CLIP_LOW != 0) as usize;
+            // is_correction's RunningMean.
+            count += 1;
+            mean += (w - mean) / count as f32;
+            lo = Real::min(lo, w);
+            hi = Real::max(hi, w);
+            Ok(())
+        })?;
+        if d.tokens > 0 {
+            (d.mean, d.min, d.max) = (mean, lo, hi);
+        }
+        weights.copy_from_slice(&o.value);
+        Ok(d)
     }
 }

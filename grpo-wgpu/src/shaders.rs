@@ -84,7 +84,13 @@ impl ShaderId {
                 "finish",
                 "gdpo_sum",
             ],
-            ShaderId::Loss => &["per_token", "agg_seq", "agg_total", "seq_ratio"],
+            ShaderId::Loss => &[
+                "per_token",
+                "agg_seq",
+                "agg_total",
+                "seq_ratio",
+                "is_weights",
+            ],
         }
     }
 

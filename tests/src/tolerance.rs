@@ -107,6 +107,8 @@ pub enum Op {
     LossExp,
     /// Sequence-ratio losses (GSPO, GSPO-token): exp of a masked mean log-ratio, vs grpo-core f32.
     LossSeqRatio,
+    /// Importance weights (token / sequence level, truncate / mask), vs grpo-core f32.
+    IsWeights,
     /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
     Aggregate,
 }
@@ -185,6 +187,14 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
         // with `exp_ulps` (an extra argument 1.25·x̄) on top of exp's own 3 + 2|x̄|.
         (LossSeqRatio, _) => Tol {
             ulp: 16,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+        // One exp of a log-weight that has grpo-core's bits (r_t, or Σ r_t summed in its order,
+        // limited by the same comparisons), then a clamp or a mask that is exact: only exp's
+        // allowance (3 + 2|l| ULP, added by the caller with `exp_ulps`) plus LossExp's margin.
+        (IsWeights, _) => Tol {
+            ulp: 8,
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },

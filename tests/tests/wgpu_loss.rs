@@ -4,6 +4,7 @@
 
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
+use grpo_core::is_correction::{IsConfig, IsFilter, IsLevel, is_weights};
 use grpo_core::loss::{
     CispoConfig, GspoConfig, GspoTokenConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, gspo,
     gspo_token, ppo_clip, reinforce, sapo,
@@ -670,4 +671,175 @@ fn hand_computed_gspo() {
     );
     assert_eq!(g, [0.0; 3]);
     assert_eq!(d.clamped, 2);
+}
+
+/// Each valid token's sequence sum of log-ratios (grpo-core's f32 order).
+fn seq_sums(b: &Batch) -> Vec<f32> {
+    let mut out = vec![0f32; b.lp.len()];
+    for w in b.cu.windows(2) {
+        let valid: Vec<usize> = (w[0]..w[1]).filter(|&t| b.mask[t]).collect();
+        let sx: f32 = valid.iter().fold(0.0, |s, &t| s + (b.lp[t] - b.old[t]));
+        for &t in &valid {
+            out[t] = sx;
+        }
+    }
+    out
+}
+
+#[test]
+fn is_weights_match_grpo_core() {
+    let Some(ctx) = gpu::context("is_weights_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let tol = tolerance(Op::IsWeights, Dtype::F32);
+    let max_ulp = std::cell::Cell::new(0u64);
+    let configs = [
+        IsConfig::token_truncate(2.0),
+        IsConfig::sequence_truncate(2.0),
+        IsConfig::token_mask(0.5, 2.0),
+        IsConfig::sequence_mask(0.5, 2.0),
+        IsConfig::tis(),
+        IsConfig::icepop(),
+        IsConfig {
+            log_clamp: None,
+            ..IsConfig::sequence_truncate(3.0)
+        },
+        IsConfig::default(),
+    ];
+    for cfg in &configs {
+        runner()
+            .run(&batch(), |b| {
+                // lp plays old (trainer), old plays roll (rollout engine): r = lp − old.
+                let n = b.lp.len();
+                let mut cw = vec![7f32; n];
+                let dc = is_weights(cfg, &b.lp, &b.old, &b.tokens(), &mut cw).unwrap();
+                let mut gw = vec![7f32; n];
+                let dg = k
+                    .is_weights(cfg, &b.lp, &b.old, &b.tokens(), &mut gw)
+                    .unwrap();
+                let sums = seq_sums(&b);
+                let lim = cfg.log_clamp.unwrap_or(43.36).min(43.36);
+                let l = |t: usize| {
+                    let l = match cfg.level {
+                        IsLevel::Sequence => sums[t],
+                        _ => b.lp[t] - b.old[t],
+                    };
+                    l.clamp(-lim, lim)
+                };
+                let points: Vec<f32> = match cfg.filter {
+                    IsFilter::Truncate { min, max } => vec![min, max],
+                    IsFilter::Mask { lo, hi } => vec![lo, hi],
+                    _ => vec![],
+                };
+                let skip = |t: usize| {
+                    points
+                        .iter()
+                        .any(|&p| ulp_distance(Real::exp(l(t)), p) <= 64)
+                };
+                for t in 0..n {
+                    if !b.mask[t] {
+                        prop_assert_eq!(gw[t], 0.0);
+                        continue;
+                    }
+                    if skip(t) {
+                        continue;
+                    }
+                    max_ulp.set(max_ulp.get().max(ulp_distance(gw[t], cw[t])));
+                    let tol = tol.plus_ulp(exp_ulps(&[l(t) as f64]));
+                    prop_assert!(
+                        tol.accepts(gw[t], cw[t] as f64),
+                        "w[{t}] gpu {} core {} ({} ulp)",
+                        gw[t],
+                        cw[t],
+                        ulp_distance(gw[t], cw[t])
+                    );
+                }
+                prop_assert_eq!(dc.tokens, dg.tokens);
+                prop_assert_eq!(dc.log_clamped, dg.log_clamped);
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc.filtered, dg.filtered);
+                    prop_assert_eq!(dc.min == 0.0, dg.min == 0.0);
+                    // The mean of weights that each carry ≤ 8 + 3 + 2·43.4 ULP (≈ 1.2e-5).
+                    let scale = dc.mean.abs().max(f32::MIN_POSITIVE);
+                    prop_assert!(
+                        (dc.mean - dg.mean).abs() <= 2e-5 * scale,
+                        "mean {} vs {}",
+                        dc.mean,
+                        dg.mean
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    eprintln!(
+        "is_weights: {} configs × {} cases; max distance to grpo-core: {} ULP",
+        configs.len(),
+        gpu::cases(),
+        max_ulp.get()
+    );
+}
+
+#[test]
+fn hand_computed_is_weights_and_errors() {
+    let Some(ctx) = gpu::context("hand_computed_is_weights_and_errors") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // r = old − roll = [ln 2, ln 4 | 0, −ln 2] in two rows of two.
+    let ln2 = std::f32::consts::LN_2;
+    let old = [ln2, 2.0 * ln2, 0.0, -ln2];
+    let roll = [0.0f32; 4];
+    let tok = Tokens::padded(2, 2, None);
+    let mut w = [0f32; 4];
+    // Token cap 3: [min(2, 3), min(4, 3), 1, 0.5]; one token truncated.
+    let d = k
+        .is_weights(&IsConfig::token_truncate(3.0), &old, &roll, &tok, &mut w)
+        .unwrap();
+    assert!(
+        (w[0] - 2.0).abs() < 1e-5 && w[1] == 3.0 && w[2] == 1.0,
+        "{w:?}"
+    );
+    assert!((w[3] - 0.5).abs() < 1e-6);
+    assert_eq!((d.tokens, d.filtered), (4, 1));
+    // Sequence mask [0.5, 5]: e^{ln 2 + ln 4} = 8 → 0 (both tokens); e^{−ln 2} = 0.5 kept.
+    let d = k
+        .is_weights(
+            &IsConfig::sequence_mask(0.5, 5.0),
+            &old,
+            &roll,
+            &tok,
+            &mut w,
+        )
+        .unwrap();
+    assert_eq!((w[0], w[1]), (0.0, 0.0));
+    assert!(
+        (w[2] - 0.5).abs() < 1e-6 && (w[3] - 0.5).abs() < 1e-6,
+        "{w:?}"
+    );
+    assert_eq!(d.filtered, 2);
+    // Errors: grpo-core's, weights untouched.
+    let bad = IsConfig::token_mask(2.0, 1.0);
+    let mut cw = [9f32; 4];
+    let e = is_weights(&bad, &old, &roll, &tok, &mut cw).unwrap_err();
+    let mut gw = [9f32; 4];
+    assert_eq!(
+        k.is_weights(&bad, &old, &roll, &tok, &mut gw),
+        Err(GpuError::Core(e))
+    );
+    let nan_roll = [0.0, f32::NAN, 0.0, 0.0];
+    let e = is_weights(&IsConfig::tis(), &old, &nan_roll, &tok, &mut cw).unwrap_err();
+    assert_eq!(
+        k.is_weights(&IsConfig::tis(), &old, &nan_roll, &tok, &mut gw),
+        Err(GpuError::Core(e))
+    );
+    assert!(matches!(
+        k.is_weights(&IsConfig::seq_mask_tis(), &old, &roll, &tok, &mut gw),
+        Err(GpuError::Core(Error::InvalidParam {
+            name: "is config",
+            ..
+        }))
+    ));
+    assert_eq!(gw, [9f32; 4]);
 }
