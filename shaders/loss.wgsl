@@ -13,6 +13,8 @@
 // Sequence-ratio losses (seq_ratio) keep the per-token bindings; flags holds the mask then the
 // spans as for aggregation. IS weights (is_weights) read old in lp and roll in old, take the
 // log limit in clamp and the filter bounds in lo/hi, and write the weights to value.
+// ESS sums (ess_seq, ess_total) use the per-token bindings with flags as for aggregation and
+// write (Σw, Σw²) per sequence to grad[2i], grad[2i + 1], the totals to grad[2·seqs], +1.
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
@@ -21,6 +23,7 @@ const KIND_SAPO: u32 = 3u;
 const KIND_REINFORCE: u32 = 4u;
 const KIND_GSPO: u32 = 5u;
 const KIND_GSPO_TOKEN: u32 = 6u;
+const KIND_P3O: u32 = 7u;
 const KIND_IS_TOKEN: u32 = 12u;
 const KIND_IS_SEQ: u32 = 13u;
 const KIND_K1: u32 = 8u;
@@ -303,6 +306,22 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
             let wa = mul0(w, a);
             o = Out(-mul0(wa, lp[i]), -wa, ev);
+        } else if kind == KIND_P3O {
+            // L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^x − 1 − x), ESS in hi, 1 − ESS in lo;
+            // ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1) (the k3 term 0 when clamped).
+            var w = rho;
+            var ev = 0u;
+            if rho > params.hi {
+                w = params.hi;
+                ev = EV_CLIP_HIGH;
+            }
+            let wa = mul0(w, a);
+            let k3 = expm1_minus_x(x);
+            var dk3 = rho - 1.0;
+            if clamped {
+                dk3 = 0.0;
+            }
+            o = Out(-mul0(wa, lp[i]) + mul0(params.lo, k3), -wa + mul0(params.lo, dk3), ev);
         } else if kind == KIND_SAPO {
             // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4A·σ'(z)·ρ.
             var tau = params.tau_neg;
@@ -469,4 +488,44 @@ fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
         value[t] = w;
         flags[t] = 1u | (ev << 1u);
     }
+}
+
+// ESS sums (loss/pg.rs ess_stats), pass 1: one invocation per sequence adds w = e^{clamp(x)} and
+// w² over its valid tokens in token order.
+@compute @workgroup_size(256)
+fn ess_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sw = 0.0;
+    var sw2 = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            var x = lp[t] - old[t];
+            if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+                x = rclamp(x, -params.clamp, params.clamp);
+            }
+            let w = exp(x);
+            sw += w;
+            sw2 += w * w;
+        }
+    }
+    grad[2u * i] = sw;
+    grad[2u * i + 1u] = sw2;
+}
+
+// ESS sums, pass 2: the per-sequence sums added in sequence order by one invocation.
+@compute @workgroup_size(1)
+fn ess_total() {
+    var sw = 0.0;
+    var sw2 = 0.0;
+    for (var i = 0u; i < params.seqs; i++) {
+        sw += grad[2u * i];
+        sw2 += grad[2u * i + 1u];
+    }
+    grad[2u * params.seqs] = sw;
+    grad[2u * params.seqs + 1u] = sw2;
 }

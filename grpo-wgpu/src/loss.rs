@@ -13,8 +13,8 @@ use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::is_correction::{IsConfig, IsDiagnostics, IsFilter, IsLevel};
 use grpo_core::loss::{
-    CispoConfig, CispoWeight, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
-    PolicyInputs, PpoClipConfig, SapoConfig,
+    CispoConfig, CispoWeight, EssStats, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
+    P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
 };
 use grpo_core::{Error, Real, Segments, Tokens};
 
@@ -47,6 +47,7 @@ const KIND_SAPO: u32 = 3;
 const KIND_REINFORCE: u32 = 4;
 const KIND_GSPO: u32 = 5;
 const KIND_GSPO_TOKEN: u32 = 6;
+const KIND_P3O: u32 = 7;
 const KIND_IS_TOKEN: u32 = 12;
 const KIND_IS_SEQ: u32 = 13;
 const KIND_K1: u32 = 8;
@@ -883,5 +884,99 @@ impl<'c> LossKernel<'c> {
         }
         weights.copy_from_slice(&o.value);
         Ok(d)
+    }
+
+    /// The local effective-sample-size sums of P3O, grpo-core's
+    /// [`grpo_core::loss::ess_stats`]: `Σw`, `Σw²` with `w = exp(clamp(lp − old))` over the
+    /// valid tokens. A two-level reduction: one invocation per sequence sums its tokens in token
+    /// order (`ess_seq`), one invocation adds the per-sequence sums in sequence order
+    /// (`ess_total`). grpo-core adds all tokens into one accumulator, so the rounding differs:
+    /// both orders are within `(n − 1)·2⁻²⁴` relative of the exact sum of positive terms, on top
+    /// of WGSL's exp (tolerance table, `EssSums`).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input (`NonFinite { what: "ess sums" }` on overflow).
+    pub fn ess_stats(
+        &self,
+        cfg: &P3oConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+    ) -> Result<EssStats<f32>> {
+        grpo_core::loss::ess_stats(cfg, &empty_inputs())?;
+        let n = inp.lp.len();
+        validate_inputs(inp, n, n)?;
+        let tokens = &inp.tokens;
+        let b = tokens.num_sequences();
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            flags,
+            clamp,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(inp.lp))),
+                (1, Arg::In(bytemuck::cast_slice(inp.old))),
+                (3, Arg::In(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (6, Arg::Out(((2 * b + 2) * 4) as u64)),
+            ],
+            &[
+                ("ess_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("ess_total", [1, 1, 1]),
+            ],
+        )?;
+        let sums: &[f32] = bytemuck::cast_slice(&res[0]);
+        let s = EssStats {
+            n: tokens.total_valid(),
+            sum_w: sums[2 * b],
+            sum_w2: sums[2 * b + 1],
+        };
+        if !(s.sum_w.is_finite() && s.sum_w2.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "ess sums",
+                index: 0,
+            }
+            .into());
+        }
+        Ok(s)
+    }
+
+    /// P3O, grpo-core's [`grpo_core::loss::p3o`]:
+    /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(ρ − 1 − ln ρ)`,
+    /// `∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1)`, with `ess` from [`Self::ess_stats`]
+    /// (possibly all-reduced, then [`EssStats::ess`]).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn p3o(
+        &self,
+        cfg: &P3oConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        ess: f32,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::p3o(cfg, &empty_inputs(), ess, &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_P3O,
+            flags,
+            lo: 1.0 - ess,
+            hi: ess,
+            clamp,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
     }
 }

@@ -90,6 +90,8 @@ impl ShaderId {
                 "agg_total",
                 "seq_ratio",
                 "is_weights",
+                "ess_seq",
+                "ess_total",
             ],
         }
     }

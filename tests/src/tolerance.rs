@@ -109,6 +109,8 @@ pub enum Op {
     LossSeqRatio,
     /// Importance weights (token / sequence level, truncate / mask), vs grpo-core f32.
     IsWeights,
+    /// P3O's effective-sample-size sums Σw, Σw² (a reduction), vs grpo-core f32.
+    EssSums,
     /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
     Aggregate,
 }
@@ -197,6 +199,16 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             ulp: 8,
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
+        },
+        // Σw and Σw² of positive terms, grpo-core in one flat token-order accumulator, the GPU per
+        // sequence then over sequences: each order is within (n − 1)·2⁻²⁴ relative of the exact
+        // sum, so they differ by ≤ 2(n − 1)·2⁻²⁴ ≈ 3e-5 for the test batches (n ≤ 200), plus
+        // each w's exp error (3 + 2|x| ULP, ≤ 43 ULP ≈ 5e-6 under the ±20 clamp, ≤ 163 ULP
+        // ≈ 2e-5 at |x| = 80 without it; twice that for w²): 1e-4 relative.
+        (EssSums, _) => Tol {
+            ulp: 0,
+            abs: 0.0,
+            rel: 1e-4,
         },
         // The weights are grpo-core's own f32 operations on counts (host), and the reduction
         // runs in grpo-core's order (per-sequence sums in token order, then the B products in

@@ -6,8 +6,8 @@ use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
 use grpo_core::is_correction::{IsConfig, IsFilter, IsLevel, is_weights};
 use grpo_core::loss::{
-    CispoConfig, GspoConfig, GspoTokenConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, gspo,
-    gspo_token, ppo_clip, reinforce, sapo,
+    CispoConfig, GspoConfig, GspoTokenConfig, P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
+    cispo, ess_stats, gspo, gspo_token, p3o, ppo_clip, reinforce, sapo,
 };
 use grpo_core::{Error, Preset, Real, Tokens};
 use grpo_tests::gpu;
@@ -842,4 +842,161 @@ fn hand_computed_is_weights_and_errors() {
         }))
     ));
     assert_eq!(gw, [9f32; 4]);
+}
+
+#[test]
+fn p3o_and_ess_match_grpo_core() {
+    let Some(ctx) = gpu::context("p3o_and_ess_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let ess_tol = tolerance(Op::EssSums, Dtype::F32);
+    let ess_rel = std::cell::Cell::new(0f64);
+    for cfg in [
+        P3oConfig::from_preset(Preset::Paper),
+        P3oConfig::from_preset(Preset::Trl),
+    ] {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let sc = ess_stats(&cfg, &b.inputs());
+                let sg = k.ess_stats(&cfg, &b.inputs());
+                let (sc, sg) = match (sc, sg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g, Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                prop_assert_eq!(sc.n, sg.n);
+                for (g, c) in [(sg.sum_w, sc.sum_w), (sg.sum_w2, sc.sum_w2)] {
+                    let rel = (g as f64 - c as f64).abs() / (c as f64).abs().max(1e-30);
+                    ess_rel.set(ess_rel.get().max(rel));
+                }
+                prop_assert!(ess_tol.accepts(sg.sum_w, sc.sum_w as f64), "{sc:?} {sg:?}");
+                prop_assert!(
+                    ess_tol.accepts(sg.sum_w2, sc.sum_w2 as f64),
+                    "{sc:?} {sg:?}"
+                );
+                // The loss itself with grpo-core's ESS (so both see the same constant).
+                let ess = sc.ess();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let dc = p3o(&cfg, &b.inputs(), ess, &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let dg = k.p3o(&cfg, &b.inputs(), ess, &mut gv, &mut gg);
+                let (dc, dg) = match (dc, dg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &[ess]);
+                // ρ = e^x and the k3 term (e^x − 1 − x: the series below |x| = 2, exp above).
+                let args = |t: usize| {
+                    let x = log_ratio(&b, t, cfg.log_ratio_clamp);
+                    vec![x, x]
+                };
+                // Two cancellations the ULP budget cannot see: ρ − 1 in the gradient (ρ's exp
+                // error is absolute, (3 + 2|x|)·ulp(ρ), however small ρ − 1 is) and the sum of
+                // the two terms of L and ∂L. Allowed as absolute slack: (11 + 2|x|) ULP of the
+                // terms' magnitudes, passed to `compare` in units of its base `abs`.
+                let pen = 1.0 - ess as f64;
+                let slack = |t: usize| {
+                    let x = log_ratio(&b, t, cfg.log_ratio_clamp);
+                    let rho = x.exp();
+                    let wa = (rho.min(ess as f64) * b.adv[t] as f64).abs();
+                    let k3 = rho - 1.0 - x;
+                    let terms = pen * rho + wa * (1.0 + (b.lp[t] as f64).abs()) + pen * k3.abs();
+                    f32::EPSILON as f64 * (11.0 + 2.0 * x.abs()) * terms / f32::MIN_POSITIVE as f64
+                };
+                // Checked here rather than by `compare`, whose ULP statistic the cancellations
+                // would make meaningless.
+                for t in 0..n {
+                    if !b.mask[t] {
+                        prop_assert_eq!((gv[t], gg[t]), (0.0, 0.0));
+                        continue;
+                    }
+                    if skip(t) {
+                        continue;
+                    }
+                    let tol = tolerance(Op::LossExp, Dtype::F32).plus_ulp(exp_ulps(&args(t)));
+                    let tol = tol.with_abs(tol.abs * slack(t).max(1.0));
+                    for (what, g, c) in [("value", gv[t], cv[t]), ("grad", gg[t], cg[t])] {
+                        prop_assert!(
+                            tol.accepts(g, c as f64),
+                            "{what}[{t}] gpu {g} core {c} ({} ulp)",
+                            ulp_distance(g, c)
+                        );
+                    }
+                }
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc.tokens, dg.tokens);
+                    prop_assert_eq!(dc.clipped_high, dg.clipped_high);
+                    prop_assert_eq!(dc.clamped, dg.clamped);
+                    prop_assert_eq!((dc.ratio_min, dc.ratio_max), (dg.ratio_min, dg.ratio_max));
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    // (ULP distances of P3O are not meaningful where its two terms cancel: not reported.)
+    eprintln!(
+        "p3o: {} cases per config; ESS sums max relative distance to grpo-core: {:e}",
+        gpu::cases(),
+        ess_rel.get()
+    );
+}
+
+#[test]
+fn hand_computed_p3o() {
+    let Some(ctx) = gpu::context("hand_computed_p3o") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // w = (1, 3): Σw = 4, Σw² = 10, ESS = 16/(2·10) = 0.8.
+    let lp = [0.0f32, 3f32.ln()];
+    let old = [0.0f32; 2];
+    let adv = [1.0f32; 2];
+    let cu = [0usize, 2];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, None),
+    };
+    let s = k.ess_stats(&P3oConfig::default(), &inp).unwrap();
+    assert_eq!(s.n, 2);
+    assert!(
+        (s.sum_w - 4.0).abs() < 1e-5 && (s.sum_w2 - 10.0).abs() < 1e-4,
+        "{s:?}"
+    );
+    assert!((s.ess() - 0.8).abs() < 1e-5);
+    // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: L = −0.5·ln 2 + 0.5·(1 − ln 2), ∂L/∂lp = 0.
+    let lp = [2f32.ln()];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &[0.0],
+        adv: &[1.0],
+        tokens: Tokens::packed(&[0, 1], None),
+    };
+    let (mut v, mut g) = ([9f32], [9f32]);
+    k.p3o(&P3oConfig::default(), &inp, 0.5, &mut v, &mut g)
+        .unwrap();
+    let l2 = 2f32.ln();
+    assert!(
+        (v[0] - (-0.5 * l2 + 0.5 * (1.0 - l2))).abs() < 1e-6,
+        "{v:?}"
+    );
+    assert!(g[0].abs() < 1e-6, "{g:?}");
+    // ESS outside [0, 1]: grpo-core's error, outputs untouched.
+    let (mut v, mut g) = ([9f32], [9f32]);
+    let e = p3o(&P3oConfig::default(), &inp, 1.5, &mut v, &mut g).unwrap_err();
+    assert_eq!(
+        k.p3o(&P3oConfig::default(), &inp, 1.5, &mut v, &mut g),
+        Err(GpuError::Core(e))
+    );
+    assert_eq!((v, g), ([9f32], [9f32]));
 }
