@@ -7,12 +7,25 @@
 // for a valid token; out: 1 | event bits << 1), 4 params, 5 value out, 6 grad out.
 // The host validates every input (grpo-core's order and errors) and checks the outputs'
 // finiteness after readback; the shader sees only valid tokens.
+// Aggregation (agg_seq, agg_total) rebinds them: 0 values, 1 per-sequence weights w_i, 3 the
+// mask (n words) then each sequence's [start, end) (2 words per sequence), 5 per-token weights
+// out, 6 the per-sequence products w_i·Σ then the scalar at index seqs.
+// Sequence-ratio losses (seq_ratio) keep the per-token bindings; flags holds the mask then the
+// spans as for aggregation. IS weights (is_weights) read old in lp and roll in old, take the
+// log limit in clamp and the filter bounds in lo/hi, and write the weights to value.
+// ESS sums (ess_seq, ess_total) use the per-token bindings with flags as for aggregation and
+// write (Σw, Σw²) per sequence to grad[2i], grad[2i + 1], the totals to grad[2·seqs], +1.
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
 const KIND_CISPO_CAP: u32 = 2u;
 const KIND_SAPO: u32 = 3u;
 const KIND_REINFORCE: u32 = 4u;
+const KIND_GSPO: u32 = 5u;
+const KIND_GSPO_TOKEN: u32 = 6u;
+const KIND_P3O: u32 = 7u;
+const KIND_IS_TOKEN: u32 = 12u;
+const KIND_IS_SEQ: u32 = 13u;
 const KIND_K1: u32 = 8u;
 const KIND_ABS: u32 = 9u;
 const KIND_K2: u32 = 10u;
@@ -23,6 +36,8 @@ const FLAG_DUAL_CLIP: u32 = 2u;
 const FLAG_DELTA_CAP: u32 = 4u;
 const FLAG_KL_OUT_CLAMP: u32 = 8u;
 const FLAG_WEIGHTS: u32 = 16u;
+const FLAG_IS_TRUNCATE: u32 = 32u;
+const FLAG_IS_MASK: u32 = 64u;
 
 // Event bits (grpo-core's TokenOut flags), shifted left by one in the flags word.
 const EV_CLAMPED: u32 = 1u;
@@ -41,7 +56,8 @@ struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    _pad0: u32,
+    // Number of sequences (reductions).
+    seqs: u32,
     // Ratio bounds [lo, hi] (clip region; CISPO's clamp); CISPO's cap in hi.
     lo: f32,
     hi: f32,
@@ -290,6 +306,22 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
             let wa = mul0(w, a);
             o = Out(-mul0(wa, lp[i]), -wa, ev);
+        } else if kind == KIND_P3O {
+            // L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^x − 1 − x), ESS in hi, 1 − ESS in lo;
+            // ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1) (the k3 term 0 when clamped).
+            var w = rho;
+            var ev = 0u;
+            if rho > params.hi {
+                w = params.hi;
+                ev = EV_CLIP_HIGH;
+            }
+            let wa = mul0(w, a);
+            let k3 = expm1_minus_x(x);
+            var dk3 = rho - 1.0;
+            if clamped {
+                dk3 = 0.0;
+            }
+            o = Out(-mul0(wa, lp[i]) + mul0(params.lo, k3), -wa + mul0(params.lo, dk3), ev);
         } else if kind == KIND_SAPO {
             // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4A·σ'(z)·ρ.
             var tau = params.tau_neg;
@@ -311,4 +343,189 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
     value[i] = o.v;
     grad[i] = o.g;
     flags[i] = 1u | (o.ev << 1u);
+}
+
+// Aggregation, pass 1: one invocation per sequence sums its valid values in token order (the
+// order of grpo-core's aggregate) and stores w_i·sum; it also writes the per-token weights of its
+// span (w_i at valid tokens, 0 elsewhere). The product is stored, not accumulated, so no fused
+// multiply-add can change its rounding.
+@compute @workgroup_size(256)
+fn agg_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    let w = old[i];
+    var s = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            s += lp[t];
+            value[t] = w;
+        } else {
+            value[t] = 0.0;
+        }
+    }
+    grad[i] = s * w;
+}
+
+// Aggregation, pass 2: the scalar, Σ_i (w_i·sum_i) added in sequence order by one invocation
+// (grpo-core's order, so the same bits; B is a batch size, small next to the token count).
+@compute @workgroup_size(1)
+fn agg_total() {
+    var l = 0.0;
+    for (var i = 0u; i < params.seqs; i++) {
+        l += grad[i];
+    }
+    grad[params.seqs] = l;
+}
+
+// Sequence-ratio losses (loss/seq.rs), one invocation per sequence: x̄ = Σ(lp − old)/n and
+// Ā = ΣA/n over the valid tokens in token order (grpo-core's seq_sum), then
+//   GSPO:       s = e^{clamp(x̄)}, L = ppo_core(s, Ā) on every valid token, ∂L/∂lp_t = ∂L/∂s·s/n;
+//   GSPO-token: r = e^{min(x̄, max)}, L_t = ppo_core(r, A_t), ∂r/∂lp_t = r (0 when clamped).
+// Masked tokens of the span get 0; valid ones get their event bits as per_token writes them.
+@compute @workgroup_size(256)
+fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sx = 0.0;
+    var sa = 0.0;
+    var c = 0u;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            sx += lp[t] - old[t];
+            sa += adv[t];
+            c += 1u;
+        }
+    }
+    let nt = f32(max(c, 1u));
+    let xbar = sx / nt;
+    var x = xbar;
+    var clamped = false;
+    if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+        if x > params.clamp {
+            x = params.clamp;
+            clamped = true;
+        } else if params.kind == KIND_GSPO && x < -params.clamp {
+            x = -params.clamp;
+            clamped = true;
+        }
+    }
+    let rho = exp(x);
+    let drho = select(rho, 0.0, clamped);
+    var seq = Out(0.0, 0.0, 0u);
+    if params.kind == KIND_GSPO {
+        seq = ppo_core(rho, drho, sa / nt);
+        seq.g = seq.g / nt;
+    }
+    for (var t = start; t < end; t++) {
+        if flags[t] == 0u {
+            value[t] = 0.0;
+            grad[t] = 0.0;
+            continue;
+        }
+        var o = seq;
+        if params.kind == KIND_GSPO_TOKEN {
+            o = ppo_core(rho, drho, adv[t]);
+        }
+        if clamped {
+            o.ev |= EV_CLAMPED;
+        }
+        value[t] = o.v;
+        grad[t] = o.g;
+        flags[t] = 1u | (o.ev << 1u);
+    }
+}
+
+// Importance weights (is_correction::is_weights, token and sequence levels), one invocation per
+// sequence: r_t = old_t − roll_t, the log-weight (r_t, or Σ_t r_t in token order) limited to
+// ±clamp (EV_CLAMPED), w = e^l, then truncated to [lo, hi] or zeroed outside it (EV_CLIP_LOW:
+// the filter changed w). Masked tokens get 0.
+@compute @workgroup_size(256)
+fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sum = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            sum += lp[t] - old[t];
+        }
+    }
+    let lim = params.clamp;
+    for (var t = start; t < end; t++) {
+        if flags[t] == 0u {
+            value[t] = 0.0;
+            continue;
+        }
+        var l = sum;
+        if params.kind == KIND_IS_TOKEN {
+            l = lp[t] - old[t];
+        }
+        var ev = 0u;
+        if limit_hit(l, lim) {
+            ev |= EV_CLAMPED;
+        }
+        let raw = exp(rclamp(l, -lim, lim));
+        var w = raw;
+        if (params.flags & FLAG_IS_TRUNCATE) != 0u {
+            w = rclamp(raw, params.lo, params.hi);
+        } else if (params.flags & FLAG_IS_MASK) != 0u && !(raw >= params.lo && raw <= params.hi) {
+            w = 0.0;
+        }
+        if w != raw {
+            ev |= EV_CLIP_LOW;
+        }
+        value[t] = w;
+        flags[t] = 1u | (ev << 1u);
+    }
+}
+
+// ESS sums (loss/pg.rs ess_stats), pass 1: one invocation per sequence adds w = e^{clamp(x)} and
+// w² over its valid tokens in token order.
+@compute @workgroup_size(256)
+fn ess_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    var sw = 0.0;
+    var sw2 = 0.0;
+    for (var t = start; t < end; t++) {
+        if flags[t] != 0u {
+            var x = lp[t] - old[t];
+            if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
+                x = rclamp(x, -params.clamp, params.clamp);
+            }
+            let w = exp(x);
+            sw += w;
+            sw2 += w * w;
+        }
+    }
+    grad[2u * i] = sw;
+    grad[2u * i + 1u] = sw2;
+}
+
+// ESS sums, pass 2: the per-sequence sums added in sequence order by one invocation.
+@compute @workgroup_size(1)
+fn ess_total() {
+    var sw = 0.0;
+    var sw2 = 0.0;
+    for (var i = 0u; i < params.seqs; i++) {
+        sw += grad[2u * i];
+        sw2 += grad[2u * i + 1u];
+    }
+    grad[2u * params.seqs] = sw;
+    grad[2u * params.seqs + 1u] = sw2;
 }

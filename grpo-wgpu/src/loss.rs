@@ -8,12 +8,15 @@
 //! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
 
 use bytemuck::{Pod, Zeroable};
+use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
+use grpo_core::is_correction::{IsConfig, IsDiagnostics, IsFilter, IsLevel};
 use grpo_core::loss::{
-    CispoConfig, CispoWeight, LossDiagnostics, LossLevel, PolicyInputs, PpoClipConfig, SapoConfig,
+    CispoConfig, CispoWeight, EssStats, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
+    P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
 };
-use grpo_core::{Error, Real, Tokens};
+use grpo_core::{Error, Real, Segments, Tokens};
 
 use crate::context::{Arg, GpuContext};
 use crate::error::{Result, check_len};
@@ -25,7 +28,8 @@ struct LossParams {
     n: u32,
     kind: u32,
     flags: u32,
-    _pad0: u32,
+    /// Number of sequences (reductions).
+    seqs: u32,
     lo: f32,
     hi: f32,
     clamp: f32,
@@ -41,6 +45,11 @@ const KIND_CISPO_CLAMP: u32 = 1;
 const KIND_CISPO_CAP: u32 = 2;
 const KIND_SAPO: u32 = 3;
 const KIND_REINFORCE: u32 = 4;
+const KIND_GSPO: u32 = 5;
+const KIND_GSPO_TOKEN: u32 = 6;
+const KIND_P3O: u32 = 7;
+const KIND_IS_TOKEN: u32 = 12;
+const KIND_IS_SEQ: u32 = 13;
 const KIND_K1: u32 = 8;
 const KIND_ABS: u32 = 9;
 const KIND_K2: u32 = 10;
@@ -50,6 +59,10 @@ const FLAG_DUAL_CLIP: u32 = 2;
 const FLAG_DELTA_CAP: u32 = 4;
 const FLAG_KL_OUT_CLAMP: u32 = 8;
 const FLAG_WEIGHTS: u32 = 16;
+const FLAG_IS_TRUNCATE: u32 = 32;
+const FLAG_IS_MASK: u32 = 64;
+/// divergence::measures::exp_guard in f32 (ln(f32::MAX)/2 − 1), as loss.wgsl's EXP_GUARD_BITS.
+const EXP_GUARD_BITS: u32 = 0x422d7218;
 const EV_CLAMPED: u32 = 1;
 const EV_CLIP_LOW: u32 = 2;
 const EV_CLIP_HIGH: u32 = 4;
@@ -128,6 +141,92 @@ fn clamp_flag(c: Option<f32>) -> (u32, f32) {
     c.map_or((0, 0.0), |c| (FLAG_CLAMP_LOG_RATIO, c))
 }
 
+/// aggregate::inv_count in f32 (the same operations, so the same bits).
+fn inv_count(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
+    match rule {
+        Denominator::Strict if d == 0 => Err(err.into()),
+        Denominator::Strict => Ok(1.0 / d as f32),
+        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
+        Denominator::PlusEps(e) => Ok(1.0 / (d as f32 + e)),
+    }
+}
+
+/// aggregate::inv_size in f32.
+fn inv_size(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
+    match rule {
+        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
+        _ if d == 0 => Err(err.into()),
+        _ => Ok(1.0 / d as f32),
+    }
+}
+
+/// The weight `w_i` of every valid token of each sequence, exactly as grpo-core's `aggregate`
+/// computes it (validation included, in its order); 0 where grpo-core skips the sequence (an
+/// empty one under a per-sequence mean, which contributes nothing either way).
+fn aggregation_weights(cfg: &AggConfig<f32>, tokens: &Tokens<'_>, b: usize) -> Result<Vec<f32>> {
+    let rule = cfg.denominator;
+    let local = tokens.total_valid();
+    let uniform = |w: f32| Ok(vec![w; b]);
+    match cfg.mode {
+        AggMode::TokenMean { global_tokens } => uniform(inv_count(
+            global_tokens.unwrap_or(local),
+            rule,
+            Error::NoValidTokens,
+        )?),
+        AggMode::Bnpo => uniform(inv_count(local, rule, Error::NoValidTokens)?),
+        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
+            uniform(inv_size(b, rule, Error::NoValidTokens)?)
+        }
+        AggMode::SeqMeanTokenSumNorm {
+            max_len,
+            divide_by_batch,
+        } => {
+            let l = max_len.unwrap_or_else(|| match tokens.segments {
+                Segments::Padded { cols, .. } => cols,
+                Segments::Packed(_) => (0..b).map(|i| tokens.span(i).len()).max().unwrap_or(0),
+            });
+            let d = if divide_by_batch {
+                b.checked_mul(l).ok_or(Error::InvalidParam {
+                    name: "max_len",
+                    reason: "B * max_len overflows usize",
+                })?
+            } else {
+                l
+            };
+            uniform(inv_size(d, rule, Error::NoValidTokens)?)
+        }
+        AggMode::Dapo {
+            global_tokens,
+            processes,
+        } => {
+            if processes == 0 {
+                return Err(Error::InvalidParam {
+                    name: "processes",
+                    reason: "must be >= 1",
+                }
+                .into());
+            }
+            let inv = inv_count(global_tokens, rule, Error::NoValidTokens)?;
+            uniform(inv * processes as f32)
+        }
+        AggMode::SeqMeanTokenMean => {
+            let scale = inv_size(b, rule, Error::NoValidTokens)?;
+            if let Denominator::Strict = rule
+                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
+            {
+                return Err(Error::EmptySegment { segment }.into());
+            }
+            Ok((0..b)
+                .map(|i| match tokens.valid_count(i) {
+                    0 => 0.0,
+                    c => inv_count(c, rule, Error::EmptySegment { segment: i })
+                        .map_or(0.0, |inv| inv * scale),
+                })
+                .collect())
+        }
+    }
+}
+
 struct Outputs {
     value: Vec<f32>,
     grad: Vec<f32>,
@@ -176,12 +275,13 @@ impl<'c> LossKernel<'c> {
     /// loss::drive's second half: finiteness in token order, diagnostics, then the writes.
     fn finish(
         o: Outputs,
+        level: LossLevel,
         tokens: &Tokens<'_>,
         ratio_of: Option<&dyn Fn(usize) -> (f32, f32)>,
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
-        let mut d = LossDiagnostics::empty(LossLevel::Token);
+        let mut d = LossDiagnostics::empty(level);
         for_each_valid(tokens, |t| {
             if !o.value[t].is_finite() {
                 return Err(Error::NonFinite {
@@ -238,7 +338,7 @@ impl<'c> LossKernel<'c> {
             }
             (x, Real::exp(x))
         };
-        Self::finish(o, &inp.tokens, Some(&ratio), value, grad)
+        Self::finish(o, LossLevel::Token, &inp.tokens, Some(&ratio), value, grad)
     }
 
     /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with `RatioBounds::kl3`, dual-clip, δ cap),
@@ -363,7 +463,7 @@ impl<'c> LossKernel<'c> {
             ..Default::default()
         };
         let o = self.dispatch(lp, weights.unwrap_or(lp), adv, &tokens, p)?;
-        Self::finish(o, &tokens, None, value, grad)
+        Self::finish(o, LossLevel::Token, &tokens, None, value, grad)
     }
 
     /// KL-to-reference penalty and its gradient w.r.t. lp, grpo-core's
@@ -450,5 +550,433 @@ impl<'c> LossKernel<'c> {
         value.copy_from_slice(&o.value);
         grad.copy_from_slice(&o.grad);
         Ok(d)
+    }
+
+    /// Aggregation of per-token losses into the scalar that is differentiated, grpo-core's
+    /// [`grpo_core::aggregate::aggregate`] (every [`AggMode`]: token-mean, seq-mean-token-mean,
+    /// seq-mean-token-sum, seq-mean-token-sum-norm in Dr. GRPO's and verl's variants, BNPO,
+    /// DAPO, LUSPO): `loss = Σ_i w_i·Σ_{t∈i} m_t·L_t` and `weights[t] = w_i·m_t`.
+    ///
+    /// The per-sequence weights `w_i` are functions of counts and are computed on the host with
+    /// grpo-core's f32 operations. The reduction runs in grpo-core's order: one invocation per
+    /// sequence sums its valid values in token order and multiplies by `w_i` (`agg_seq`, which
+    /// also writes the per-token weights), then one invocation adds the B products in sequence
+    /// order (`agg_total`). WGSL rounds `+` and `×` correctly and the product is stored before
+    /// it is added (no fused multiply-add is possible), so the scalar is bit-identical to
+    /// grpo-core's; the parallelism is over sequences.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input (including `NonFinite { what: "aggregated loss" }`
+    /// when the scalar overflows); `weights` is untouched on `Err`.
+    pub fn aggregate(
+        &self,
+        cfg: &AggConfig<f32>,
+        tokens: Tokens<'_>,
+        values: &[f32],
+        weights: &mut [f32],
+    ) -> Result<f32> {
+        let n = values.len();
+        let b = tokens.validate(n)?;
+        check_len("weights", n, weights.len())?;
+        if let Denominator::PlusEps(e) = cfg.denominator
+            && !(e > 0.0 && e.is_finite())
+        {
+            return Err(Error::InvalidParam {
+                name: "denominator eps",
+                reason: "must be finite and > 0",
+            }
+            .into());
+        }
+        if let Some(index) = tokens.first_non_finite(values) {
+            return Err(Error::NonFinite {
+                what: "values",
+                index,
+            }
+            .into());
+        }
+        let w = aggregation_weights(cfg, &tokens, b)?;
+        // Bindings: values in `lp`, w_i in `old`, the mask then the B spans in `flags`, the
+        // per-token weights in `value`, the B products then the scalar in `grad`.
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(values))),
+                (1, Arg::In(bytemuck::cast_slice(&w))),
+                (3, Arg::In(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out(((b + 1) * 4) as u64)),
+            ],
+            &[
+                ("agg_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("agg_total", [1, 1, 1]),
+            ],
+        )?;
+        let out_w: &[f32] = bytemuck::cast_slice(&res[0]);
+        let sums: &[f32] = bytemuck::cast_slice(&res[1]);
+        let loss = sums[b];
+        if !loss.is_finite() {
+            return Err(Error::NonFinite {
+                what: "aggregated loss",
+                index: 0,
+            }
+            .into());
+        }
+        weights.copy_from_slice(&out_w[..n]);
+        Ok(loss)
+    }
+
+    /// The sequence-ratio dispatch: per-token inputs, the mask then the spans in `flags`.
+    fn dispatch_seq(
+        &self,
+        entry: &'static str,
+        inp: &PolicyInputs<'_, f32>,
+        params: LossParams,
+    ) -> Result<Outputs> {
+        let (n, tokens) = (inp.lp.len(), &inp.tokens);
+        let b = tokens.num_sequences();
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let p = LossParams {
+            seqs: b as u32,
+            ..params
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(inp.lp))),
+                (1, Arg::In(bytemuck::cast_slice(inp.old))),
+                (2, Arg::In(bytemuck::cast_slice(inp.adv))),
+                (3, Arg::InOut(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out((n * 4) as u64)),
+            ],
+            &[(entry, [(b as u32).div_ceil(256), 1, 1])],
+        )?;
+        let flags: &[u32] = bytemuck::cast_slice(&res[0]);
+        let value: &[f32] = bytemuck::cast_slice(&res[1]);
+        let grad: &[f32] = bytemuck::cast_slice(&res[2]);
+        Ok(Outputs {
+            value: value[..n].to_vec(),
+            grad: grad[..n].to_vec(),
+            events: flags[..n].iter().map(|f| f >> 1).collect(),
+        })
+    }
+
+    /// Every valid token's (x_t, sequence ratio) for the diagnostics, with grpo-core's f32
+    /// operations: x̄_i = Σ(lp − old)/n_i in token order, then `ratio(x̄_i)`.
+    fn seq_ratios(inp: &PolicyInputs<'_, f32>, ratio: impl Fn(f32) -> f32) -> Vec<(f32, f32)> {
+        let tokens = &inp.tokens;
+        let mut out = vec![(0.0, 0.0); inp.lp.len()];
+        for i in 0..tokens.num_sequences() {
+            let (mut sx, mut c) = (0.0f32, 0usize);
+            for t in tokens.valid_positions(i) {
+                sx += inp.lp[t] - inp.old[t];
+                c += 1;
+            }
+            let r = ratio(sx / c.max(1) as f32);
+            for t in tokens.valid_positions(i) {
+                out[t] = (inp.lp[t] - inp.old[t], r);
+            }
+        }
+        out
+    }
+
+    /// GSPO, sequence form, grpo-core's [`grpo_core::loss::gspo`]:
+    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·Ā_i, clip(s_i)·Ā_i)` on every valid
+    /// token of sequence `i`, `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`. One invocation per sequence
+    /// (sums in token order, as grpo-core); [`LossLevel::Sequence`] diagnostics.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn gspo(
+        &self,
+        cfg: &GspoConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::gspo(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let mut p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_GSPO,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        if let Some(d) = cfg.delta_cap {
+            flags |= FLAG_DELTA_CAP;
+            p.delta = d;
+        }
+        p.flags = flags;
+        let o = self.dispatch_seq("seq_ratio", inp, p)?;
+        let c = cfg.log_ratio_clamp;
+        let ratios = Self::seq_ratios(inp, |x| {
+            let x = match c {
+                Some(c) if x > c => c,
+                Some(c) if x < -c => -c,
+                _ => x,
+            };
+            Real::exp(x)
+        });
+        let ratio = |t: usize| ratios[t];
+        Self::finish(
+            o,
+            LossLevel::Sequence,
+            &inp.tokens,
+            Some(&ratio),
+            value,
+            grad,
+        )
+    }
+
+    /// GSPO-token (verl `gspo`), grpo-core's [`grpo_core::loss::gspo_token`]:
+    /// `r_t = exp(min(x̄_i, max))` with the token's own gradient path (`∂r_t/∂lp_t = r_t`, 0 when
+    /// clamped), `L_t = −min(r_t·A_t, clip(r_t)·A_t)`. One invocation per sequence.
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn gspo_token(
+        &self,
+        cfg: &GspoTokenConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::gspo_token(cfg, &empty_inputs(), &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.seq_log_ratio_max);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_GSPO_TOKEN,
+            flags,
+            lo: cfg.bounds.lo,
+            hi: cfg.bounds.hi,
+            clamp,
+            ..Default::default()
+        };
+        let o = self.dispatch_seq("seq_ratio", inp, p)?;
+        let m = cfg.seq_log_ratio_max;
+        let ratios = Self::seq_ratios(inp, |x| {
+            let x = match m {
+                Some(m) if x > m => m,
+                _ => x,
+            };
+            Real::exp(x)
+        });
+        let ratio = |t: usize| ratios[t];
+        Self::finish(o, LossLevel::Token, &inp.tokens, Some(&ratio), value, grad)
+    }
+
+    /// Importance weights of the rollout/trainer mismatch, grpo-core's
+    /// [`grpo_core::is_correction::is_weights`] at [`IsLevel::Token`] (`w_t = e^{r_t}`) and
+    /// [`IsLevel::Sequence`] (`w = e^{Σ_t r_t}` on every valid token), `r_t = old_t − roll_t`,
+    /// the log-weight limited to ±`log_clamp` (and the overflow guard), then
+    /// [`IsFilter::Truncate`] (clamp to `[min, max]`), [`IsFilter::Mask`] (0 outside `[lo, hi]`)
+    /// or [`IsFilter::None`]. One invocation per sequence (the sequence sum in token order, as
+    /// grpo-core); the diagnostics' mean/min/max are taken on the host over the GPU's weights
+    /// in grpo-core's order.
+    ///
+    /// Not on the GPU yet: [`IsLevel::GeometricMean`], [`IsFilter::GeometricMask`] and
+    /// `batch_normalize` (`InvalidParam { name: "is config" }`).
+    ///
+    /// # Errors
+    /// grpo-core's for the same input.
+    pub fn is_weights(
+        &self,
+        cfg: &IsConfig<f32>,
+        old: &[f32],
+        roll: &[f32],
+        tokens: &Tokens<'_>,
+        weights: &mut [f32],
+    ) -> Result<IsDiagnostics<f32>> {
+        grpo_core::is_correction::is_weights(
+            cfg,
+            &[],
+            &[],
+            &Tokens::packed(&EMPTY_CU, None),
+            &mut [],
+        )?;
+        let kind = match cfg.level {
+            IsLevel::Token => KIND_IS_TOKEN,
+            IsLevel::Sequence => KIND_IS_SEQ,
+            IsLevel::GeometricMean => 0,
+        };
+        let (flags, lo, hi) = match cfg.filter {
+            IsFilter::None => (0, 0.0, 0.0),
+            IsFilter::Truncate { min, max } => (FLAG_IS_TRUNCATE, min, max),
+            IsFilter::Mask { lo, hi } => (FLAG_IS_MASK, lo, hi),
+            IsFilter::GeometricMask { .. } => (u32::MAX, 0.0, 0.0),
+        };
+        if kind == 0 || flags == u32::MAX || cfg.batch_normalize {
+            return Err(Error::InvalidParam {
+                name: "is config",
+                reason: "grpo-wgpu supports token/sequence levels, truncate/mask filters, \
+                         no batch normalisation",
+            }
+            .into());
+        }
+        // divergence::measures::check_token_inputs.
+        let n = old.len();
+        check_len("old", n, old.len())?;
+        check_len("roll", n, roll.len())?;
+        check_len("weights", n, weights.len())?;
+        tokens.validate(n)?;
+        for (what, s) in [("old", old), ("roll", roll)] {
+            if let Some(index) = tokens.first_non_finite(s) {
+                return Err(Error::NonFinite { what, index }.into());
+            }
+        }
+        let guard = f32::from_bits(EXP_GUARD_BITS);
+        let lim = cfg.log_clamp.map_or(guard, |c| Real::min(c, guard));
+        let p = LossParams {
+            n: n as u32,
+            kind,
+            flags,
+            lo,
+            hi,
+            clamp: lim,
+            ..Default::default()
+        };
+        let inp = PolicyInputs {
+            lp: old,
+            old: roll,
+            adv: old,
+            tokens: *tokens,
+        };
+        let o = self.dispatch_seq("is_weights", &inp, p)?;
+        let mut d = IsDiagnostics::default();
+        let (mut mean, mut count) = (0.0f32, 0usize);
+        let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+        for_each_valid(tokens, |t| {
+            let w = o.value[t];
+            d.tokens += 1;
+            d.log_clamped += (o.events[t] & EV_CLAMPED != 0) as usize;
+            d.filtered += (o.events[t] & EV_CLIP_LOW != 0) as usize;
+            // is_correction's RunningMean.
+            count += 1;
+            mean += (w - mean) / count as f32;
+            lo = Real::min(lo, w);
+            hi = Real::max(hi, w);
+            Ok(())
+        })?;
+        if d.tokens > 0 {
+            (d.mean, d.min, d.max) = (mean, lo, hi);
+        }
+        weights.copy_from_slice(&o.value);
+        Ok(d)
+    }
+
+    /// The local effective-sample-size sums of P3O, grpo-core's
+    /// [`grpo_core::loss::ess_stats`]: `Σw`, `Σw²` with `w = exp(clamp(lp − old))` over the
+    /// valid tokens. A two-level reduction: one invocation per sequence sums its tokens in token
+    /// order (`ess_seq`), one invocation adds the per-sequence sums in sequence order
+    /// (`ess_total`). grpo-core adds all tokens into one accumulator, so the rounding differs:
+    /// both orders are within `(n − 1)·2⁻²⁴` relative of the exact sum of positive terms, on top
+    /// of WGSL's exp (tolerance table, `EssSums`).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input (`NonFinite { what: "ess sums" }` on overflow).
+    pub fn ess_stats(
+        &self,
+        cfg: &P3oConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+    ) -> Result<EssStats<f32>> {
+        grpo_core::loss::ess_stats(cfg, &empty_inputs())?;
+        let n = inp.lp.len();
+        validate_inputs(inp, n, n)?;
+        let tokens = &inp.tokens;
+        let b = tokens.num_sequences();
+        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
+        for i in 0..b {
+            let s = tokens.span(i);
+            words.push(s.start as u32);
+            words.push(s.end as u32);
+        }
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            flags,
+            clamp,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(inp.lp))),
+                (1, Arg::In(bytemuck::cast_slice(inp.old))),
+                (3, Arg::In(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (6, Arg::Out(((2 * b + 2) * 4) as u64)),
+            ],
+            &[
+                ("ess_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("ess_total", [1, 1, 1]),
+            ],
+        )?;
+        let sums: &[f32] = bytemuck::cast_slice(&res[0]);
+        let s = EssStats {
+            n: tokens.total_valid(),
+            sum_w: sums[2 * b],
+            sum_w2: sums[2 * b + 1],
+        };
+        if !(s.sum_w.is_finite() && s.sum_w2.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "ess sums",
+                index: 0,
+            }
+            .into());
+        }
+        Ok(s)
+    }
+
+    /// P3O, grpo-core's [`grpo_core::loss::p3o`]:
+    /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(ρ − 1 − ln ρ)`,
+    /// `∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1)`, with `ess` from [`Self::ess_stats`]
+    /// (possibly all-reduced, then [`EssStats::ess`]).
+    ///
+    /// # Errors
+    /// Exactly grpo-core's for the same input.
+    pub fn p3o(
+        &self,
+        cfg: &P3oConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+        ess: f32,
+        value: &mut [f32],
+        grad: &mut [f32],
+    ) -> Result<LossDiagnostics<f32>> {
+        grpo_core::loss::p3o(cfg, &empty_inputs(), ess, &mut [], &mut [])?;
+        validate_inputs(inp, value.len(), grad.len())?;
+        let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        let p = LossParams {
+            n: inp.lp.len() as u32,
+            kind: KIND_P3O,
+            flags,
+            lo: 1.0 - ess,
+            hi: ess,
+            clamp,
+            ..Default::default()
+        };
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
     }
 }

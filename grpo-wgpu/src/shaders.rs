@@ -84,7 +84,15 @@ impl ShaderId {
                 "finish",
                 "gdpo_sum",
             ],
-            ShaderId::Loss => &["per_token"],
+            ShaderId::Loss => &[
+                "per_token",
+                "agg_seq",
+                "agg_total",
+                "seq_ratio",
+                "is_weights",
+                "ess_seq",
+                "ess_total",
+            ],
         }
     }
 

@@ -105,6 +105,14 @@ pub enum Op {
     LossAlgebraic,
     /// Per-token loss value / gradient through exp of a log-ratio (PPO-clip, CISPO, SAPO, k3…).
     LossExp,
+    /// Sequence-ratio losses (GSPO, GSPO-token): exp of a masked mean log-ratio, vs grpo-core f32.
+    LossSeqRatio,
+    /// Importance weights (token / sequence level, truncate / mask), vs grpo-core f32.
+    IsWeights,
+    /// P3O's effective-sample-size sums Σw, Σw² (a reduction), vs grpo-core f32.
+    EssSums,
+    /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
+    Aggregate,
 }
 
 /// The tolerance of `op` on inputs stored as `dtype`.
@@ -175,6 +183,38 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
+        // LossExp plus three WGSL divisions (x̄ = Σx/n, Ā = ΣA/n, ∂L/∂s·s/n), each ≤ 2.5 ULP
+        // instead of correctly rounded: 8 + 3·2.5 → 16. The sums themselves run in grpo-core's
+        // order (bit-identical). x̄'s 2.5 ULP become 2.5|x̄| ULP of e^x̄, which the caller adds
+        // with `exp_ulps` (an extra argument 1.25·x̄) on top of exp's own 3 + 2|x̄|.
+        (LossSeqRatio, _) => Tol {
+            ulp: 16,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+        // One exp of a log-weight that has grpo-core's bits (r_t, or Σ r_t summed in its order,
+        // limited by the same comparisons), then a clamp or a mask that is exact: only exp's
+        // allowance (3 + 2|l| ULP, added by the caller with `exp_ulps`) plus LossExp's margin.
+        (IsWeights, _) => Tol {
+            ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+        // Σw and Σw² of positive terms, grpo-core in one flat token-order accumulator, the GPU per
+        // sequence then over sequences: each order is within (n − 1)·2⁻²⁴ relative of the exact
+        // sum, so they differ by ≤ 2(n − 1)·2⁻²⁴ ≈ 3e-5 for the test batches (n ≤ 200), plus
+        // each w's exp error (3 + 2|x| ULP, ≤ 43 ULP ≈ 5e-6 under the ±20 clamp, ≤ 163 ULP
+        // ≈ 2e-5 at |x| = 80 without it; twice that for w²): 1e-4 relative.
+        (EssSums, _) => Tol {
+            ulp: 0,
+            abs: 0.0,
+            rel: 1e-4,
+        },
+        // The weights are grpo-core's own f32 operations on counts (host), and the reduction
+        // runs in grpo-core's order (per-sequence sums in token order, then the B products in
+        // sequence order) with correctly rounded + and ×, the product stored before it is added
+        // (no fused multiply-add): bit-identical.
+        (Aggregate, _) => Tol::ulp(0),
     }
 }
 

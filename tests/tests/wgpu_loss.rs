@@ -4,8 +4,10 @@
 
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
+use grpo_core::is_correction::{IsConfig, IsFilter, IsLevel, is_weights};
 use grpo_core::loss::{
-    CispoConfig, PolicyInputs, PpoClipConfig, SapoConfig, cispo, ppo_clip, reinforce, sapo,
+    CispoConfig, GspoConfig, GspoTokenConfig, P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
+    cispo, ess_stats, gspo, gspo_token, p3o, ppo_clip, reinforce, sapo,
 };
 use grpo_core::{Error, Preset, Real, Tokens};
 use grpo_tests::gpu;
@@ -510,4 +512,491 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
             found: 2
         }))
     );
+}
+
+/// Each valid token's sequence mean log-ratio x̄ (grpo-core's f32 order).
+fn seq_means(b: &Batch) -> Vec<f32> {
+    let mut out = vec![0f32; b.lp.len()];
+    for w in b.cu.windows(2) {
+        let valid: Vec<usize> = (w[0]..w[1]).filter(|&t| b.mask[t]).collect();
+        let sx: f32 = valid.iter().fold(0.0, |s, &t| s + (b.lp[t] - b.old[t]));
+        for &t in &valid {
+            out[t] = sx / valid.len() as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn gspo_and_gspo_token_match_grpo_core() {
+    let Some(ctx) = gpu::context("gspo_and_gspo_token_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let tol = tolerance(Op::LossSeqRatio, Dtype::F32);
+    let gspo_cfgs = [
+        GspoConfig::from_preset(Preset::Paper),
+        GspoConfig::from_preset(Preset::Trl),
+        GspoConfig {
+            delta_cap: Some(1.5),
+            bounds: RatioBounds::new(0.8, 1.2).unwrap(),
+            ..GspoConfig::default()
+        },
+    ];
+    for cfg in &gspo_cfgs {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let dc = gspo(cfg, &b.inputs(), &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let dg = k.gspo(cfg, &b.inputs(), &mut gv, &mut gg);
+                let (dc, dg) = match (dc, dg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                let xbar = seq_means(&b);
+                let clamp = cfg.log_ratio_clamp;
+                let x = |t: usize| clamp.map_or(xbar[t], |c| xbar[t].clamp(-c, c));
+                let mut points = vec![cfg.bounds.lo, cfg.bounds.hi];
+                points.extend(cfg.delta_cap);
+                let skip = |t: usize| {
+                    let near_clamp = clamp.is_some_and(|c| ulp_distance(xbar[t].abs(), c) <= 8);
+                    near_clamp
+                        || points
+                            .iter()
+                            .any(|&p| ulp_distance(Real::exp(x(t)), p) <= 64)
+                };
+                let args = |t: usize| vec![x(t) as f64, 1.25 * x(t) as f64];
+                compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &|_| 1.0)?;
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc, dg);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let cfg = GspoTokenConfig::from_preset(Preset::Verl);
+    runner()
+        .run(&batch(), |b| {
+            let n = b.lp.len();
+            let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+            let dc = gspo_token(&cfg, &b.inputs(), &mut cv, &mut cg);
+            let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+            let dg = k.gspo_token(&cfg, &b.inputs(), &mut gv, &mut gg);
+            let (dc, dg) = match (dc, dg) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), g) => {
+                    prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                    return Ok(());
+                }
+                (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+            };
+            let xbar = seq_means(&b);
+            let m = cfg.seq_log_ratio_max.unwrap();
+            let x = |t: usize| if xbar[t] > m { m } else { xbar[t] };
+            let points = [cfg.bounds.lo, cfg.bounds.hi];
+            let skip = |t: usize| {
+                ulp_distance(xbar[t], m) <= 8
+                    || points
+                        .iter()
+                        .any(|&p| ulp_distance(Real::exp(x(t)), p) <= 64)
+            };
+            let args = |t: usize| vec![x(t) as f64, 1.25 * x(t) as f64];
+            compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &|_| 1.0)?;
+            if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                prop_assert_eq!(dc, dg);
+            }
+            Ok(())
+        })
+        .unwrap();
+    eprintln!(
+        "gspo+gspo_token: {} cases per config; max distance to grpo-core so far: {} ULP",
+        gpu::cases(),
+        MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn hand_computed_gspo() {
+    let Some(ctx) = gpu::context("hand_computed_gspo") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // One sequence, x = (0.0002, 0, masked NaN): x̄ = 0.0001, s = e^0.0001 inside
+    // [1 − 3e-4, 1 + 4e-4]; A = 1: L = −s, ∂L/∂lp_t = −A·s/2.
+    let lp = [0.0002f32, 0.0, f32::NAN];
+    let old = [0.0f32; 3];
+    let adv = [1.0f32, 1.0, 1.0];
+    let cu = [0usize, 3];
+    let mask = [true, true, false];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, Some(&mask)),
+    };
+    let (mut v, mut g) = ([9f32; 3], [9f32; 3]);
+    let d = k
+        .gspo(&GspoConfig::default(), &inp, &mut v, &mut g)
+        .unwrap();
+    let s = 0.0001f32.exp();
+    assert!((v[0] + s).abs() < 1e-6 && (v[1] + s).abs() < 1e-6, "{v:?}");
+    assert!(
+        (g[0] + s / 2.0).abs() < 1e-6 && (g[1] + s / 2.0).abs() < 1e-6,
+        "{g:?}"
+    );
+    assert_eq!((v[2], g[2]), (0.0, 0.0));
+    assert_eq!(d.level, grpo_core::loss::LossLevel::Sequence);
+    // GSPO-token with x̄ = 12 > 10: r = e^10 on both tokens, A = −1 → L = e^10, gradient 0.
+    let lp = [24.0f32, 0.0, 0.0];
+    let adv = [-1.0f32; 3];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, Some(&mask)),
+    };
+    let d = k
+        .gspo_token(&GspoTokenConfig::default(), &inp, &mut v, &mut g)
+        .unwrap();
+    let e10 = 10f32.exp();
+    assert!(
+        (v[0] - e10).abs() < 1e-2 * 2.0 && (v[1] - e10).abs() < 2e-2,
+        "{v:?}"
+    );
+    assert_eq!(g, [0.0; 3]);
+    assert_eq!(d.clamped, 2);
+}
+
+/// Each valid token's sequence sum of log-ratios (grpo-core's f32 order).
+fn seq_sums(b: &Batch) -> Vec<f32> {
+    let mut out = vec![0f32; b.lp.len()];
+    for w in b.cu.windows(2) {
+        let valid: Vec<usize> = (w[0]..w[1]).filter(|&t| b.mask[t]).collect();
+        let sx: f32 = valid.iter().fold(0.0, |s, &t| s + (b.lp[t] - b.old[t]));
+        for &t in &valid {
+            out[t] = sx;
+        }
+    }
+    out
+}
+
+#[test]
+fn is_weights_match_grpo_core() {
+    let Some(ctx) = gpu::context("is_weights_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let tol = tolerance(Op::IsWeights, Dtype::F32);
+    let max_ulp = std::cell::Cell::new(0u64);
+    let configs = [
+        IsConfig::token_truncate(2.0),
+        IsConfig::sequence_truncate(2.0),
+        IsConfig::token_mask(0.5, 2.0),
+        IsConfig::sequence_mask(0.5, 2.0),
+        IsConfig::tis(),
+        IsConfig::icepop(),
+        IsConfig {
+            log_clamp: None,
+            ..IsConfig::sequence_truncate(3.0)
+        },
+        IsConfig::default(),
+    ];
+    for cfg in &configs {
+        runner()
+            .run(&batch(), |b| {
+                // lp plays old (trainer), old plays roll (rollout engine): r = lp − old.
+                let n = b.lp.len();
+                let mut cw = vec![7f32; n];
+                let dc = is_weights(cfg, &b.lp, &b.old, &b.tokens(), &mut cw).unwrap();
+                let mut gw = vec![7f32; n];
+                let dg = k
+                    .is_weights(cfg, &b.lp, &b.old, &b.tokens(), &mut gw)
+                    .unwrap();
+                let sums = seq_sums(&b);
+                let lim = cfg.log_clamp.unwrap_or(43.36).min(43.36);
+                let l = |t: usize| {
+                    let l = match cfg.level {
+                        IsLevel::Sequence => sums[t],
+                        _ => b.lp[t] - b.old[t],
+                    };
+                    l.clamp(-lim, lim)
+                };
+                let points: Vec<f32> = match cfg.filter {
+                    IsFilter::Truncate { min, max } => vec![min, max],
+                    IsFilter::Mask { lo, hi } => vec![lo, hi],
+                    _ => vec![],
+                };
+                let skip = |t: usize| {
+                    points
+                        .iter()
+                        .any(|&p| ulp_distance(Real::exp(l(t)), p) <= 64)
+                };
+                for t in 0..n {
+                    if !b.mask[t] {
+                        prop_assert_eq!(gw[t], 0.0);
+                        continue;
+                    }
+                    if skip(t) {
+                        continue;
+                    }
+                    max_ulp.set(max_ulp.get().max(ulp_distance(gw[t], cw[t])));
+                    let tol = tol.plus_ulp(exp_ulps(&[l(t) as f64]));
+                    prop_assert!(
+                        tol.accepts(gw[t], cw[t] as f64),
+                        "w[{t}] gpu {} core {} ({} ulp)",
+                        gw[t],
+                        cw[t],
+                        ulp_distance(gw[t], cw[t])
+                    );
+                }
+                prop_assert_eq!(dc.tokens, dg.tokens);
+                prop_assert_eq!(dc.log_clamped, dg.log_clamped);
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc.filtered, dg.filtered);
+                    prop_assert_eq!(dc.min == 0.0, dg.min == 0.0);
+                    // The mean of weights that each carry ≤ 8 + 3 + 2·43.4 ULP (≈ 1.2e-5).
+                    let scale = dc.mean.abs().max(f32::MIN_POSITIVE);
+                    prop_assert!(
+                        (dc.mean - dg.mean).abs() <= 2e-5 * scale,
+                        "mean {} vs {}",
+                        dc.mean,
+                        dg.mean
+                    );
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    eprintln!(
+        "is_weights: {} configs × {} cases; max distance to grpo-core: {} ULP",
+        configs.len(),
+        gpu::cases(),
+        max_ulp.get()
+    );
+}
+
+#[test]
+fn hand_computed_is_weights_and_errors() {
+    let Some(ctx) = gpu::context("hand_computed_is_weights_and_errors") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // r = old − roll = [ln 2, ln 4 | 0, −ln 2] in two rows of two.
+    let ln2 = std::f32::consts::LN_2;
+    let old = [ln2, 2.0 * ln2, 0.0, -ln2];
+    let roll = [0.0f32; 4];
+    let tok = Tokens::padded(2, 2, None);
+    let mut w = [0f32; 4];
+    // Token cap 3: [min(2, 3), min(4, 3), 1, 0.5]; one token truncated.
+    let d = k
+        .is_weights(&IsConfig::token_truncate(3.0), &old, &roll, &tok, &mut w)
+        .unwrap();
+    assert!(
+        (w[0] - 2.0).abs() < 1e-5 && w[1] == 3.0 && w[2] == 1.0,
+        "{w:?}"
+    );
+    assert!((w[3] - 0.5).abs() < 1e-6);
+    assert_eq!((d.tokens, d.filtered), (4, 1));
+    // Sequence mask [0.5, 5]: e^{ln 2 + ln 4} = 8 → 0 (both tokens); e^{−ln 2} = 0.5 kept.
+    let d = k
+        .is_weights(
+            &IsConfig::sequence_mask(0.5, 5.0),
+            &old,
+            &roll,
+            &tok,
+            &mut w,
+        )
+        .unwrap();
+    assert_eq!((w[0], w[1]), (0.0, 0.0));
+    assert!(
+        (w[2] - 0.5).abs() < 1e-6 && (w[3] - 0.5).abs() < 1e-6,
+        "{w:?}"
+    );
+    assert_eq!(d.filtered, 2);
+    // Errors: grpo-core's, weights untouched.
+    let bad = IsConfig::token_mask(2.0, 1.0);
+    let mut cw = [9f32; 4];
+    let e = is_weights(&bad, &old, &roll, &tok, &mut cw).unwrap_err();
+    let mut gw = [9f32; 4];
+    assert_eq!(
+        k.is_weights(&bad, &old, &roll, &tok, &mut gw),
+        Err(GpuError::Core(e))
+    );
+    let nan_roll = [0.0, f32::NAN, 0.0, 0.0];
+    let e = is_weights(&IsConfig::tis(), &old, &nan_roll, &tok, &mut cw).unwrap_err();
+    assert_eq!(
+        k.is_weights(&IsConfig::tis(), &old, &nan_roll, &tok, &mut gw),
+        Err(GpuError::Core(e))
+    );
+    assert!(matches!(
+        k.is_weights(&IsConfig::seq_mask_tis(), &old, &roll, &tok, &mut gw),
+        Err(GpuError::Core(Error::InvalidParam {
+            name: "is config",
+            ..
+        }))
+    ));
+    assert_eq!(gw, [9f32; 4]);
+}
+
+#[test]
+fn p3o_and_ess_match_grpo_core() {
+    let Some(ctx) = gpu::context("p3o_and_ess_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let ess_tol = tolerance(Op::EssSums, Dtype::F32);
+    let ess_rel = std::cell::Cell::new(0f64);
+    for cfg in [
+        P3oConfig::from_preset(Preset::Paper),
+        P3oConfig::from_preset(Preset::Trl),
+    ] {
+        runner()
+            .run(&batch(), |b| {
+                let n = b.lp.len();
+                let sc = ess_stats(&cfg, &b.inputs());
+                let sg = k.ess_stats(&cfg, &b.inputs());
+                let (sc, sg) = match (sc, sg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g, Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                prop_assert_eq!(sc.n, sg.n);
+                for (g, c) in [(sg.sum_w, sc.sum_w), (sg.sum_w2, sc.sum_w2)] {
+                    let rel = (g as f64 - c as f64).abs() / (c as f64).abs().max(1e-30);
+                    ess_rel.set(ess_rel.get().max(rel));
+                }
+                prop_assert!(ess_tol.accepts(sg.sum_w, sc.sum_w as f64), "{sc:?} {sg:?}");
+                prop_assert!(
+                    ess_tol.accepts(sg.sum_w2, sc.sum_w2 as f64),
+                    "{sc:?} {sg:?}"
+                );
+                // The loss itself with grpo-core's ESS (so both see the same constant).
+                let ess = sc.ess();
+                let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+                let dc = p3o(&cfg, &b.inputs(), ess, &mut cv, &mut cg);
+                let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
+                let dg = k.p3o(&cfg, &b.inputs(), ess, &mut gv, &mut gg);
+                let (dc, dg) = match (dc, dg) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    (Err(e), g) => {
+                        prop_assert_eq!(g.map(|_| ()), Err(GpuError::Core(e)));
+                        return Ok(());
+                    }
+                    (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
+                };
+                let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &[ess]);
+                // ρ = e^x and the k3 term (e^x − 1 − x: the series below |x| = 2, exp above).
+                let args = |t: usize| {
+                    let x = log_ratio(&b, t, cfg.log_ratio_clamp);
+                    vec![x, x]
+                };
+                // Two cancellations the ULP budget cannot see: ρ − 1 in the gradient (ρ's exp
+                // error is absolute, (3 + 2|x|)·ulp(ρ), however small ρ − 1 is) and the sum of
+                // the two terms of L and ∂L. Allowed as absolute slack: (11 + 2|x|) ULP of the
+                // terms' magnitudes, passed to `compare` in units of its base `abs`.
+                let pen = 1.0 - ess as f64;
+                let slack = |t: usize| {
+                    let x = log_ratio(&b, t, cfg.log_ratio_clamp);
+                    let rho = x.exp();
+                    let wa = (rho.min(ess as f64) * b.adv[t] as f64).abs();
+                    let k3 = rho - 1.0 - x;
+                    let terms = pen * rho + wa * (1.0 + (b.lp[t] as f64).abs()) + pen * k3.abs();
+                    f32::EPSILON as f64 * (11.0 + 2.0 * x.abs()) * terms / f32::MIN_POSITIVE as f64
+                };
+                // Checked here rather than by `compare`, whose ULP statistic the cancellations
+                // would make meaningless.
+                for t in 0..n {
+                    if !b.mask[t] {
+                        prop_assert_eq!((gv[t], gg[t]), (0.0, 0.0));
+                        continue;
+                    }
+                    if skip(t) {
+                        continue;
+                    }
+                    let tol = tolerance(Op::LossExp, Dtype::F32).plus_ulp(exp_ulps(&args(t)));
+                    let tol = tol.with_abs(tol.abs * slack(t).max(1.0));
+                    for (what, g, c) in [("value", gv[t], cv[t]), ("grad", gg[t], cg[t])] {
+                        prop_assert!(
+                            tol.accepts(g, c as f64),
+                            "{what}[{t}] gpu {g} core {c} ({} ulp)",
+                            ulp_distance(g, c)
+                        );
+                    }
+                }
+                if !(0..n).any(|t| b.mask[t] && skip(t)) {
+                    prop_assert_eq!(dc.tokens, dg.tokens);
+                    prop_assert_eq!(dc.clipped_high, dg.clipped_high);
+                    prop_assert_eq!(dc.clamped, dg.clamped);
+                    prop_assert_eq!((dc.ratio_min, dc.ratio_max), (dg.ratio_min, dg.ratio_max));
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    // (ULP distances of P3O are not meaningful where its two terms cancel: not reported.)
+    eprintln!(
+        "p3o: {} cases per config; ESS sums max relative distance to grpo-core: {:e}",
+        gpu::cases(),
+        ess_rel.get()
+    );
+}
+
+#[test]
+fn hand_computed_p3o() {
+    let Some(ctx) = gpu::context("hand_computed_p3o") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // w = (1, 3): Σw = 4, Σw² = 10, ESS = 16/(2·10) = 0.8.
+    let lp = [0.0f32, 3f32.ln()];
+    let old = [0.0f32; 2];
+    let adv = [1.0f32; 2];
+    let cu = [0usize, 2];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::packed(&cu, None),
+    };
+    let s = k.ess_stats(&P3oConfig::default(), &inp).unwrap();
+    assert_eq!(s.n, 2);
+    assert!(
+        (s.sum_w - 4.0).abs() < 1e-5 && (s.sum_w2 - 10.0).abs() < 1e-4,
+        "{s:?}"
+    );
+    assert!((s.ess() - 0.8).abs() < 1e-5);
+    // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: L = −0.5·ln 2 + 0.5·(1 − ln 2), ∂L/∂lp = 0.
+    let lp = [2f32.ln()];
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &[0.0],
+        adv: &[1.0],
+        tokens: Tokens::packed(&[0, 1], None),
+    };
+    let (mut v, mut g) = ([9f32], [9f32]);
+    k.p3o(&P3oConfig::default(), &inp, 0.5, &mut v, &mut g)
+        .unwrap();
+    let l2 = 2f32.ln();
+    assert!(
+        (v[0] - (-0.5 * l2 + 0.5 * (1.0 - l2))).abs() < 1e-6,
+        "{v:?}"
+    );
+    assert!(g[0].abs() < 1e-6, "{g:?}");
+    // ESS outside [0, 1]: grpo-core's error, outputs untouched.
+    let (mut v, mut g) = ([9f32], [9f32]);
+    let e = p3o(&P3oConfig::default(), &inp, 1.5, &mut v, &mut g).unwrap_err();
+    assert_eq!(
+        k.p3o(&P3oConfig::default(), &inp, 1.5, &mut v, &mut g),
+        Err(GpuError::Core(e))
+    );
+    assert_eq!((v, g), ([9f32], [9f32]));
 }
