@@ -1,0 +1,82 @@
+//! grpo-cpu's multi-threaded PPO-clip against grpo-core's on untrusted sizes, layouts, parameters
+//! and values: never panic, the same `Ok`/`Err`, and on `Ok` the same bits.
+#![no_main]
+
+use grpo_core::Tokens;
+use grpo_core::divergence::RatioBounds;
+use grpo_core::loss::{PolicyInputs, PpoClipConfig, ppo_clip};
+use grpo_cpu::{Backend, Cpu};
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+#[derive(Debug, arbitrary::Arbitrary)]
+struct Input {
+    rows: u8,
+    cols: u8,
+    packed: bool,
+    cu: Vec<u8>,
+    mask: Vec<bool>,
+    lp: Vec<f32>,
+    old: Vec<f32>,
+    adv: Vec<f32>,
+    lo: f32,
+    hi: f32,
+    dual: Option<f32>,
+    clamp: Option<f32>,
+    block: u8,
+}
+
+fn cpu() -> &'static Cpu {
+    static CPU: OnceLock<Cpu> = OnceLock::new();
+    CPU.get_or_init(|| {
+        Cpu::new(Backend::Portable)
+            .expect("portable")
+            .with_threads(2)
+            .expect("a 2-thread pool")
+    })
+}
+
+fuzz_target!(|inp: Input| {
+    let (rows, cols) = (inp.rows as usize % 8, inp.cols as usize % 64);
+    let n = rows * cols;
+    let fit =
+        |v: &[f32]| -> Vec<f32> { (0..n).map(|i| v.get(i).copied().unwrap_or(0.5)).collect() };
+    let (lp, old, adv) = (fit(&inp.lp), fit(&inp.old), fit(&inp.adv));
+    let mask = (!inp.mask.is_empty()).then(|| {
+        (0..n)
+            .map(|i| inp.mask[i % inp.mask.len()])
+            .collect::<Vec<_>>()
+    });
+    let cu: Vec<usize> = inp.cu.iter().map(|&c| c as usize).collect();
+    let tokens = if inp.packed {
+        Tokens::packed(&cu, mask.as_deref())
+    } else {
+        Tokens::padded(rows, cols, mask.as_deref())
+    };
+    let cfg = PpoClipConfig {
+        bounds: RatioBounds {
+            lo: inp.lo,
+            hi: inp.hi,
+        },
+        dual_clip: inp.dual,
+        delta_cap: None,
+        log_ratio_clamp: inp.clamp,
+    };
+    let pi = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens,
+    };
+    let (mut v1, mut g1) = (vec![7.0f32; n], vec![7.0f32; n]);
+    let (mut v2, mut g2) = (vec![7.0f32; n], vec![7.0f32; n]);
+    let core = ppo_clip(&cfg, &pi, &mut v1, &mut g1);
+    let fast = cpu().ppo_clip_blocks(&cfg, &pi, &mut v2, &mut g2, 1 + inp.block as usize % 16);
+    assert_eq!(core.is_ok(), fast.is_ok(), "{core:?} vs {fast:?}");
+    if let (Err(a), Err(b)) = (&core, &fast) {
+        assert_eq!(a, b);
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&v1), bits(&v2));
+    assert_eq!(bits(&g1), bits(&g2));
+});
