@@ -123,6 +123,37 @@ fn validate<T: Real>(
     Ok(num_groups)
 }
 
+/// The loop every rank estimator shares: validates, then for each group gathers its scorable
+/// members into `scratch`, counts NaN exclusions, singletons and all-tied groups, and hands the
+/// member indices to `per_group`, which writes their advantages into `out`.
+fn for_each_ranked_group<T: Real>(
+    scores: &[T],
+    groups: &Groups<'_>,
+    nan: NanPolicy,
+    scratch: &mut [usize],
+    out: &mut [T],
+    min_group: usize,
+    mut per_group: impl FnMut(&mut [usize], &mut [T]),
+) -> Result<Diagnostics<T>> {
+    let num_groups = validate(scores, groups, nan, scratch, out, min_group)?;
+    let mut diag = Diagnostics {
+        groups: num_groups,
+        ..Diagnostics::default()
+    };
+    for k in 0..num_groups {
+        let g = gather(scores, groups, k, scratch, out);
+        diag.nan_excluded += groups.size(k) - g;
+        let idx = &mut scratch[..g];
+        if g == 1 {
+            diag.singleton_groups += 1;
+        } else if all_equal(scores, idx) {
+            diag.zero_variance_groups += 1;
+        }
+        per_group(idx, out);
+    }
+    Ok(diag.summarize(out))
+}
+
 /// Gathers group `k`'s scorable members into `scratch` (batch order) and writes 0 for the
 /// excluded ones. Returns the scorable count.
 fn gather<T: Real>(
@@ -192,26 +223,14 @@ pub fn gopo<T: Real>(
     scratch: &mut [usize],
     out: &mut [T],
 ) -> Result<Diagnostics<T>> {
-    let num_groups = validate(scores, &groups, cfg.nan, scratch, out, 2)?;
-    let mut diag = Diagnostics {
-        groups: num_groups,
-        ..Diagnostics::default()
-    };
-    for k in 0..num_groups {
-        let g = gather(scores, &groups, k, scratch, out);
-        diag.nan_excluded += groups.size(k) - g;
-        let idx = &mut scratch[..g];
+    for_each_ranked_group(scores, &groups, cfg.nan, scratch, out, 2, |idx, out| {
+        let g = idx.len();
         if g < 2 {
-            if g == 1 {
-                diag.singleton_groups += 1;
-            }
+            // Only a singleton left after excluding NaN samples: nothing to rank against.
             for &i in idx.iter() {
                 out[i] = T::ZERO;
             }
-            continue;
-        }
-        if all_equal(scores, idx) {
-            diag.zero_variance_groups += 1;
+            return;
         }
         // Ranks go to `out` first, then are mapped in place.
         rank_indices(scores, idx, cfg.ties, RankOrder::Descending, out);
@@ -220,8 +239,7 @@ pub fn gopo<T: Real>(
         for &i in idx.iter() {
             out[i] = T::TWO - four * (out[i] - T::ONE) / span;
         }
-    }
-    Ok(diag.summarize(out))
+    })
 }
 
 /// Normal score of ascending rank `r` (1-based) among `g`: `Φ⁻¹((r − ½)/g)`, in f64, made
@@ -284,20 +302,8 @@ pub fn g2rpo<T: Real>(
     scratch: &mut [usize],
     out: &mut [T],
 ) -> Result<Diagnostics<T>> {
-    let num_groups = validate(scores, &groups, cfg.nan, scratch, out, 1)?;
-    let mut diag = Diagnostics {
-        groups: num_groups,
-        ..Diagnostics::default()
-    };
-    for k in 0..num_groups {
-        let g = gather(scores, &groups, k, scratch, out);
-        diag.nan_excluded += groups.size(k) - g;
-        let idx = &mut scratch[..g];
-        if g == 1 {
-            diag.singleton_groups += 1;
-        } else if all_equal(scores, idx) {
-            diag.zero_variance_groups += 1;
-        }
+    for_each_ranked_group(scores, &groups, cfg.nan, scratch, out, 1, |idx, out| {
+        let g = idx.len();
         // Sorts `idx` ascending (ties in batch order); the ordinal ranks it writes to `out`
         // are overwritten below.
         rank_indices(scores, idx, TiePolicy::Ordinal, RankOrder::Ascending, out);
@@ -322,8 +328,7 @@ pub fn g2rpo<T: Real>(
             }
             start = end;
         }
-    }
-    Ok(diag.summarize(out))
+    })
 }
 
 #[cfg(test)]
