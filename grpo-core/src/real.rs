@@ -2,8 +2,12 @@
 //!
 //! Advantages and losses are scalar formulas, so they are written once for `f32` (what trainers
 //! store) and `f64` (what tests use as the reference). Transcendentals come from `libm`, which is
-//! `no_std` and gives the same results on every target. (The vocabulary kernels do *not* use this
-//! trait: they have their own bit-exact `exp`/`ln` in `vocab`.)
+//! `no_std` and gives the same results on every target — except `exp` and `ln` of `f32`, which
+//! are the project's canonical branch-free functions ([`crate::vocab::exp_ln`]: at most 1 ULP
+//! from the correctly rounded result over all inputs, built only from exactly specified IEEE
+//! operations). They are what makes grpo-cpu's SIMD losses bit-identical to this crate: a
+//! vector backend can repeat their operation sequence lane by lane, which it cannot do for
+//! libm's table-driven `expf`/`logf`. (`f64` keeps libm's `exp`/`log`: no f64 SIMD path exists.)
 
 use core::fmt::{Debug, Display};
 use core::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
@@ -58,9 +62,9 @@ pub trait Real:
     fn from_usize(n: usize) -> Self;
     /// Square root.
     fn sqrt(self) -> Self;
-    /// e^x.
+    /// e^x (`f32`: [`crate::vocab::exp_ln::exp`]; `f64`: `libm::exp`).
     fn exp(self) -> Self;
-    /// Natural logarithm.
+    /// Natural logarithm (`f32`: [`crate::vocab::exp_ln::ln`]; `f64`: `libm::log`).
     fn ln(self) -> Self;
     /// ln(1 + x), accurate for small x.
     fn ln_1p(self) -> Self;
@@ -192,8 +196,8 @@ macro_rules! impl_real {
 impl_real!(
     f32,
     libm::sqrtf,
-    libm::expf,
-    libm::logf,
+    crate::vocab::exp_ln::exp,
+    crate::vocab::exp_ln::ln,
     libm::log1pf,
     libm::expm1f,
     libm::powf,

@@ -35,6 +35,7 @@
 use crate::error::{Error, Result, check_len};
 use crate::layout::Tokens;
 use crate::real::Real;
+use crate::vocab::canon::CanonicalSum;
 
 mod cov;
 mod pg;
@@ -103,7 +104,11 @@ pub struct LossDiagnostics<T> {
     pub clamped: usize,
     /// Tokens selected by clip-cov / kl-cov.
     pub selected: usize,
-    /// Σ (old − lp) over valid tokens after the log-ratio clamp (verl's `ppo_kl` numerator).
+    /// Σ (old − lp) over valid tokens after the log-ratio clamp (verl's `ppo_kl` numerator),
+    /// summed in the canonical order over positions ([`CanonicalSum`]: blocks of 2048
+    /// positions, 16 strided lanes, a fixed pairwise tree, blocks merged pairwise), so every
+    /// backend that splits the batch reproduces it bit for bit. [`merge`](Self::merge) adds two
+    /// batches' sums.
     pub kl_sum: T,
     /// Smallest ratio used (token ratio, or sequence ratio for sequence-level losses); `+∞`
     /// when no ratio was computed (the identity of `min`, so merging works).
@@ -313,6 +318,7 @@ pub(crate) fn drive<T: Real, K: FnMut(usize, usize) -> TokenOut<T>>(
     make: impl Fn() -> K,
 ) -> Result<LossDiagnostics<T>> {
     let mut d = LossDiagnostics::empty(level);
+    let mut kl = CanonicalSum::new(value.len());
     let mut kernel = make();
     for i in 0..tokens.num_sequences() {
         for t in tokens.valid_positions(i) {
@@ -336,12 +342,13 @@ pub(crate) fn drive<T: Real, K: FnMut(usize, usize) -> TokenOut<T>>(
             d.delta_capped += o.capped as usize;
             d.clamped += o.clamped as usize;
             d.selected += o.selected as usize;
-            d.kl_sum -= o.log_ratio;
+            kl.push(t, -o.log_ratio);
             if !o.no_ratio {
                 d.push_ratio(o.ratio);
             }
         }
     }
+    d.kl_sum = kl.finish();
     value.fill(T::ZERO);
     grad.fill(T::ZERO);
     let mut kernel = make();

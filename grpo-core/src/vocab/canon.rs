@@ -316,9 +316,11 @@ pub fn lse_block<S: Logit>(z: &[S], tau: f32) -> LseState {
     }
 }
 
-/// The fixed pairwise tree over the 16 lanes: for `h` in 8, 4, 2, 1, `a[l] += a[l + h]`.
+/// The fixed pairwise tree over the 16 lanes: for `h` in 8, 4, 2, 1, `a[l] += a[l + h]`
+/// (the result is in `a[0]`). Generic so the per-token losses' sums (f32 or f64) use the same
+/// order as the vocabulary kernels.
 #[inline(always)]
-pub fn tree(a: &mut [f32; LANES]) {
+pub fn tree<T: crate::Real>(a: &mut [T; LANES]) {
     let mut h = LANES / 2;
     while h > 0 {
         for l in 0..h {
@@ -768,19 +770,19 @@ pub fn jsd_step(
 
 /// Canonical sum of `f(i)` over `0..len`: per block, 16 strided lane sums, the tree, the tail in
 /// index order; block sums merged pairwise by addition ([`fold_blocks`]). Used by the JSD's
-/// second pass.
+/// second pass; [`CanonicalSum`] is the same sum fed one position at a time.
 ///
 /// ```
 /// use grpo_core::vocab::canon::canonical_sum;
 /// assert_eq!(canonical_sum(100, |i| i as f32), 4950.0);
 /// ```
-pub fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
+pub fn canonical_sum<T: crate::Real>(len: usize, f: impl Fn(usize) -> T) -> T {
     fold_blocks(
         len,
-        |a: f32, b: f32| a + b,
+        |a: T, b: T| a + b,
         |start, end| {
             let n16 = start + (end - start) / LANES * LANES;
-            let mut acc = [0.0f32; LANES];
+            let mut acc = [T::ZERO; LANES];
             let mut i = start;
             while i < n16 {
                 for (l, a) in acc.iter_mut().enumerate() {
@@ -796,18 +798,183 @@ pub fn canonical_sum(len: usize, f: impl Fn(usize) -> f32) -> f32 {
             s
         },
     )
-    .unwrap_or(0.0)
+    .unwrap_or(T::ZERO)
+}
+
+/// [`canonical_sum`] over positions `0..len`, fed one `(position, value)` at a time in
+/// increasing position order; positions never pushed count as `+0`. This is how the per-token
+/// losses accumulate `kl_sum` over their valid tokens (MATH.md's losses visit valid tokens in
+/// position order), so a backend that computes the block sums in parallel and merges them with
+/// [`PairwiseFold`] reproduces it bit for bit.
+///
+/// Skipping a position is exactly adding `+0`: every accumulator starts at `+0` and a
+/// round-to-nearest sum is `−0` only when both operands are `−0`, so no accumulator is ever
+/// `−0`, and `a + (+0) = a` for every other `a`.
+///
+/// ```
+/// use grpo_core::vocab::canon::{canonical_sum, CanonicalSum};
+/// let f = |i: usize| if i % 3 == 0 { 0.0 } else { (i as f64).sqrt() };
+/// let mut s = CanonicalSum::new(5000);
+/// for i in (0..5000).filter(|i| i % 3 != 0) {
+///     s.push(i, f(i));
+/// }
+/// assert_eq!(s.finish(), canonical_sum(5000, f));
+/// ```
+#[derive(Debug, Clone)]
+pub struct CanonicalSum<T> {
+    len: usize,
+    /// Start of the current block (`≥ len` once every block is closed).
+    start: usize,
+    acc: [T; LANES],
+    /// Whether the current block's tree has been applied (its tail has started).
+    in_tail: bool,
+    /// Smallest position the next push may use.
+    next: usize,
+    fold: PairwiseFold<T>,
+}
+
+impl<T: crate::Real> CanonicalSum<T> {
+    /// An empty sum over positions `0..len`.
+    pub fn new(len: usize) -> Self {
+        CanonicalSum {
+            len,
+            start: 0,
+            acc: [T::ZERO; LANES],
+            in_tail: false,
+            next: 0,
+            fold: PairwiseFold::new(),
+        }
+    }
+
+    fn block_end(&self) -> usize {
+        if self.len - self.start > BLOCK {
+            self.start + BLOCK
+        } else {
+            self.len
+        }
+    }
+
+    fn close_block(&mut self) {
+        if !self.in_tail {
+            tree(&mut self.acc);
+        }
+        self.fold.push(self.acc[0], |a, b| a + b);
+        self.acc = [T::ZERO; LANES];
+        self.in_tail = false;
+        self.start = self.block_end();
+    }
+
+    /// Adds `v` at position `t`. Positions must increase from push to push and be `< len`;
+    /// a position out of order or range is ignored (this type never panics).
+    pub fn push(&mut self, t: usize, v: T) {
+        if t >= self.len || t < self.next {
+            return;
+        }
+        self.next = t + 1;
+        while t >= self.block_end() {
+            self.close_block();
+        }
+        let end = self.block_end();
+        let n16 = self.start + (end - self.start) / LANES * LANES;
+        if t < n16 {
+            self.acc[(t - self.start) % LANES] += v;
+        } else {
+            if !self.in_tail {
+                tree(&mut self.acc);
+                self.in_tail = true;
+            }
+            self.acc[0] += v;
+        }
+    }
+
+    /// The sum (`+0` for `len = 0`).
+    pub fn finish(mut self) -> T {
+        while self.start < self.len {
+            self.close_block();
+        }
+        self.fold.finish(|a, b| a + b).unwrap_or(T::ZERO)
+    }
 }
 
 /// Number of levels of the pairwise merge stack: enough for any `usize` block count.
 const LEVELS: usize = usize::BITS as usize;
 
+/// The canonical pairwise merge of a sequence of block states, fed one state at a time: the
+/// states `b[0..n]` are reduced as `reduce(b[0..n]) = b[0]` if `n = 1`, else
+/// `merge(reduce(b[0..h]), reduce(b[h..n]))` with `h` the largest power of two `< n`. A binary
+/// counter of completed subtrees (no allocation) keeps at most one state per level.
+///
+/// Because the split points are powers of two, merging *groups* of `2^k` consecutive blocks
+/// first and then folding the group results with a `PairwiseFold` gives exactly the same
+/// association as folding all blocks: this is how parallel backends split a batch.
+///
+/// ```
+/// use grpo_core::vocab::canon::PairwiseFold;
+/// let mut f = PairwiseFold::new();
+/// for b in ["0", "1", "2", "3", "4"] {
+///     f.push(b.to_string(), |a, b| format!("({a} {b})"));
+/// }
+/// assert_eq!(f.finish(|a, b| format!("({a} {b})")).unwrap(), "(((0 1) (2 3)) 4)");
+/// ```
+#[derive(Debug, Clone)]
+pub struct PairwiseFold<St> {
+    stack: [Option<St>; LEVELS],
+    count: usize,
+}
+
+impl<St> Default for PairwiseFold<St> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<St> PairwiseFold<St> {
+    /// No state yet.
+    pub fn new() -> Self {
+        PairwiseFold {
+            stack: core::array::from_fn(|_| None),
+            count: 0,
+        }
+    }
+
+    /// Appends the next block's state.
+    pub fn push(&mut self, mut cur: St, merge: impl Fn(St, St) -> St) {
+        let mut level = 0;
+        // Merge with the completed subtrees that the binary counter carries into.
+        while level < LEVELS && (self.count >> level) & 1 == 1 {
+            if let Some(left) = self.stack[level].take() {
+                cur = merge(left, cur);
+            }
+            level += 1;
+        }
+        if level < LEVELS {
+            self.stack[level] = Some(cur);
+        }
+        self.count = self.count.wrapping_add(1);
+    }
+
+    /// The merged state of everything pushed (`None` if nothing was).
+    pub fn finish(mut self, merge: impl Fn(St, St) -> St) -> Option<St> {
+        // Remaining subtrees: higher levels hold lower indices, so they go on the left.
+        let mut acc: Option<St> = None;
+        for slot in self.stack.iter_mut() {
+            if let Some(left) = slot.take() {
+                acc = Some(match acc {
+                    None => left,
+                    Some(right) => merge(left, right),
+                });
+            }
+        }
+        acc
+    }
+}
+
 /// Reduces the blocks of a row of length `len` in the canonical pairwise order.
 ///
 /// `block(start, end)` reduces elements `start..end` (one block, see [`BLOCK`]); `merge(left,
 /// right)` combines the states of two adjacent ranges. The merge order is the recursive split
-/// at the largest power of two below the block count (module documentation), computed with a
-/// binary-counter stack (no allocation). Returns `None` when `len = 0`.
+/// at the largest power of two below the block count (module documentation), computed by a
+/// [`PairwiseFold`]. Returns `None` when `len = 0`.
 ///
 /// ```
 /// use grpo_core::vocab::canon::{fold_blocks, BLOCK};
@@ -820,8 +987,7 @@ pub fn fold_blocks<St>(
     merge: impl Fn(St, St) -> St,
     mut block: impl FnMut(usize, usize) -> St,
 ) -> Option<St> {
-    let mut stack: [Option<St>; LEVELS] = core::array::from_fn(|_| None);
-    let mut j = 0usize;
+    let mut fold = PairwiseFold::new();
     let mut start = 0usize;
     while start < len {
         let end = if len - start > BLOCK {
@@ -829,32 +995,10 @@ pub fn fold_blocks<St>(
         } else {
             len
         };
-        let mut cur = block(start, end);
-        let mut level = 0;
-        // Merge with the completed subtrees that the binary counter carries into.
-        while (j >> level) & 1 == 1 && level < LEVELS {
-            if let Some(left) = stack[level].take() {
-                cur = merge(left, cur);
-            }
-            level += 1;
-        }
-        if level < LEVELS {
-            stack[level] = Some(cur);
-        }
-        j += 1;
+        fold.push(block(start, end), &merge);
         start = end;
     }
-    // Remaining subtrees: higher levels hold lower indices, so they go on the left.
-    let mut acc: Option<St> = None;
-    for slot in stack.iter_mut() {
-        if let Some(left) = slot.take() {
-            acc = Some(match acc {
-                None => left,
-                Some(right) => merge(left, right),
-            });
-        }
-    }
-    acc
+    fold.finish(merge)
 }
 
 #[cfg(test)]
@@ -887,6 +1031,43 @@ mod tests {
             assert_eq!(got.unwrap(), recursive(&names), "{nblocks} blocks");
         }
         assert_eq!(fold_blocks(0, |a: u8, _| a, |_, _| 0), None);
+    }
+
+    #[test]
+    fn streamed_sum_equals_canonical_sum_and_groups_of_power_of_two_blocks_fold_alike() {
+        // Values with many magnitudes so that association shows in the bits.
+        let f = |i: usize| {
+            let x = ((i.wrapping_mul(2654435761) % 1000) as f32 - 500.0) * 1.37e-3;
+            if i % 7 == 3 { 0.0 } else { x * (1.0 + (i % 13) as f32 * 1e3) }
+        };
+        for len in [0usize, 1, 15, 16, 17, 2047, 2048, 2049, 4096 + 33, 5 * BLOCK + 1, 9 * BLOCK] {
+            let want = canonical_sum(len, f);
+            let mut s = CanonicalSum::new(len);
+            for i in (0..len).filter(|i| i % 7 != 3) {
+                s.push(i, f(i));
+            }
+            assert_eq!(s.finish().to_bits(), want.to_bits(), "len {len}");
+            // Groups of 2 and 4 blocks summed on their own, then folded: same bits.
+            for group in [2 * BLOCK, 4 * BLOCK] {
+                let mut fold = PairwiseFold::new();
+                let mut start = 0;
+                while start < len {
+                    let end = (start + group).min(len);
+                    let part = canonical_sum(end - start, |i| f(start + i));
+                    fold.push(part, |a, b| a + b);
+                    start = end;
+                }
+                let got = fold.finish(|a, b| a + b).unwrap_or(0.0);
+                assert_eq!(got.to_bits(), want.to_bits(), "len {len}, group {group}");
+            }
+        }
+        // Out-of-order and out-of-range pushes are ignored, never a panic.
+        let mut s = CanonicalSum::new(40);
+        s.push(20, 1.0f64);
+        s.push(3, 100.0);
+        s.push(40, 100.0);
+        s.push(39, 2.0);
+        assert_eq!(s.finish(), 3.0);
     }
 
     #[test]
