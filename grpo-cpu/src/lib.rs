@@ -31,6 +31,6 @@ pub use cpu::Cpu;
 /// Logit storage the kernels read: `f32`, `half::bf16`, `half::f16` (sealed: its methods name
 /// crate-internal lane types).
 pub use kernels::vocab::Load as Storage;
-pub use loss::LOSS_BLOCK;
+pub use loss::{LOSS_BLOCK, LossFloat};
 #[doc(hidden)]
 pub use vocab::fallbacks_on_this_thread;

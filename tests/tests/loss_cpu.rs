@@ -1,8 +1,12 @@
-//! grpo-cpu's multi-threaded `Cpu::ppo_clip` against grpo-core's `ppo_clip`, bit for bit: packed
-//! and padded layouts with masks (garbage, NaN included, in masked positions), GRPO / DAPO /
-//! verl dual-clip / TRL / δ-cap / ATR-GRPO KL3 configs, pools of 1, 2 and 3 threads, blocks of
-//! 1, 3, 7 and 64 positions and the default block. Errors must be grpo-core's `Err` value with
-//! both outputs untouched.
+//! grpo-cpu's multi-threaded `Cpu::ppo_clip` against grpo-core's `ppo_clip`, bit for bit:
+//! packed and padded layouts with masks (garbage, NaN included, in masked positions), GRPO /
+//! DAPO / verl dual-clip / TRL / δ-cap / ATR-GRPO KL3 configs, pools of 1, 2 and 3 threads.
+//! f64 runs grpo-core per block (blocks of 1, 3, 7 and 64 positions and the default block);
+//! f32 runs the SIMD kernel on every backend this CPU has (lengths around multiples of 16, of
+//! grpo-core's 2048-position blocks and of the kernel's spans; ±0, subnormal, huge and
+//! overflowing values). Errors must be grpo-core's `Err` value with both outputs untouched; the
+//! diagnostics, `kl_sum` included, must be grpo-core's exactly (except for the small test
+//! blocks, whose `kl_sum` association differs by design).
 
 use std::sync::OnceLock;
 
@@ -42,7 +46,8 @@ fn bits(x: &[f64]) -> Vec<u64> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
-/// Every field except `kl_sum` exactly; `kl_sum` is associated per block (documented), so only
+/// Every field except `kl_sum` exactly; with blocks that are not power-of-two multiples of
+/// grpo-core's 2048-position blocks `kl_sum` is associated differently (documented), so only
 /// close.
 fn same_diag(a: &LossDiagnostics<f64>, b: &LossDiagnostics<f64>) -> bool {
     let mut a2 = *a;
@@ -119,6 +124,7 @@ fn check(cfg: &PpoClipConfig<f64>, inp: &PolicyInputs<'_, f64>, out_len: usize) 
             let (mut v, mut g) = (vec![7.0; out_len], vec![7.0; out_len]);
             let got = cpu.ppo_clip_blocks(cfg, inp, &mut v, &mut g, block);
             match (&want, &got) {
+                (Ok(a), Ok(b)) if block == LOSS_BLOCK => assert_eq!(a, b),
                 (Ok(a), Ok(b)) => assert!(same_diag(b, a), "{b:?} vs {a:?}"),
                 (Err(a), Err(b)) => assert_eq!(a, b),
                 _ => panic!("core {want:?}, cpu {got:?}"),
@@ -140,6 +146,78 @@ fn check(cfg: &PpoClipConfig<f64>, inp: &PolicyInputs<'_, f64>, out_len: usize) 
     }
 }
 
+fn to_f32(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+fn cfg32(ci: usize) -> PpoClipConfig<f32> {
+    let c = configs()[ci];
+    PpoClipConfig {
+        bounds: grpo_core::divergence::RatioBounds {
+            lo: c.bounds.lo as f32,
+            hi: c.bounds.hi as f32,
+        },
+        dual_clip: c.dual_clip.map(|x| x as f32),
+        delta_cap: c.delta_cap.map(|x| x as f32),
+        log_ratio_clamp: c.log_ratio_clamp.map(|x| x as f32),
+    }
+}
+
+/// Every f32 backend of this CPU on pools of 1, 2 and 3 threads.
+fn cpus_f32() -> &'static [Cpu] {
+    static CPUS: OnceLock<Vec<Cpu>> = OnceLock::new();
+    CPUS.get_or_init(|| {
+        Backend::available()
+            .flat_map(|b| [1, 2, 3].map(move |t| Cpu::new(b).unwrap().with_threads(t).unwrap()))
+            .collect()
+    })
+}
+
+fn bits32(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// grpo-core against the SIMD path of every backend and pool: same bits, same diagnostics
+/// (`kl_sum` included), or the same error with untouched outputs.
+fn check_f32(cfg: &PpoClipConfig<f32>, inp: &PolicyInputs<'_, f32>, out_len: usize) {
+    let (mut v0, mut g0) = (vec![7.0f32; out_len], vec![7.0f32; out_len]);
+    let want = ppo_clip(cfg, inp, &mut v0, &mut g0);
+    for cpu in cpus_f32() {
+        let (mut v, mut g) = (vec![7.0f32; out_len], vec![7.0f32; out_len]);
+        let got = cpu.ppo_clip(cfg, inp, &mut v, &mut g);
+        let who = format!("{:?}, {} threads", cpu.backend(), cpu.threads());
+        match (&want, &got) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a, b, "{who}");
+                assert_eq!(a.kl_sum.to_bits(), b.kl_sum.to_bits(), "{who}");
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b, "{who}"),
+            _ => panic!("{who}: core {want:?}, cpu {got:?}"),
+        }
+        assert_eq!(bits32(&v), bits32(&v0), "{who}: values");
+        assert_eq!(bits32(&g), bits32(&g0), "{who}: gradients");
+    }
+}
+
+/// f32 values that stress the kernel: signed zeros, subnormals, huge, ordinary.
+fn edge_f32() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        Just(0.0f32),
+        Just(-0.0f32),
+        Just(1e-40f32),
+        Just(-1e-40f32),
+        Just(80.0f32),
+        Just(-80.0f32),
+        Just(1e30f32),
+        Just(-1e30f32),
+        Just(20.0f32),
+        Just(-20.0f32),
+        -3.0f32..3.0,
+        -3.0f32..3.0,
+        -3.0f32..3.0,
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -154,6 +232,27 @@ proptest! {
         ] {
             let inp = PolicyInputs { lp: &b.lp, old: &b.old, adv: &b.adv, tokens };
             check(&cfg, &inp, n);
+            let (lp, old, adv) = (to_f32(&b.lp), to_f32(&b.old), to_f32(&b.adv));
+            let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+            check_f32(&cfg32(ci), &inp, n);
+        }
+    }
+
+    /// f32 SIMD kernel on edge values: ±0, subnormal and huge advantages, log-ratios far outside
+    /// the clamp (or overflowing without it), lengths around multiples of 16.
+    #[test]
+    fn simd_f32_edge_values(
+        vals in prop::collection::vec((edge_f32(), edge_f32(), edge_f32(), prop::bool::weighted(0.85)), 0..70),
+        ci in 0usize..6,
+    ) {
+        let n = vals.len();
+        let lp: Vec<f32> = vals.iter().map(|v| v.0).collect();
+        let old: Vec<f32> = vals.iter().map(|v| v.1).collect();
+        let adv: Vec<f32> = vals.iter().map(|v| v.2).collect();
+        let mask: Vec<bool> = vals.iter().map(|v| v.3).collect();
+        for m in [None, Some(&mask[..])] {
+            let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens: Tokens::padded(1, n, m) };
+            check_f32(&cfg32(ci), &inp, n);
         }
     }
 
@@ -196,6 +295,13 @@ proptest! {
             let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
             prop_assert!(ppo_clip(&cfg, &inp, &mut v, &mut g).is_err());
             check(&cfg, &inp, n);
+            // The same batch in f32 (kind 2 and 3 overflow f32 just the same).
+            let (lp, old, adv) = (to_f32(&lp), to_f32(&old), to_f32(&adv));
+            let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+            let cfg = if kind == 3 { PpoClipConfig::from_preset(Preset::Trl) } else { cfg32(ci) };
+            let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+            prop_assert!(ppo_clip(&cfg, &inp, &mut v, &mut g).is_err());
+            check_f32(&cfg, &inp, n);
         }
     }
 }
@@ -268,15 +374,50 @@ fn default_blocks_f32() {
             g.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             g0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         );
-        assert_eq!(
-            (d.tokens, d.clipped_low, d.clipped_high),
-            (d0.tokens, d0.clipped_low, d0.clipped_high)
-        );
-        assert_eq!((d.ratio_min, d.ratio_max), (d0.ratio_min, d0.ratio_max));
-        assert!((d.kl_sum - d0.kl_sum).abs() <= 1e-3 * (1.0 + d0.kl_sum.abs()));
+        assert_eq!(d, d0);
     }
     // Token 0: lp = old = 0, ρ = 1, A = 0 − 3 = −3: L = 3, ∂L/∂lp = −A·ρ = 3.
     assert_eq!((v0[0], g0[0]), (3.0, 3.0));
     // Token 3: A = 0: L = 0, grad 0.
     assert_eq!((v0[3], g0[3]), (0.0, 0.0));
+}
+
+/// Long f32 batches on every backend: lengths around grpo-core's 2048-position blocks and the
+/// SIMD kernel's 16384-position spans (so the spans' `kl_sum`s must fold into grpo-core's exact
+/// association), masked and unmasked, every config.
+#[test]
+fn long_f32_batches_every_backend() {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    };
+    for n in [
+        2047usize,
+        2048,
+        2049,
+        16384 - 1,
+        16384 + 17,
+        3 * 16384 + 2048 * 3 + 5,
+    ] {
+        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+        let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
+        let adv: Vec<f32> = (0..n)
+            .map(|t| if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
+            .collect();
+        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        for ci in 0..configs().len() {
+            for m in [None, Some(&mask[..])] {
+                let inp = PolicyInputs {
+                    lp: &lp,
+                    old: &old,
+                    adv: &adv,
+                    tokens: Tokens::padded(1, n, m),
+                };
+                check_f32(&cfg32(ci), &inp, n);
+            }
+        }
+    }
 }

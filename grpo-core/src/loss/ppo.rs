@@ -100,7 +100,21 @@ impl<T: Real> PpoClipConfig<T> {
         })
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// Checks the configuration the way [`ppo_clip`] does first (so a backend can reject a bad
+    /// configuration with the same error before touching any data).
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`](crate::Error::InvalidParam) for bounds that do not contain 1,
+    /// `dual_clip ≤ 1` or non-finite, `delta_cap ≤ 1`, a log-ratio clamp that is not finite and
+    /// `> 0`.
+    ///
+    /// ```
+    /// use grpo_core::loss::PpoClipConfig;
+    /// assert!(PpoClipConfig::<f32>::default().validate().is_ok());
+    /// let bad = PpoClipConfig { dual_clip: Some(0.5f32), ..Default::default() };
+    /// assert!(bad.validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<()> {
         RatioBounds::new(self.bounds.lo, self.bounds.hi)?;
         if let Some(c) = self.dual_clip {
             ensure(

@@ -1038,9 +1038,25 @@ mod tests {
         // Values with many magnitudes so that association shows in the bits.
         let f = |i: usize| {
             let x = ((i.wrapping_mul(2654435761) % 1000) as f32 - 500.0) * 1.37e-3;
-            if i % 7 == 3 { 0.0 } else { x * (1.0 + (i % 13) as f32 * 1e3) }
+            if i % 7 == 3 {
+                0.0
+            } else {
+                x * (1.0 + (i % 13) as f32 * 1e3)
+            }
         };
-        for len in [0usize, 1, 15, 16, 17, 2047, 2048, 2049, 4096 + 33, 5 * BLOCK + 1, 9 * BLOCK] {
+        for len in [
+            0usize,
+            1,
+            15,
+            16,
+            17,
+            2047,
+            2048,
+            2049,
+            4096 + 33,
+            5 * BLOCK + 1,
+            9 * BLOCK,
+        ] {
             let want = canonical_sum(len, f);
             let mut s = CanonicalSum::new(len);
             for i in (0..len).filter(|i| i % 7 != 3) {

@@ -7,6 +7,7 @@
 
 use crate::lanes::F32x16;
 
+pub(crate) mod loss;
 pub(crate) mod math;
 pub(crate) mod roofline;
 pub(crate) mod vocab;

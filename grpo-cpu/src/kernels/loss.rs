@@ -1,0 +1,365 @@
+//! grpo-core's per-token PPO-clip (`grpo_core::loss::ppo_clip`, f32) over 16 lanes.
+//!
+//! The reference evaluates, per valid token, `x = clamp(lp − old)`, `ρ = exp(x)` (the canonical
+//! `exp`, which is what `Real::exp` is for `f32`), then the clip logic of its `ppo_core`: a few
+//! multiplications, negations, comparisons and selects. Every one of those is exactly specified
+//! by IEEE 754, so [`token_lanes`] repeats them operation by operation and each lane equals the
+//! scalar result bit for bit — including the signs of zero gradients (`−mul0(A, 0) = −0`, while
+//! the `A = 0` and dual-clip branches write `+0`).
+//!
+//! `kl_sum` follows grpo-core's canonical order ([`grpo_core::vocab::canon::CanonicalSum`]):
+//! per block of 2048 positions, 16 strided lane sums of `−x`, the lane tree, the tail of the
+//! batch's last block added in index order, blocks merged pairwise. A kernel call covers a span
+//! of whole blocks starting at a block boundary and folds its blocks with a
+//! [`PairwiseFold`]; spans of a power-of-two number of blocks fold into the same association.
+//!
+//! Two modes share the lane code: the *check* mode (no writes) tells whether every valid input,
+//! value and gradient is finite and gathers the diagnostics; the *write* mode stores values and
+//! gradients (streaming stores: the outputs are written once and not read back).
+
+use grpo_core::vocab::canon::{BLOCK, LANES, PairwiseFold, tree};
+
+use super::Kernel;
+use super::math::exp;
+use crate::lanes::F32x16;
+
+/// PPO-clip parameters, already validated (`grpo_core::loss::PpoClipConfig::validate`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PpoParams {
+    pub(crate) lo: f32,
+    pub(crate) hi: f32,
+    pub(crate) clamp: Option<f32>,
+    pub(crate) dual: Option<f32>,
+    pub(crate) cap: Option<f32>,
+}
+
+/// One span of the batch: positions `start..start + lp.len()` (the slices are that span),
+/// `start` a multiple of `BLOCK`; `batch_len` is the whole batch's length (it decides where the
+/// canonical tail is).
+pub(crate) struct PpoSpan<'a> {
+    pub(crate) p: PpoParams,
+    pub(crate) lp: &'a [f32],
+    pub(crate) old: &'a [f32],
+    pub(crate) adv: &'a [f32],
+    pub(crate) mask: Option<&'a [bool]>,
+    /// `Some((value, grad))`: write mode; `None`: check mode.
+    pub(crate) out: Option<(&'a mut [f32], &'a mut [f32])>,
+}
+
+/// What the check mode found in a span (the write mode returns the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SpanDiag {
+    /// Every valid input, `lp − old`, value and gradient is finite.
+    pub(crate) ok: bool,
+    pub(crate) tokens: usize,
+    pub(crate) clipped_low: usize,
+    pub(crate) clipped_high: usize,
+    pub(crate) dual_clipped: usize,
+    pub(crate) delta_capped: usize,
+    pub(crate) clamped: usize,
+    /// The span's `Σ −x` in the canonical order (its blocks folded pairwise).
+    pub(crate) kl: f32,
+    pub(crate) ratio_min: f32,
+    pub(crate) ratio_max: f32,
+}
+
+/// Per-lane results of one chunk of 16 tokens.
+struct TokenLanes<V: F32x16> {
+    value: V,
+    grad: V,
+    x: V,
+    rho: V,
+    finite: V::Mask,
+    clamped: V::Mask,
+    clip_low: V::Mask,
+    clip_high: V::Mask,
+    dual: V::Mask,
+    capped: V::Mask,
+}
+
+/// `−v`: flips the sign bit, as Rust's unary minus does.
+#[inline(always)]
+fn neg<V: F32x16>(v: V) -> V {
+    v.xor(V::splat(-0.0))
+}
+
+/// Lanes where `v` is finite (`|v| < ∞`; NaN compares false).
+#[inline(always)]
+fn finite<V: F32x16>(v: V) -> V::Mask {
+    v.and(V::from_bits(0x7fff_ffff)).lt(V::splat(f32::INFINITY))
+}
+
+/// `−mul0(a, dr)` for `a ≠ 0`: `−0` where `dr == 0`, else `−(a·dr)` (grpo-core's `mul0`).
+#[inline(always)]
+fn neg_mul0<V: F32x16>(a: V, dr: V) -> V {
+    let zero = V::splat(0.0);
+    neg(V::select(dr.eq(zero), zero, a.mul(dr)))
+}
+
+/// grpo-core's PPO-clip token step (`ppo_clip`'s closure and `ppo_core`) per lane.
+#[inline(always)]
+fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
+    let zero = V::splat(0.0);
+    let d = lp.sub(old);
+    let (x, clamped) = match p.clamp {
+        Some(c) => {
+            let (c, mc) = (V::splat(c), V::splat(-c));
+            let above = d.gt(c);
+            let below = d.lt(mc);
+            (
+                V::select(above, c, V::select(below, mc, d)),
+                V::mask_or(above, below),
+            )
+        }
+        None => (d, V::mask_none()),
+    };
+    let rho = exp(x);
+    let drho = V::select(clamped, zero, rho);
+    // Unclipped branch, optionally capped at δ.
+    let (r1, dr1, cap) = match p.cap {
+        Some(dc) => {
+            let m = rho.gt(V::splat(dc));
+            (V::select(m, V::splat(dc), rho), V::select(m, zero, drho), m)
+        }
+        None => (rho, drho, V::mask_none()),
+    };
+    let v1 = neg(a.mul(r1));
+    let g1 = neg_mul0(a, dr1);
+    // Clipped branch: gradient only inside the closed interval [lo, hi].
+    let below = rho.lt(V::splat(p.lo));
+    let above = rho.gt(V::splat(p.hi));
+    let r2 = V::select(below, V::splat(p.lo), V::select(above, V::splat(p.hi), rho));
+    let dr2 = V::select(V::mask_or(below, above), zero, drho);
+    let v2 = neg(a.mul(r2));
+    let g2 = neg_mul0(a, dr2);
+    let second = v2.gt(v1);
+    let mut value = V::select(second, v2, v1);
+    let mut grad = V::select(second, g2, g1);
+    let a_neg = a.lt(zero);
+    let a_pos = a.gt(zero);
+    let capped = V::mask_and(V::mask_and(cap, a_neg), v1.ge(v2));
+    let clip_high = V::mask_and(a_pos, above);
+    let clip_low = V::mask_and(a_neg, below);
+    let dual = match p.dual {
+        Some(c) => {
+            let v3 = neg(V::splat(c).mul(a));
+            let m = V::mask_and(a_neg, v3.lt(value));
+            value = V::select(m, v3, value);
+            grad = V::select(m, zero, grad);
+            m
+        }
+        None => V::mask_none(),
+    };
+    // A = 0 (either sign): value and gradient +0, no flag (the flags above need A ≠ 0).
+    let a_zero = a.eq(zero);
+    value = V::select(a_zero, zero, value);
+    grad = V::select(a_zero, zero, grad);
+    let fin = V::mask_and(
+        V::mask_and(finite(lp), finite(old)),
+        V::mask_and(finite(a), finite(d)),
+    );
+    let fin = V::mask_and(fin, V::mask_and(finite(value), finite(grad)));
+    TokenLanes {
+        value,
+        grad,
+        x,
+        rho,
+        finite: fin,
+        clamped,
+        clip_low,
+        clip_high,
+        dual,
+        capped,
+    }
+}
+
+/// Validity lanes of 16 mask entries (`None`: all valid).
+#[inline(always)]
+fn valid_lanes<V: F32x16>(mask: Option<&[bool; 16]>) -> V::Mask {
+    match mask {
+        None => V::splat(0.0).eq(V::splat(0.0)),
+        Some(m) => {
+            let mut a = [0.0f32; 16];
+            for (x, &b) in a.iter_mut().zip(m) {
+                *x = if b { 1.0 } else { 0.0 };
+            }
+            V::load(&a).gt(V::splat(0.0))
+        }
+    }
+}
+
+/// Running diagnostics of the check mode, in lanes (counts as exact f32 lane counts: a span
+/// holds far fewer than 2^24 tokens per lane).
+struct Acc<V: F32x16> {
+    bad: bool,
+    tokens: V,
+    clipped_low: V,
+    clipped_high: V,
+    dual: V,
+    capped: V,
+    clamped: V,
+    rmin: V,
+    rmax: V,
+}
+
+impl<V: F32x16> Acc<V> {
+    #[inline(always)]
+    fn new() -> Self {
+        let zero = V::splat(0.0);
+        Acc {
+            bad: false,
+            tokens: zero,
+            clipped_low: zero,
+            clipped_high: zero,
+            dual: zero,
+            capped: zero,
+            clamped: zero,
+            rmin: V::splat(f32::INFINITY),
+            rmax: V::splat(f32::NEG_INFINITY),
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, t: &TokenLanes<V>, valid: V::Mask) {
+        let (one, zero) = (V::splat(1.0), V::splat(0.0));
+        let count = |acc: V, m: V::Mask| acc.add(V::select(V::mask_and(m, valid), one, zero));
+        self.bad |= V::mask_any(V::mask_andnot(t.finite, valid));
+        self.tokens = self.tokens.add(V::select(valid, one, zero));
+        self.clipped_low = count(self.clipped_low, t.clip_low);
+        self.clipped_high = count(self.clipped_high, t.clip_high);
+        self.dual = count(self.dual, t.dual);
+        self.capped = count(self.capped, t.capped);
+        self.clamped = count(self.clamped, t.clamped);
+        self.rmin = self
+            .rmin
+            .min(V::select(valid, t.rho, V::splat(f32::INFINITY)));
+        self.rmax = self
+            .rmax
+            .max(V::select(valid, t.rho, V::splat(f32::NEG_INFINITY)));
+    }
+
+    fn finish(self, kl: f32) -> SpanDiag {
+        let total = |v: V| v.to_array().iter().map(|&c| c as usize).sum::<usize>();
+        let rmin =
+            self.rmin
+                .to_array()
+                .into_iter()
+                .fold(f32::INFINITY, |m, r| if r < m { r } else { m });
+        let rmax = self
+            .rmax
+            .to_array()
+            .into_iter()
+            .fold(f32::NEG_INFINITY, |m, r| if r > m { r } else { m });
+        SpanDiag {
+            ok: !self.bad,
+            tokens: total(self.tokens),
+            clipped_low: total(self.clipped_low),
+            clipped_high: total(self.clipped_high),
+            dual_clipped: total(self.dual),
+            delta_capped: total(self.capped),
+            clamped: total(self.clamped),
+            kl,
+            ratio_min: rmin,
+            ratio_max: rmax,
+        }
+    }
+}
+
+impl Kernel for PpoSpan<'_> {
+    type Output = SpanDiag;
+
+    #[inline(always)]
+    fn run<V: F32x16>(self) -> SpanDiag {
+        let PpoSpan {
+            p,
+            lp,
+            old,
+            adv,
+            mask,
+            mut out,
+        } = self;
+        let n = lp.len();
+        let mut acc = Acc::<V>::new();
+        let mut fold = PairwiseFold::new();
+        let zero = V::splat(0.0);
+        let mut start = 0;
+        while start < n {
+            let end = (start + BLOCK).min(n);
+            let n16 = start + (end - start) / LANES * LANES;
+            let mut kl = zero;
+            let (lpc, _) = lp[start..n16].as_chunks::<16>();
+            let (oldc, _) = old[start..n16].as_chunks::<16>();
+            let (advc, _) = adv[start..n16].as_chunks::<16>();
+            let maskc = mask.map(|m| m[start..n16].as_chunks::<16>().0);
+            match out.as_mut() {
+                Some((value, grad)) => {
+                    let (vc, _) = value[start..n16].as_chunks_mut::<16>();
+                    let (gc, _) = grad[start..n16].as_chunks_mut::<16>();
+                    for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
+                        let lanes =
+                            token_lanes(&p, V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
+                        let valid = valid_lanes::<V>(maskc.map(|m| &m[k]));
+                        V::select(valid, lanes.value, zero).store_stream(v);
+                        V::select(valid, lanes.grad, zero).store_stream(g);
+                    }
+                }
+                None => {
+                    for k in 0..lpc.len() {
+                        let lanes =
+                            token_lanes(&p, V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
+                        let valid = valid_lanes::<V>(maskc.map(|m| &m[k]));
+                        acc.add(&lanes, valid);
+                        kl = kl.sub(V::select(valid, lanes.x, zero));
+                    }
+                }
+            }
+            // Tail (only in the batch's last block): the same lanes on a padded chunk, then the
+            // canonical order — tree first, tail elements added in index order.
+            let tail = end - n16;
+            let mut kl_lanes = kl.to_array();
+            tree(&mut kl_lanes);
+            let mut s = kl_lanes[0];
+            if tail > 0 {
+                let pad = |src: &[f32]| {
+                    let mut a = [0.0f32; 16];
+                    a[..tail].copy_from_slice(&src[n16..end]);
+                    a
+                };
+                let mut m = [false; 16];
+                for (l, b) in m.iter_mut().enumerate().take(tail) {
+                    *b = mask.is_none_or(|mk| mk[n16 + l]);
+                }
+                let lanes = token_lanes(
+                    &p,
+                    V::load(&pad(lp)),
+                    V::load(&pad(old)),
+                    V::load(&pad(adv)),
+                );
+                let valid = valid_lanes::<V>(Some(&m));
+                match out.as_mut() {
+                    Some((value, grad)) => {
+                        let v = V::select(valid, lanes.value, zero).to_array();
+                        let g = V::select(valid, lanes.grad, zero).to_array();
+                        value[n16..end].copy_from_slice(&v[..tail]);
+                        grad[n16..end].copy_from_slice(&g[..tail]);
+                    }
+                    None => {
+                        acc.add(&lanes, valid);
+                        let x = lanes.x.to_array();
+                        for l in 0..tail {
+                            if m[l] {
+                                s += -x[l];
+                            }
+                        }
+                    }
+                }
+            }
+            fold.push(s, |a, b| a + b);
+            start = end;
+        }
+        match out {
+            Some(_) => SpanDiag::default(),
+            None => acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0)),
+        }
+    }
+}
