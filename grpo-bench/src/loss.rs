@@ -4,7 +4,7 @@
 //! Fields of each JSON line in this mode: `kernel` = `"ppo_clip"` (bounds [0.8, 1.2]) or
 //! `"atr_kl3_clip"` (ATR-GRPO's KL3 bounds, δ = 0.05); `dtype` = `"f32"`; `rows` = number of
 //! sequences of the padded batch; `vocab` = tokens per sequence (this mode has no vocabulary);
-//! `backend` = `"rayon"` (the loss runs grpo-core's scalar code on the pool, no SIMD backend);
+//! `backend` = the detected SIMD backend that runs grpo-cpu's PPO-clip kernel (`avx512`, …);
 //! `threads`; `median_ms`; `gbps` = bytes moved / time, bytes = lp, old, adv read
 //! (3 × 4 B/token) + value, grad written (2 × 4 B/token); `roofline_gbps` = grpo-cpu's
 //! multi-threaded copy of the same 20 B/token (half read, half written) on the same threads,
@@ -83,7 +83,11 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         let roof = (half * 8) as f64 / roof_ms / 1e6;
         println!(
             "{{\"kernel\":\"{name}\",\"dtype\":\"f32\",\"rows\":{rows},\"vocab\":{cols},\"backend\":\"{}\",\"threads\":{},\"iters\":{iters},\"median_ms\":{ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"tokens_per_s\":{:.0}}}",
-            if on_core { "core" } else { "rayon" },
+            if on_core {
+                "core"
+            } else {
+                cpu.backend().name()
+            },
             if on_core { 1 } else { cpu.threads() },
             gbps / roof,
             n as f64 / (ms / 1e3),

@@ -85,15 +85,21 @@ impl Cpu {
     /// only `lp[t]`, `old[t]`, `adv[t]`), so the batch is cut into spans of positions regardless
     /// of sequence boundaries (only the mask decides validity: every position of a valid layout
     /// lies in some sequence). Two parallel passes, because outputs must stay untouched on `Err`:
-    /// the first checks every span (finite inputs, values and gradients) and gathers the
-    /// diagnostics without writing; the second — only if every span passed — writes each span's
-    /// values and gradients. If anything fails, grpo-core is called on the whole batch, which
-    /// returns its own error and writes nothing, so the error value is exactly grpo-core's.
+    /// the first checks every span and gathers the diagnostics without writing; the second —
+    /// only if every span passed — writes each span's values and gradients (spans in reverse
+    /// order, so it starts on inputs the first pass left in the last-level cache). If anything
+    /// fails, grpo-core is called on the whole batch, which returns its own error and writes
+    /// nothing, so the error value is exactly grpo-core's. The `f32` check is conservative
+    /// (finite `lp − old` and finite `A·max(ρ, hi, c_dual)`, which bound every value and
+    /// gradient): the rare batch it rejects although grpo-core accepts it — an unclamped
+    /// log-ratio so large that `A·ρ` overflows in the branch the clip discards — also goes to
+    /// grpo-core, and gets grpo-core's result.
     ///
     /// - `f32`: a SIMD kernel on the [`Cpu`]'s backend repeats grpo-core's operations lane by
     ///   lane (its `exp` for `f32` is the canonical one every backend reproduces), spans of
     ///   16384 positions, streaming stores. `grpo-bench loss` measures it against the same-run
-    ///   read + write roofline.
+    ///   read + write roofline: about 0.5 of it on the 2-core AVX-512 build machine (the check
+    ///   pass reads the inputs a second time and is compute-bound).
     /// - `f64`: grpo-core's scalar `ppo_clip` per block of [`LOSS_BLOCK`] positions (each
     ///   block evaluated twice by grpo-core itself, and twice by the two passes).
     ///
@@ -164,13 +170,7 @@ impl Cpu {
         if cfg.validate().is_err() || !Self::loss_layout_ok(inp, value, grad) {
             return ppo_clip(cfg, inp, value, grad);
         }
-        let p = PpoParams {
-            lo: cfg.bounds.lo,
-            hi: cfg.bounds.hi,
-            clamp: cfg.log_ratio_clamp,
-            dual: cfg.dual_clip,
-            cap: cfg.delta_cap,
-        };
+        let p = PpoParams::new(cfg);
         let n = inp.lp.len();
         let backend = self.backend();
         let span = |k: usize| k * SPAN..((k + 1) * SPAN).min(n);
@@ -198,6 +198,7 @@ impl Cpu {
                 .par_chunks_mut(SPAN)
                 .zip(grad.par_chunks_mut(SPAN))
                 .enumerate()
+                .rev()
                 .for_each(|(k, (v, g))| {
                     arch::run(backend, kernel(span(k), Some((v, g))));
                 })

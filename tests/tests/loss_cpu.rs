@@ -421,3 +421,40 @@ fn long_f32_batches_every_backend() {
         }
     }
 }
+
+/// The SIMD check is conservative: it rejects a span where `A·max(ρ, hi)` overflows even if the
+/// selected branch stays finite, and the batch then goes to grpo-core. Without a log-ratio clamp
+/// (TRL), `x = 30` with `A = 1e30` clips high (value `−A·hi`, finite) although `A·ρ` overflows:
+/// grpo-core accepts it and so must grpo-cpu, with the same bits. With `A = −1e30` the
+/// unclipped branch wins with `+∞`: both return the same error.
+#[test]
+fn overflow_in_the_unselected_branch_matches_core() {
+    let cfg = PpoClipConfig::<f32>::from_preset(Preset::Trl);
+    assert_eq!(cfg.log_ratio_clamp, None);
+    let n = 3 * 16 + 5;
+    let lp: Vec<f32> = (0..n)
+        .map(|t| if t == 20 { 30.0 } else { -0.01 * t as f32 })
+        .collect();
+    let old = vec![0.0f32; n];
+    for a in [1e30f32, -1e30] {
+        let adv: Vec<f32> = (0..n).map(|t| if t == 20 { a } else { 1.0 }).collect();
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::padded(1, n, None),
+        };
+        let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let core = ppo_clip(&cfg, &inp, &mut v, &mut g);
+        if a > 0.0 {
+            let d = core.unwrap();
+            // −(A·hi) rounded once; the clipped branch's gradient is −mul0(A, 0) = −0.
+            assert_eq!(v[20], -(a * cfg.bounds.hi));
+            assert_eq!(g[20].to_bits(), (-0.0f32).to_bits());
+            assert_eq!(d.clipped_high, 1);
+        } else {
+            assert!(core.is_err());
+        }
+        check_f32(&cfg, &inp, n);
+    }
+}

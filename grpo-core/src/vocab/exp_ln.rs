@@ -75,6 +75,11 @@
 //! [`exp_nonpos`] equals [`exp`] bit for bit where it does not flush, so the same bound holds
 //! there. The contract (DESIGN.md) is ≤ 2 ULP; the tests enforce the measured 1 ULP.
 //!
+//! Being faithful rather than correctly rounded, [`exp`] is **not monotone** at the ULP level:
+//! `exp(−0.24999896) < exp(−0.24999897)` by one ULP (a reduction boundary). Code must not turn
+//! comparisons of ratios into comparisons of log-ratios (`exp(x) > hi ⟺ x > t`) or take
+//! `exp(min x)` for `min exp(x)` and expect grpo-core's bits.
+//!
 //! Sources: Cody & Waite's argument reduction; polynomial coefficients fitted by a Remez
 //! exchange in f64 for this project (weighted relative error) and rounded to f32 \[ours\].
 
@@ -487,6 +492,18 @@ mod tests {
         assert_eq!(ln(f32::NEG_INFINITY).to_bits(), f32::NAN.to_bits());
         // ln of the smallest subnormal: −149·ln 2 = −103.27892990343184
         assert!((ln(f32::from_bits(1)) as f64 + 103.27892990343184).abs() < 1e-5);
+    }
+
+    /// `exp` is not monotone at the ULP level (documented in the module docs): a faithful
+    /// (≤ 1 ULP) result may round down just above a reduction boundary while its neighbour rounds
+    /// up. This pair was found by scanning [EXP_LO, EXP_HI] in order.
+    #[test]
+    fn exp_is_not_monotone_at_the_ulp_level() {
+        let x = -2.4999897e-1f32;
+        let next = f32::from_bits(x.to_bits() - 1); // the next float towards +∞
+        assert!(next > x);
+        assert!(exp(next) < exp(x), "{:e} {:e}", exp(next), exp(x));
+        assert_eq!(exp(x).to_bits() - exp(next).to_bits(), 1);
     }
 
     /// Every f32 input. Opt-in (`GRPO_EXHAUSTIVE=1`) because it evaluates 2^32 points per

@@ -13,14 +13,23 @@
 //! of whole blocks starting at a block boundary and folds its blocks with a
 //! [`PairwiseFold`]; spans of a power-of-two number of blocks fold into the same association.
 //!
-//! Two modes share the lane code: the *check* mode (no writes) tells whether every valid input,
-//! value and gradient is finite and gathers the diagnostics; the *write* mode stores values and
-//! gradients (streaming stores: the outputs are written once and not read back).
+//! Two modes share the lane code: the *check* mode (no writes) gathers the diagnostics and
+//! tells whether the span is safe to write; the *write* mode stores values and gradients
+//! (streaming stores: the outputs are written once and not read back).
+//!
+//! The check is a cheaper, conservative stand-in for grpo-core's (finite `lp`, `old`, `A`,
+//! value and gradient): it requires `d = lp − old` finite (which implies finite `lp` and `old`:
+//! `±∞ − y` and NaN stay non-finite) and `B = A·max(ρ, hi, c_dual)` finite. Since
+//! `|value| ≤ |A|·max(ρ', clip(ρ), c_dual) ≤ |B|` and `|grad| ∈ {0, |A·ρ|} ≤ |B|`, and `B` is
+//! non-finite for non-finite `A` (`max(…) ≥ hi > 1`), a span that passes would pass grpo-core.
+//! The converse can fail only when `A·ρ` overflows while the selected branch stays finite (an
+//! unclamped log-ratio above ~88 − ln|A|); such a span reports "not ok" and the caller falls
+//! back to grpo-core, which returns the correct result — slower, never different.
 
 use grpo_core::vocab::canon::{BLOCK, LANES, PairwiseFold, tree};
 
 use super::Kernel;
-use super::math::exp;
+use super::math::{EXP_MODERATE_MAX, exp, exp_moderate};
 use crate::lanes::F32x16;
 
 /// PPO-clip parameters, already validated (`grpo_core::loss::PpoClipConfig::validate`).
@@ -31,6 +40,27 @@ pub(crate) struct PpoParams {
     pub(crate) clamp: Option<f32>,
     pub(crate) dual: Option<f32>,
     pub(crate) cap: Option<f32>,
+    /// `max(hi, dual)`: with `ρ`, bounds every ratio the value multiplies `A` by.
+    pub(crate) value_bound: f32,
+    /// The clamp keeps every finite log-ratio within `exp_moderate`'s range.
+    pub(crate) moderate: bool,
+}
+
+impl PpoParams {
+    /// The kernel's parameters for a configuration that passed
+    /// `grpo_core::loss::PpoClipConfig::validate`.
+    pub(crate) fn new(cfg: &grpo_core::loss::PpoClipConfig<f32>) -> Self {
+        let hi = cfg.bounds.hi;
+        PpoParams {
+            lo: cfg.bounds.lo,
+            hi,
+            clamp: cfg.log_ratio_clamp,
+            dual: cfg.dual_clip,
+            cap: cfg.delta_cap,
+            value_bound: cfg.dual_clip.map_or(hi, |c| c.max(hi)),
+            moderate: cfg.log_ratio_clamp.is_some_and(|c| c <= EXP_MODERATE_MAX),
+        }
+    }
 }
 
 /// One span of the batch: positions `start..start + lp.len()` (the slices are that span),
@@ -67,9 +97,10 @@ pub(crate) struct SpanDiag {
 struct TokenLanes<V: F32x16> {
     value: V,
     grad: V,
+    /// `lp − old` before the clamp.
+    d: V,
     x: V,
     rho: V,
-    finite: V::Mask,
     clamped: V::Mask,
     clip_low: V::Mask,
     clip_high: V::Mask,
@@ -81,12 +112,6 @@ struct TokenLanes<V: F32x16> {
 #[inline(always)]
 fn neg<V: F32x16>(v: V) -> V {
     v.xor(V::splat(-0.0))
-}
-
-/// Lanes where `v` is finite (`|v| < ∞`; NaN compares false).
-#[inline(always)]
-fn finite<V: F32x16>(v: V) -> V::Mask {
-    v.and(V::from_bits(0x7fff_ffff)).lt(V::splat(f32::INFINITY))
 }
 
 /// `−mul0(a, dr)` for `a ≠ 0`: `−0` where `dr == 0`, else `−(a·dr)` (grpo-core's `mul0`).
@@ -113,7 +138,8 @@ fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
         }
         None => (d, V::mask_none()),
     };
-    let rho = exp(x);
+    // Inside the clamp the cheaper form of the same exponential applies.
+    let rho = if p.moderate { exp_moderate(x) } else { exp(x) };
     let drho = V::select(clamped, zero, rho);
     // Unclipped branch, optionally capped at δ.
     let (r1, dr1, cap) = match p.cap {
@@ -154,17 +180,12 @@ fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
     let a_zero = a.eq(zero);
     value = V::select(a_zero, zero, value);
     grad = V::select(a_zero, zero, grad);
-    let fin = V::mask_and(
-        V::mask_and(finite(lp), finite(old)),
-        V::mask_and(finite(a), finite(d)),
-    );
-    let fin = V::mask_and(fin, V::mask_and(finite(value), finite(grad)));
     TokenLanes {
         value,
         grad,
+        d,
         x,
         rho,
-        finite: fin,
         clamped,
         clip_low,
         clip_high,
@@ -173,25 +194,61 @@ fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
     }
 }
 
-/// Validity lanes of 16 mask entries (`None`: all valid).
+/// Validity lanes of 16 mask entries.
 #[inline(always)]
-fn valid_lanes<V: F32x16>(mask: Option<&[bool; 16]>) -> V::Mask {
-    match mask {
-        None => V::splat(0.0).eq(V::splat(0.0)),
+fn valid_lanes<V: F32x16>(m: &[bool; 16]) -> V::Mask {
+    let mut a = [0.0f32; 16];
+    for (x, &b) in a.iter_mut().zip(m) {
+        *x = if b { 1.0 } else { 0.0 };
+    }
+    V::load(&a).gt(V::splat(0.0))
+}
+
+/// One chunk's inputs with the invalid lanes replaced by `+0`.
+///
+/// A token with `lp = old = A = +0` is exactly what grpo-core writes for a masked position
+/// (`A = 0` → value and gradient `+0`), sets no flag (they need `A ≠ 0` or `x ≠ 0`) and adds
+/// `−x = −0` to the lane sum of `−x`, which leaves every sum unchanged (`s − (+0) = s`, also for
+/// `s = −0`). So after this, only the token count and the ratio range need the mask.
+#[inline(always)]
+fn masked_inputs<V: F32x16>(valid: Option<V::Mask>, lp: V, old: V, a: V) -> (V, V, V) {
+    match valid {
+        None => (lp, old, a),
         Some(m) => {
-            let mut a = [0.0f32; 16];
-            for (x, &b) in a.iter_mut().zip(m) {
-                *x = if b { 1.0 } else { 0.0 };
-            }
-            V::load(&a).gt(V::splat(0.0))
+            let zero = V::splat(0.0);
+            (
+                V::select(m, lp, zero),
+                V::select(m, old, zero),
+                V::select(m, a, zero),
+            )
         }
     }
+}
+
+/// One chunk of 16 positions: its lanes, its (masked) advantages and its validity.
+///
+/// A function rather than a closure: a closure is a separate function, and if LLVM declines to
+/// inline it, its intrinsics are compiled without the ISA's features.
+#[inline(always)]
+fn chunk<V: F32x16>(
+    p: &PpoParams,
+    lp: &[f32; 16],
+    old: &[f32; 16],
+    adv: &[f32; 16],
+    mask: Option<&[bool; 16]>,
+) -> (TokenLanes<V>, V, Option<V::Mask>) {
+    let valid = mask.map(valid_lanes::<V>);
+    let (l, o, a) = masked_inputs(valid, V::load(lp), V::load(old), V::load(adv));
+    (token_lanes(p, l, o, a), a, valid)
 }
 
 /// Running diagnostics of the check mode, in lanes (counts as exact f32 lane counts: a span
 /// holds far fewer than 2^24 tokens per lane).
 struct Acc<V: F32x16> {
-    bad: bool,
+    /// `Σ (d·0 + B·0)` with `B = A·max(ρ, hi, c_dual)`: finite (a sum of zeros) exactly when
+    /// every `d` and `B` was finite, NaN otherwise (`±∞·0 = NaN`, and NaN propagates through
+    /// `+`). See the module docs for why this is a safe stand-in for grpo-core's check.
+    check: V,
     tokens: V,
     clipped_low: V,
     clipped_high: V,
@@ -202,12 +259,19 @@ struct Acc<V: F32x16> {
     rmax: V,
 }
 
+/// `acc + 1` in the lanes of `m` (written as a select of the sum, which AVX-512 does in one
+/// masked add).
+#[inline(always)]
+fn count<V: F32x16>(acc: V, m: V::Mask) -> V {
+    V::select(m, acc.add(V::splat(1.0)), acc)
+}
+
 impl<V: F32x16> Acc<V> {
     #[inline(always)]
     fn new() -> Self {
         let zero = V::splat(0.0);
         Acc {
-            bad: false,
+            check: zero,
             tokens: zero,
             clipped_low: zero,
             clipped_high: zero,
@@ -219,40 +283,59 @@ impl<V: F32x16> Acc<V> {
         }
     }
 
+    /// Adds one chunk; `valid = None` means every lane is valid. Masked lanes hold zeroed inputs
+    /// ([`masked_inputs`]), so they only need excluding from the count and the ratio range.
+    /// Flags that the configuration cannot raise are not counted (the branches are the same for
+    /// every chunk).
     #[inline(always)]
-    fn add(&mut self, t: &TokenLanes<V>, valid: V::Mask) {
-        let (one, zero) = (V::splat(1.0), V::splat(0.0));
-        let count = |acc: V, m: V::Mask| acc.add(V::select(V::mask_and(m, valid), one, zero));
-        self.bad |= V::mask_any(V::mask_andnot(t.finite, valid));
-        self.tokens = self.tokens.add(V::select(valid, one, zero));
+    fn add(&mut self, p: &PpoParams, t: &TokenLanes<V>, a: V, valid: Option<V::Mask>) {
+        let zero = V::splat(0.0);
+        // |value| ≤ |A|·max(ρ, hi, c_dual) and |grad| ≤ |A|·ρ (module docs).
+        let bound = a.mul(t.rho.max(V::splat(p.value_bound)));
+        let nan_if_inf = t.d.mul_add(zero, bound.mul(zero));
+        self.check = self.check.add(nan_if_inf);
         self.clipped_low = count(self.clipped_low, t.clip_low);
         self.clipped_high = count(self.clipped_high, t.clip_high);
-        self.dual = count(self.dual, t.dual);
-        self.capped = count(self.capped, t.capped);
-        self.clamped = count(self.clamped, t.clamped);
-        self.rmin = self
-            .rmin
-            .min(V::select(valid, t.rho, V::splat(f32::INFINITY)));
-        self.rmax = self
-            .rmax
-            .max(V::select(valid, t.rho, V::splat(f32::NEG_INFINITY)));
+        if p.dual.is_some() {
+            self.dual = count(self.dual, t.dual);
+        }
+        if p.cap.is_some() {
+            self.capped = count(self.capped, t.capped);
+        }
+        if p.clamp.is_some() {
+            self.clamped = count(self.clamped, t.clamped);
+        }
+        match valid {
+            None => {
+                self.rmin = self.rmin.min(t.rho);
+                self.rmax = self.rmax.max(t.rho);
+            }
+            Some(m) => {
+                self.tokens = count(self.tokens, m);
+                self.rmin = self.rmin.min(V::select(m, t.rho, V::splat(f32::INFINITY)));
+                self.rmax = self
+                    .rmax
+                    .max(V::select(m, t.rho, V::splat(f32::NEG_INFINITY)));
+            }
+        }
     }
 
-    fn finish(self, kl: f32) -> SpanDiag {
+    /// The span's diagnostics; `unmasked` = tokens of chunks added with `valid = None`.
+    fn finish(self, kl: f32, unmasked: usize) -> SpanDiag {
         let total = |v: V| v.to_array().iter().map(|&c| c as usize).sum::<usize>();
-        let rmin =
-            self.rmin
-                .to_array()
-                .into_iter()
-                .fold(f32::INFINITY, |m, r| if r < m { r } else { m });
+        let rmin = self
+            .rmin
+            .to_array()
+            .into_iter()
+            .fold(f32::INFINITY, |m, r| if r < m { r } else { m });
         let rmax = self
             .rmax
             .to_array()
             .into_iter()
             .fold(f32::NEG_INFINITY, |m, r| if r > m { r } else { m });
         SpanDiag {
-            ok: !self.bad,
-            tokens: total(self.tokens),
+            ok: self.check.to_array().iter().all(|c| c.is_finite()),
+            tokens: unmasked + total(self.tokens),
             clipped_low: total(self.clipped_low),
             clipped_high: total(self.clipped_high),
             dual_clipped: total(self.dual),
@@ -280,6 +363,7 @@ impl Kernel for PpoSpan<'_> {
         } = self;
         let n = lp.len();
         let mut acc = Acc::<V>::new();
+        let mut unmasked = 0;
         let mut fold = PairwiseFold::new();
         let zero = V::splat(0.0);
         let mut start = 0;
@@ -296,25 +380,26 @@ impl Kernel for PpoSpan<'_> {
                     let (vc, _) = value[start..n16].as_chunks_mut::<16>();
                     let (gc, _) = grad[start..n16].as_chunks_mut::<16>();
                     for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
-                        let lanes =
-                            token_lanes(&p, V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
-                        let valid = valid_lanes::<V>(maskc.map(|m| &m[k]));
-                        V::select(valid, lanes.value, zero).store_stream(v);
-                        V::select(valid, lanes.grad, zero).store_stream(g);
+                        let (lanes, _, _) =
+                            chunk::<V>(&p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
+                        lanes.value.store_stream(v);
+                        lanes.grad.store_stream(g);
                     }
                 }
                 None => {
                     for k in 0..lpc.len() {
-                        let lanes =
-                            token_lanes(&p, V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
-                        let valid = valid_lanes::<V>(maskc.map(|m| &m[k]));
-                        acc.add(&lanes, valid);
-                        kl = kl.sub(V::select(valid, lanes.x, zero));
+                        let (lanes, a, valid) =
+                            chunk::<V>(&p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
+                        acc.add(&p, &lanes, a, valid);
+                        kl = kl.sub(lanes.x);
+                    }
+                    if mask.is_none() {
+                        unmasked += n16 - start;
                     }
                 }
             }
-            // Tail (only in the batch's last block): the same lanes on a padded chunk, then the
-            // canonical order — tree first, tail elements added in index order.
+            // Tail (only in the batch's last block): the same lanes on a zero-padded chunk, then
+            // the canonical order — tree first, tail elements added in index order.
             let tail = end - n16;
             let mut kl_lanes = kl.to_array();
             tree(&mut kl_lanes);
@@ -329,22 +414,21 @@ impl Kernel for PpoSpan<'_> {
                 for (l, b) in m.iter_mut().enumerate().take(tail) {
                     *b = mask.is_none_or(|mk| mk[n16 + l]);
                 }
-                let lanes = token_lanes(
-                    &p,
+                let valid = Some(valid_lanes::<V>(&m));
+                let (l, o, a) = masked_inputs(
+                    valid,
                     V::load(&pad(lp)),
                     V::load(&pad(old)),
                     V::load(&pad(adv)),
                 );
-                let valid = valid_lanes::<V>(Some(&m));
+                let lanes = token_lanes(&p, l, o, a);
                 match out.as_mut() {
                     Some((value, grad)) => {
-                        let v = V::select(valid, lanes.value, zero).to_array();
-                        let g = V::select(valid, lanes.grad, zero).to_array();
-                        value[n16..end].copy_from_slice(&v[..tail]);
-                        grad[n16..end].copy_from_slice(&g[..tail]);
+                        value[n16..end].copy_from_slice(&lanes.value.to_array()[..tail]);
+                        grad[n16..end].copy_from_slice(&lanes.grad.to_array()[..tail]);
                     }
                     None => {
-                        acc.add(&lanes, valid);
+                        acc.add(&p, &lanes, a, valid);
                         let x = lanes.x.to_array();
                         for l in 0..tail {
                             if m[l] {
@@ -359,7 +443,7 @@ impl Kernel for PpoSpan<'_> {
         }
         match out {
             Some(_) => SpanDiag::default(),
-            None => acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0)),
+            None => acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0), unmasked),
         }
     }
 }

@@ -51,6 +51,23 @@ pub(crate) fn exp<V: F32x16>(x: V) -> V {
         .mul(pow2_biased(k2.add_i32(bias)))
 }
 
+/// Largest `|x|` for which [`exp_moderate`] equals [`exp`].
+pub(crate) const EXP_MODERATE_MAX: f32 = 80.0;
+
+/// [`exp`] for `|x| ≤ EXP_MODERATE_MAX` (or NaN), with one scaling multiply instead of two
+/// and no clamp — the same bits there.
+///
+/// Why: [`exp`] clamps `x` (a no-op inside the range) and scales `p·2^k` as `(p·2^k₁)·2^k₂` so
+/// that `2^k` never needs to be a float itself. For `|x| ≤ 80`, `k = round(x·log₂e)` lies in
+/// [−116, 116], so `2^k₁`, `2^k₂` and `2^k` are all normal floats, the first product is exact
+/// (a power-of-two scaling of a normal number that stays normal) and both forms round the same
+/// exact value `p·2^k` once. Used where the caller has clamped `x` (PPO's log-ratio clamp).
+#[inline(always)]
+pub(crate) fn exp_moderate<V: F32x16>(x: V) -> V {
+    let (ki, p) = exp_reduce(x);
+    p.mul(pow2_biased(ki.add_i32(V::from_bits(127))))
+}
+
 /// `grpo_core::vocab::exp_ln::exp_nonpos_clamped` per lane: the caller has applied
 /// `max_r(D_MIN, ·)`.
 #[inline(always)]
@@ -168,5 +185,36 @@ fn apply<V: F32x16>(f: Func, v: V) -> V {
         Func::Exp => exp(v),
         Func::ExpNonpos => exp_nonpos(v),
         Func::Ln => ln(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EXP_MODERATE_MAX, exp, exp_moderate};
+    use crate::arch::portable::Portable;
+    use crate::lanes::F32x16;
+
+    /// `exp_moderate` = `exp` over every 61st float of [−80, 80] and the floats around the ends
+    /// and around 0 (the argument in its rustdoc covers the rest).
+    #[test]
+    fn exp_moderate_equals_exp_inside_its_range() {
+        let top = EXP_MODERATE_MAX.to_bits();
+        let mut xs: Vec<f32> = (0..=top)
+            .step_by(61)
+            .chain(top - 64..=top)
+            .chain(0..64)
+            .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
+            .collect();
+        xs.resize(xs.len().div_ceil(16) * 16, 1.0);
+        let mut checked = 0usize;
+        for c in xs.as_chunks::<16>().0 {
+            let v = Portable::load(c);
+            let (a, b) = (exp(v).to_array(), exp_moderate(v).to_array());
+            for l in 0..16 {
+                assert_eq!(a[l].to_bits(), b[l].to_bits(), "x = {:e}", c[l]);
+                checked += 1;
+            }
+        }
+        assert!(checked > 35_000_000, "{checked}");
     }
 }
