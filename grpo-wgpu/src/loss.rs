@@ -16,6 +16,7 @@ use grpo_core::loss::{
     CispoConfig, CispoWeight, EssStats, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
     P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
 };
+use grpo_core::vocab::canon::CanonicalSum;
 use grpo_core::{Error, Real, Segments, Tokens};
 
 use crate::context::{Arg, GpuContext};
@@ -282,6 +283,8 @@ impl<'c> LossKernel<'c> {
         grad: &mut [f32],
     ) -> Result<LossDiagnostics<f32>> {
         let mut d = LossDiagnostics::empty(level);
+        // grpo-core's association of `kl_sum` (valid positions pushed in increasing order).
+        let mut kl = CanonicalSum::new(o.value.len());
         for_each_valid(tokens, |t| {
             if !o.value[t].is_finite() {
                 return Err(Error::NonFinite {
@@ -306,12 +309,13 @@ impl<'c> LossKernel<'c> {
             d.clamped += (ev & EV_CLAMPED != 0) as usize;
             if let Some(f) = ratio_of {
                 let (x, rho) = f(t);
-                d.kl_sum -= x;
+                kl.push(t, -x);
                 d.ratio_min = Real::min(d.ratio_min, rho);
                 d.ratio_max = Real::max(d.ratio_max, rho);
             }
             Ok(())
         })?;
+        d.kl_sum = kl.finish();
         value.copy_from_slice(&o.value);
         grad.copy_from_slice(&o.grad);
         Ok(d)
