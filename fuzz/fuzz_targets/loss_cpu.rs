@@ -1,5 +1,7 @@
 //! grpo-cpu's multi-threaded PPO-clip against grpo-core's on untrusted sizes, layouts, parameters
-//! and values: never panic, the same `Ok`/`Err`, and on `Ok` the same bits.
+//! and values: never panic, the same `Ok`/`Err` (the same error value), and on `Ok` the same
+//! bits and diagnostics — for the `f32` SIMD kernel on the detected backend and for the
+//! per-block path with small blocks.
 #![no_main]
 
 use grpo_core::Tokens;
@@ -23,7 +25,14 @@ struct Input {
     hi: f32,
     dual: Option<f32>,
     clamp: Option<f32>,
+    cap: Option<f32>,
     block: u8,
+}
+
+/// The detected (fastest) backend: `Cpu::ppo_clip` runs the SIMD kernel for `f32`.
+fn simd() -> &'static Cpu {
+    static CPU: OnceLock<Cpu> = OnceLock::new();
+    CPU.get_or_init(|| Cpu::detect().with_threads(2).expect("a 2-thread pool"))
 }
 
 fn cpu() -> &'static Cpu {
@@ -59,7 +68,7 @@ fuzz_target!(|inp: Input| {
             hi: inp.hi,
         },
         dual_clip: inp.dual,
-        delta_cap: None,
+        delta_cap: inp.cap,
         log_ratio_clamp: inp.clamp,
     };
     let pi = PolicyInputs {
@@ -68,15 +77,31 @@ fuzz_target!(|inp: Input| {
         adv: &adv,
         tokens,
     };
-    let (mut v1, mut g1) = (vec![7.0f32; n], vec![7.0f32; n]);
-    let (mut v2, mut g2) = (vec![7.0f32; n], vec![7.0f32; n]);
-    let core = ppo_clip(&cfg, &pi, &mut v1, &mut g1);
-    let fast = cpu().ppo_clip_blocks(&cfg, &pi, &mut v2, &mut g2, 1 + inp.block as usize % 16);
-    assert_eq!(core.is_ok(), fast.is_ok(), "{core:?} vs {fast:?}");
-    if let (Err(a), Err(b)) = (&core, &fast) {
-        assert_eq!(a, b);
-    }
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&v1), bits(&v2));
-    assert_eq!(bits(&g1), bits(&g2));
+    let (mut v1, mut g1) = (vec![7.0f32; n], vec![7.0f32; n]);
+    let core = ppo_clip(&cfg, &pi, &mut v1, &mut g1);
+    let (mut v2, mut g2) = (vec![7.0f32; n], vec![7.0f32; n]);
+    let blocks = cpu().ppo_clip_blocks(&cfg, &pi, &mut v2, &mut g2, 1 + inp.block as usize % 16);
+    let (mut v3, mut g3) = (vec![7.0f32; n], vec![7.0f32; n]);
+    let simd_out = simd().ppo_clip(&cfg, &pi, &mut v3, &mut g3);
+    for (name, fast, v, g) in [("blocks", &blocks, &v2, &g2), ("simd", &simd_out, &v3, &g3)] {
+        assert_eq!(core.is_ok(), fast.is_ok(), "{name}: {core:?} vs {fast:?}");
+        if let (Err(a), Err(b)) = (&core, fast) {
+            assert_eq!(a, b, "{name}");
+        }
+        assert_eq!(bits(&v1), bits(v), "{name}: values");
+        assert_eq!(bits(&g1), bits(g), "{name}: gradients");
+    }
+    // The SIMD path also reproduces every diagnostic (kl_sum bit for bit, or both NaN: a sum
+    // of finite log-ratios may overflow to ±∞ and then meet the other infinity).
+    if let (Ok(a), Ok(b)) = (&core, &simd_out) {
+        let (mut a0, mut b0) = (*a, *b);
+        (a0.kl_sum, b0.kl_sum) = (0.0, 0.0);
+        assert_eq!(a0, b0);
+        let same = a.kl_sum.to_bits() == b.kl_sum.to_bits();
+        assert!(
+            same || (a.kl_sum.is_nan() && b.kl_sum.is_nan()),
+            "{a:?} vs {b:?}"
+        );
+    }
 });
