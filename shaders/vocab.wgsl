@@ -11,7 +11,7 @@
 // order, before any caller buffer is written): word 0 = first column holding NaN or +∞ (NO_INDEX
 // if none); word 1 = flags (1: every logit is −∞; 2: the target's logit is −∞; 4: KL is +∞
 // because the teacher is −∞ where the student has mass); word 2 = first column whose z/T
-// overflows to +∞ (NO_INDEX if none); word 3 unused.
+// overflows to +∞ (NO_INDEX if none); word 3 unused. `jsd` uses its own layout (see there).
 
 
 const WG: u32 = 256u;
@@ -29,6 +29,13 @@ struct VocabParams {
     // 1/T, computed once on the host (multiplication is exact-rounded; a division per element is
     // allowed 2.5 ULP in WGSL).
     inv_temp: f32,
+    // JSD_β only (the other entry points ignore them): β and 1 − β rounded once on the host as
+    // grpo-core does, and −ln β, −ln(1 − β) from the host so that a subnormal β (which WGSL may
+    // flush to 0) never reaches a shader log. 32 bytes in all, asserted in vocab.rs.
+    beta: f32,
+    one_minus_beta: f32,
+    neg_ln_beta: f32,
+    neg_ln_one_minus_beta: f32,
 }
 
 @group(0) @binding(1) var<storage, read> targets: array<u32>;
@@ -369,6 +376,163 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         status[row * 4u] = bad;
         status[row * 4u + 1u] = flags;
         status[row * 4u + 2u] = NO_INDEX;
+        status[row * 4u + 3u] = 0u;
+    }
+}
+
+// Generalised Jensen–Shannon divergence JSD_β [arXiv 2306.13649; MATH.md §5; grpo-core's
+// vocab::jsd_rows]: with p = softmax(student/T), q = softmax(teacher/T), m = β q + (1 − β) p,
+// JSD_β = β KL(q‖m) + (1 − β) KL(p‖m) = Σ_v β q_v (log q_v − log m_v) + (1 − β) p_v (log p_v − log m_v).
+// Two passes over both rows: the online (max, sum) state of each row (single-pass merge, then the
+// workgroup tree) gives both log-sum-exps; the second pass sums the per-column terms, each ≥ 0
+// (log-sum inequality), and the workgroup tree adds the 256 partial sums.
+//
+// Status per row, 4 words: word 0 = first student column holding NaN or +∞ (NO_INDEX if none);
+// word 1 = flags (FLAG_EMPTY_ROW: the student has no usable logit; FLAG_TEACHER_EMPTY: the
+// teacher has none; FLAG_SCALE_OVERFLOW: a finite logit of either row has a non-finite z/T);
+// word 2 = first teacher column holding NaN or +∞; word 3 unused. Any of these sends the row to
+// grpo-core's own row checks on the host (which also accept an overflow to −∞ that is not the
+// row maximum: such a column has probability 0 here, as it has there). stats = (lse_p, lse_q,
+// 0, JSD_β).
+const FLAG_TEACHER_EMPTY: u32 = 8u;
+const FLAG_SCALE_OVERFLOW: u32 = 16u;
+// grpo-core's D_MIN: floor of a log-probability (e^−88 is below the smallest normal f32).
+const LOGP_MIN: f32 = -88.0;
+// Smallest normal f32: floor of the mixture's scaled weight before its log (only a subnormal β
+// can reach it, and then the term it multiplies is below 1e-36).
+const MIN_NORMAL: f32 = 1.17549435e-38;
+
+var<workgroup> wbad_q: atomic<u32>;
+
+// Adds one logit to a row's online state; NaN/+∞ lower `bad` (returned), a finite logit whose
+// z/T overflows sets FLAG_SCALE_OVERFLOW in `wflags`, −∞ (masked) contributes nothing.
+fn jsd_push(st: Online, z: f32) -> Online {
+    if is_neg_inf_bits(z) || !is_finite_bits(z) {
+        return st;
+    }
+    let x = z * params.inv_temp;
+    if !is_finite_bits(x) {
+        atomicOr(&wflags, FLAG_SCALE_OVERFLOW);
+        return st;
+    }
+    return online_push(st, x);
+}
+
+// log p_v = (z/T − m) − ln(1 + s), floored at LOGP_MIN (the difference is tested before use: it
+// can overflow for logits near ±f32::MAX of opposite signs).
+fn jsd_logp(x: f32, r: Online, ln_s: f32) -> f32 {
+    let d = x - r.m;
+    return select(LOGP_MIN, rmax(LOGP_MIN, d - ln_s), is_finite_bits(d));
+}
+
+// One column's term β q (log q − log m) + (1 − β) p (log p − log m). log m is taken relative to
+// a = max(log p, log q): log m = a + ln(w_a + w_b e^{b − a}), so no column evaluates ln of a tiny
+// number and identical columns give ln(β + (1 − β)) ≈ 0 instead of ln(e^{log p}) − log p, which
+// would carry exp's 3 + 2|log p| ULP into every term. A masked side has weight 0: the term is
+// (1 − β) p · (−ln(1 − β)) or β q · (−ln β).
+fn jsd_term(lp: f32, lq: f32, p_on: bool, q_on: bool) -> f32 {
+    let beta = params.beta;
+    let omb = params.one_minus_beta;
+    if p_on && q_on {
+        let p = exp(lp);
+        let q = exp(lq);
+        let a = rmax(lp, lq);
+        let e = exp(rmin(lp, lq) - a);
+        let w = select(fma(beta, e, omb), fma(omb, e, beta), lq >= lp);
+        let l = log(rmax(w, MIN_NORMAL));
+        return fma(beta * q, (lq - a) - l, (omb * p) * ((lp - a) - l));
+    }
+    if p_on {
+        return (omb * exp(lp)) * params.neg_ln_one_minus_beta;
+    }
+    if q_on {
+        return (beta * exp(lq)) * params.neg_ln_beta;
+    }
+    return 0.0;
+}
+
+@compute @workgroup_size(256)
+fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x;
+    let row_ok = row < params.rows;
+    if lid == 0u {
+        atomicStore(&wbad, NO_INDEX);
+        atomicStore(&wbad_q, NO_INDEX);
+        atomicStore(&wflags, 0u);
+    }
+    workgroupBarrier();
+    // Pass 1: online state of each row.
+    var sp = online_empty();
+    var sq = online_empty();
+    if row_ok {
+        let start = params.base + row * params.vocab;
+        for (var v = lid; v < params.vocab; v += WG) {
+            let zp = load_logit(start + v);
+            let zq = load_teacher(start + v);
+            if !is_neg_inf_bits(zp) && !is_finite_bits(zp) {
+                atomicMin(&wbad, v);
+            }
+            if !is_neg_inf_bits(zq) && !is_finite_bits(zq) {
+                atomicMin(&wbad_q, v);
+            }
+            sp = jsd_push(sp, zp);
+            sq = jsd_push(sq, zq);
+        }
+    }
+    let rp = workgroup_reduce(lid, sp);
+    // Every invocation has read the student's result from slot 0 before the teacher's tree
+    // overwrites it.
+    workgroupBarrier();
+    let rq = workgroup_reduce(lid, sq);
+    let ln_sp = log(rmax(rp.s + 1.0, 1.0));
+    let ln_sq = log(rmax(rq.s + 1.0, 1.0));
+    let usable = rp.s >= 0.0 && rq.s >= 0.0;
+    // Pass 2: the lane's sum of terms (same strided columns as pass 1).
+    var acc = 0.0;
+    if row_ok && usable {
+        let start = params.base + row * params.vocab;
+        for (var v = lid; v < params.vocab; v += WG) {
+            let xp = load_logit(start + v) * params.inv_temp;
+            let xq = load_teacher(start + v) * params.inv_temp;
+            // −∞ logits stay −∞ after ·τ; NaN/+∞ (an error reported above) count as masked too.
+            let p_on = is_finite_bits(xp);
+            let q_on = is_finite_bits(xq);
+            let lp = select(LOGP_MIN, jsd_logp(xp, rp, ln_sp), p_on);
+            let lq = select(LOGP_MIN, jsd_logp(xq, rq, ln_sq), q_on);
+            acc = acc + jsd_term(lp, lq, p_on, q_on);
+        }
+    }
+    // Fixed pairwise tree over the lane sums (in `wt`; every invocation read slot 0 of the
+    // teacher's tree before this overwrites it).
+    workgroupBarrier();
+    wt[lid] = acc;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
+        if lid < stride {
+            wt[lid] = wt[lid] + wt[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let bad_p = atomicLoad(&wbad);
+    let bad_q = atomicLoad(&wbad_q);
+    let flags_in = atomicLoad(&wflags);
+    if row_ok && lid == 0u {
+        var flags = flags_in;
+        if rp.s < 0.0 {
+            flags = flags | FLAG_EMPTY_ROW;
+        }
+        if rq.s < 0.0 {
+            flags = flags | FLAG_TEACHER_EMPTY;
+        }
+        stats[row * 4u] = rp.m + ln_sp;
+        stats[row * 4u + 1u] = rq.m + ln_sq;
+        stats[row * 4u + 2u] = 0.0;
+        // grpo-core clamps the sum at 0 (rounding can leave a tiny negative for equal rows).
+        stats[row * 4u + 3u] = rmax(wt[0], 0.0);
+        status[row * 4u] = bad_p;
+        status[row * 4u + 1u] = flags;
+        status[row * 4u + 2u] = bad_q;
         status[row * 4u + 3u] = 0u;
     }
 }

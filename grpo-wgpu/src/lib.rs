@@ -5,8 +5,8 @@
 //! table (`tests/src/tolerance.rs`).
 //!
 //! - [`GpuContext`]: device, queue, cached pipelines, pooled buffers; blocking and async use.
-//! - [`VocabKernel`]: log-sum-exp, token log-prob, entropy, KL, fused backward over logit rows
-//!   (f32, f16, bf16 storage).
+//! - [`VocabKernel`]: log-sum-exp, token log-prob, entropy, KL, JSD_β, fused backward over logit
+//!   rows (f32, f16, bf16 storage).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
 //!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties k1/abs/k2/k3;

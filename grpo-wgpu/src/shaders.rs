@@ -7,7 +7,7 @@
 
 /// `common.wgsl`: constants and helpers mirrored from grpo-core.
 pub const COMMON: &str = include_str!("../../shaders/common.wgsl");
-/// `vocab.wgsl`: log-sum-exp, log-prob, entropy, KL, fused backward.
+/// `vocab.wgsl`: log-sum-exp, log-prob, entropy, KL, JSD_β, fused backward.
 pub const VOCAB: &str = include_str!("../../shaders/vocab.wgsl");
 /// `load_f32.wgsl`.
 pub const LOAD_F32: &str = include_str!("../../shaders/load_f32.wgsl");
@@ -76,7 +76,7 @@ impl ShaderId {
     /// Entry points of the module.
     pub const fn entry_points(self) -> &'static [&'static str] {
         match self {
-            ShaderId::Vocab(_) => &["forward", "backward", "kl"],
+            ShaderId::Vocab(_) => &["forward", "backward", "kl", "jsd"],
             ShaderId::Advantage => &[
                 "group_stats",
                 "group_rank",

@@ -1,5 +1,6 @@
-//! [`VocabKernel`]: log-sum-exp, token log-probability, entropy, KL between rows and the fused
-//! backward over logit rows (MATH.md §5), for f32, f16 and bf16 storage with f32 accumulation.
+//! [`VocabKernel`]: log-sum-exp, token log-probability, entropy, KL and JSD_β between rows and
+//! the fused backward over logit rows (MATH.md §5), for f32, f16 and bf16 storage with f32
+//! accumulation.
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
@@ -49,11 +50,35 @@ struct VocabParams {
     vocab: u32,
     base: u32,
     inv_temp: f32,
+    /// JSD_β only (zero elsewhere): β, 1 − β, −ln β, −ln(1 − β).
+    beta: f32,
+    one_minus_beta: f32,
+    neg_ln_beta: f32,
+    neg_ln_one_minus_beta: f32,
+}
+
+// `VocabParams` in shaders/vocab.wgsl: eight 4-byte scalars, no padding (the WGSL struct has the
+// same fields in the same order; tests/tests/wgpu_shaders.rs checks its size there).
+const _: () = assert!(size_of::<VocabParams>() == 32);
+
+impl VocabParams {
+    /// Parameters of every entry point but `jsd`.
+    fn new(rows: usize, vocab: usize, base: u32, inv_temp: f32) -> Self {
+        VocabParams {
+            rows: rows as u32,
+            vocab: vocab as u32,
+            base,
+            inv_temp,
+            ..Zeroable::zeroed()
+        }
+    }
 }
 
 const FLAG_EMPTY_ROW: u32 = 1;
 const FLAG_TARGET_NEG_INF: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
+const FLAG_TEACHER_EMPTY: u32 = 8;
+const FLAG_SCALE_OVERFLOW: u32 = 16;
 const NO_INDEX: u32 = u32::MAX;
 
 /// Per-row results of the fused forward pass; each output is optional (`None` skips it; the
@@ -102,12 +127,24 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
     ) -> Result<f32> {
         let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
+        Self::check_shape("logits", logits.len(), vocab, rows)?;
+        self.check_limits::<L>(vocab)?;
+        Ok(tau)
+    }
+
+    /// grpo-core's `rows_of`: `vocab > 0`, `rows · vocab` representable, then the length of the
+    /// slice named `what`.
+    fn check_shape(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<()> {
         ensure(vocab > 0, "vocab", "must be > 0")?;
         let expected = rows.checked_mul(vocab).ok_or(Error::InvalidParam {
             name: "vocab",
             reason: "rows · vocab overflows usize",
         })?;
-        check_len("logits", expected, logits.len())?;
+        check_len(what, expected, len)
+    }
+
+    /// This backend's own limits (after grpo-core's checks): row length and the f16 feature.
+    fn check_limits<L: LogitStorage>(&self, vocab: usize) -> Result<()> {
         if vocab > u32::MAX as usize / 2 {
             return Err(GpuError::TooLarge {
                 what: "vocab",
@@ -120,7 +157,7 @@ impl<'c> VocabKernel<'c> {
                 feature: "SHADER_F16",
             });
         }
-        Ok(tau)
+        Ok(())
     }
 
     /// Splits the rows so each chunk's logits (and gradient, `bytes_per_out_elem` per logit)
@@ -246,12 +283,7 @@ impl<'c> VocabKernel<'c> {
         self.validate(logits, vocab, rows, 1.0)?;
         let targets = vec![0u32; rows];
         let upstream = vec![1.0f32; rows * 2];
-        let params = VocabParams {
-            rows: rows as u32,
-            vocab: vocab as u32,
-            base: 0,
-            inv_temp: 1.0,
-        };
+        let params = VocabParams::new(rows, vocab, 0, 1.0);
         let mut args = vec![
             (0, Arg::In(bytemuck::cast_slice(logits))),
             (1, Arg::In(bytemuck::cast_slice(&targets))),
@@ -331,12 +363,7 @@ impl<'c> VocabKernel<'c> {
         let mut stats = vec![0f32; rows * 4];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let (bytes, base) = Self::upload(logits, &c, vocab);
-            let params = VocabParams {
-                rows: c.rows as u32,
-                vocab: vocab as u32,
-                base,
-                inv_temp: tau,
-            };
+            let params = VocabParams::new(c.rows, vocab, base, tau);
             let res = self
                 .ctx
                 .submit(
@@ -448,12 +475,7 @@ impl<'c> VocabKernel<'c> {
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let (bytes, base) = Self::upload(student, &c, vocab);
             let (tbytes, _) = Self::upload(teacher, &c, vocab);
-            let params = VocabParams {
-                rows: c.rows as u32,
-                vocab: vocab as u32,
-                base,
-                inv_temp: tau,
-            };
+            let params = VocabParams::new(c.rows, vocab, base, tau);
             let res = self.ctx.run(
                 ShaderId::Vocab(L::DTYPE),
                 &[
@@ -477,6 +499,120 @@ impl<'c> VocabKernel<'c> {
             }
         }
         kl.copy_from_slice(&vals);
+        Ok(())
+    }
+
+    /// Generalised Jensen–Shannon divergence `JSD_β` of every student/teacher row pair
+    /// \[arXiv 2306.13649; MATH.md §5\], grpo-core's `vocab::jsd_rows` on the GPU.
+    ///
+    /// With `p = softmax(student/T)`, `q = softmax(teacher/T)` and the mixture
+    /// `m = β q + (1 − β) p`, `out[r] = JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)`
+    /// `= Σ_v β q_v (log q_v − log m_v) + (1 − β) p_v (log p_v − log m_v)` for `0 < β < 1`
+    /// (TRL's GKD loss uses the same definition; its endpoints β = 0 and β = 1 are the KL
+    /// divergences: use [`VocabKernel::kl`]). `rows = out.len()`; both slices are `[rows,
+    /// vocab]`, row-major. −∞ logits (masked entries) are allowed in either row, so the result is
+    /// always finite, in `[0, −β ln β − (1 − β) ln(1 − β)]`; grpo-core clamps the sum at 0 and so
+    /// does this kernel. One dispatch, two reads of each row (the row statistics, then the terms).
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let ninf = f32::NEG_INFINITY;
+    /// // Row 0: p = [½, ½], q = [¼, ¾], m = [3/8, 5/8]: JSD_½ = ½ (KL(q‖m) + KL(p‖m)) = 0.0338221.
+    /// // Row 1: disjoint (masked) supports: JSD_½ = ln 2.
+    /// let student = [0.0f32, 0.0, 0.0, ninf];
+    /// let teacher = [0.0f32, 3f32.ln(), ninf, 0.0];
+    /// let mut out = [0.0f32; 2];
+    /// VocabKernel::new(&ctx).jsd(&student, &teacher, 2, 0.5, 1.0, &mut out)?;
+    /// assert!((out[0] - 0.0338221).abs() < 2e-6 && (out[1] - 2f32.ln()).abs() < 2e-6);
+    /// // β must lie strictly inside (0, 1); nothing is written on error.
+    /// assert!(VocabKernel::new(&ctx).jsd(&student, &teacher, 2, 1.0, 1.0, &mut out).is_err());
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// grpo-core's, in its order (on `Err` no output is written):
+    /// `InvalidParam { name: "temperature" }` unless `T` is finite and `> 0` with a finite `1/T`;
+    /// `InvalidParam { name: "beta" }` unless `0 < β < 1`; `InvalidParam { name: "vocab" }` for
+    /// `vocab = 0`; `LengthMismatch { what: "student" | "teacher" }`; then row by row, student
+    /// before teacher: `NonFinite { what: "student" | "teacher", index: r·vocab + v }` for the
+    /// first NaN or +∞, `EmptySegment { segment: r }` for a row of only −∞, and
+    /// `NonFinite { what: "logits / temperature" }` when a row's maximum overflows once divided
+    /// by `T`. Plus this backend's [`GpuError::TooLarge`] and, for f16,
+    /// [`GpuError::MissingFeature`].
+    pub fn jsd<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let rows = out.len();
+        // grpo-core's own checks of T and β, in its order and with its messages: its batched JSD
+        // on an empty batch validates exactly those (and a vocab of 1 with no rows) and nothing
+        // else.
+        grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
+        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
+        Self::check_shape("student", student.len(), vocab, rows)?;
+        Self::check_shape("teacher", teacher.len(), vocab, rows)?;
+        self.check_limits::<L>(vocab)?;
+        let omb = 1.0 - beta;
+        let mut vals = vec![0f32; rows];
+        for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
+            let (bytes, base) = Self::upload(student, &c, vocab);
+            let (tbytes, _) = Self::upload(teacher, &c, vocab);
+            let params = VocabParams {
+                beta,
+                one_minus_beta: omb,
+                neg_ln_beta: -beta.ln(),
+                neg_ln_one_minus_beta: -omb.ln(),
+                ..VocabParams::new(c.rows, vocab, base, tau)
+            };
+            let res = self.ctx.run(
+                ShaderId::Vocab(L::DTYPE),
+                &[
+                    (0, Arg::In(bytes)),
+                    (5, Arg::In(tbytes)),
+                    (2, Arg::Out((c.rows * 16) as u64)),
+                    (3, Arg::Out((c.rows * 16) as u64)),
+                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+                ],
+                &[("jsd", [c.rows as u32, 1, 1])],
+            )?;
+            let status: &[u32] = bytemuck::cast_slice(&res[1]);
+            let st: &[f32] = bytemuck::cast_slice(&res[0]);
+            for r in 0..c.rows {
+                let w = &status[r * 4..r * 4 + 4];
+                let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
+                if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
+                    Self::check_pair(student, teacher, vocab, c.first + r, tau)?;
+                }
+                vals[c.first + r] = st[r * 4 + 3];
+            }
+        }
+        out.copy_from_slice(&vals);
+        Ok(())
+    }
+
+    /// grpo-core's row checks (`validate::row`, student then teacher) of a row pair the shader
+    /// flagged: they give the exact error, or accept the row when its only anomaly is a
+    /// non-maximal logit whose z/T overflows to −∞ (probability 0 on both sides). Rows widen
+    /// exactly to f32, so the checks see the stored values.
+    fn check_pair<L: LogitStorage>(
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        row: usize,
+        tau: f32,
+    ) -> Result<()> {
+        let range = row * vocab..(row + 1) * vocab;
+        for (what, x) in [("student", student), ("teacher", teacher)] {
+            let wide: Vec<f32> = x[range.clone()].iter().map(|z| z.widen()).collect();
+            grpo_core::vocab::validate::row(&wide, what, row * vocab, row, tau)?;
+        }
         Ok(())
     }
 
@@ -518,12 +654,7 @@ impl<'c> VocabKernel<'c> {
         let mut chunks_out: Vec<(usize, Vec<u8>)> = Vec::new();
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
             let (bytes, base) = Self::upload(logits, &c, vocab);
-            let params = VocabParams {
-                rows: c.rows as u32,
-                vocab: vocab as u32,
-                base,
-                inv_temp: tau,
-            };
+            let params = VocabParams::new(c.rows, vocab, base, tau);
             let mut res = self.ctx.run(
                 ShaderId::Vocab(L::DTYPE),
                 &[

@@ -84,3 +84,44 @@ fn shaders_follow_the_text_rules() {
     assert!(common.contains("const LOG_RATIO_CLAMP: f32 = 20.0;"));
     assert_eq!(-3.40282347e38f32, f32::MIN);
 }
+
+#[test]
+fn vocab_params_struct_is_32_bytes() {
+    // grpo-wgpu's `VocabParams` (bytemuck, `#[repr(C)]`) is asserted to be 32 bytes at compile
+    // time; the WGSL struct the uniform binding is read as must have the same size, or the JSD's
+    // β fields would be read from the wrong offsets.
+    for id in ShaderId::ALL
+        .into_iter()
+        .filter(|id| matches!(id, ShaderId::Vocab(_)))
+    {
+        let module = naga::front::wgsl::parse_str(&id.source()).expect("parses");
+        let span = module
+            .types
+            .iter()
+            .find(|(_, t)| t.name.as_deref() == Some("VocabParams"))
+            .map(|(_, t)| match &t.inner {
+                naga::TypeInner::Struct { members, span } => {
+                    let names: Vec<_> = members.iter().filter_map(|m| m.name.clone()).collect();
+                    assert_eq!(
+                        names,
+                        [
+                            "rows",
+                            "vocab",
+                            "base",
+                            "inv_temp",
+                            "beta",
+                            "one_minus_beta",
+                            "neg_ln_beta",
+                            "neg_ln_one_minus_beta"
+                        ],
+                        "{}: field order",
+                        id.name()
+                    );
+                    *span
+                }
+                other => panic!("{}: VocabParams is {other:?}", id.name()),
+            })
+            .expect("VocabParams declared");
+        assert_eq!(span, 32, "{}", id.name());
+    }
+}

@@ -557,6 +557,19 @@ fn chunked_rows_give_the_same_bits() {
     let chunked = run(&k);
     ctx.set_binding_cap(u64::MAX);
     assert_eq!(whole, chunked);
+    // JSD reads a teacher row too. Its rows are 301·2 + 4 bytes per binding: a cap of 2000 holds
+    // 3 rows, so chunks start at rows 3 and 6, i.e. at odd (mid-word) elements 903 and 1806.
+    let teacher: Vec<half::bf16> = logits.iter().rev().copied().collect();
+    let jsd = |k: &VocabKernel<'_>| {
+        let mut out = vec![0f32; rows];
+        k.jsd(&logits, &teacher, vocab, 0.3, 0.9, &mut out).unwrap();
+        out
+    };
+    let whole = jsd(&k);
+    ctx.set_binding_cap(2000);
+    let chunked = jsd(&k);
+    ctx.set_binding_cap(u64::MAX);
+    assert_eq!(whole, chunked);
     // A row larger than the cap (301·2 + 4 bytes > 500) is TooLarge, not a wrong answer.
     ctx.set_binding_cap(500);
     let mut lse = vec![0f32; rows];
@@ -610,4 +623,411 @@ fn errors_are_grpo_cores_for_the_same_rows() {
         assert_eq!(got, Err(GpuError::Core(want)), "{z:?} V={v} {t:?} T={temp}");
         assert_eq!((lp, h), ([7f32; 2], [7f32; 2]));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSD_β: grpo-wgpu against grpo-core's `jsd_rows` (same stored values, same errors), within the
+// `Jsd` entry of the tolerance table; an f64 evaluation is reported alongside.
+
+/// f64 JSD_β of one row pair: Σ β q ln(q/m) + (1 − β) p ln(p/m), m = β q + (1 − β) p.
+fn jsd_reference(a: &[f64], b: &[f64], beta: f64, t: f64) -> f64 {
+    let (_, _, _, p) = reference(a, 0, t);
+    let (_, _, _, q) = reference(b, 0, t);
+    p.iter()
+        .zip(&q)
+        .map(|(&p, &q)| {
+            let m = beta * q + (1.0 - beta) * p;
+            let tq = if q > 0.0 {
+                beta * q * (q / m).ln()
+            } else {
+                0.0
+            };
+            let tp = if p > 0.0 {
+                (1.0 - beta) * p * (p / m).ln()
+            } else {
+                0.0
+            };
+            tq + tp
+        })
+        .sum()
+}
+
+/// The largest JSD_β: −β ln β − (1 − β) ln(1 − β) (disjoint supports).
+fn jsd_bound(beta: f64) -> f64 {
+    -beta * beta.ln() - (1.0 - beta) * (1.0 - beta).ln()
+}
+
+#[derive(Debug, Clone)]
+struct JsdCase {
+    vocab: usize,
+    rows: usize,
+    student: Vec<f32>,
+    teacher: Vec<f32>,
+    beta: f32,
+    temp: f32,
+}
+
+/// Lengths 1..=65, around multiples of 16 and of the 256-lane workgroup, and rows longer than
+/// one workgroup's stride (several columns per invocation).
+fn jsd_vocab_len() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        3 => 1usize..=65,
+        2 => prop::sample::select(vec![
+            15usize, 16, 17, 31, 32, 33, 255, 256, 257, 511, 512, 513, 767, 768, 769
+        ]),
+        1 => 1000usize..5000,
+    ]
+}
+
+/// β: the symmetric ½, values near both ends of (0, 1) (0 and 1 themselves are errors, tested
+/// below), and random.
+fn jsd_beta() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        2 => Just(0.5f32),
+        1 => Just(1e-6f32),
+        1 => Just(1.0f32 - f32::EPSILON / 2.0),
+        4 => 0.001f32..0.999,
+    ]
+}
+
+fn jsd_case() -> impl Strategy<Value = JsdCase> {
+    (
+        jsd_vocab_len(),
+        1usize..4,
+        prop::sample::select(vec![1.0f32, 0.7, 2.0]),
+        jsd_beta(),
+        // Teacher: 0 independent, 1 the student itself, 2 the student plus small noise.
+        0u8..3,
+    )
+        .prop_flat_map(|(vocab, rows, temp, beta, mode)| {
+            let n = vocab * rows;
+            (
+                prop::collection::vec(logit(), n),
+                prop::collection::vec(logit(), n),
+                prop::collection::vec(-0.05f32..0.05, n),
+                Just((vocab, rows, temp, beta, mode)),
+            )
+        })
+        .prop_map(|(student, other, noise, (vocab, rows, temp, beta, mode))| {
+            let mut teacher: Vec<f32> = match mode {
+                0 => other,
+                1 => student.clone(),
+                _ => student.iter().zip(&noise).map(|(&z, &e)| z + e).collect(),
+            };
+            let mut student = student;
+            // Every row keeps a finite logit on both sides (all −∞ is an error, tested below).
+            for r in 0..rows {
+                for x in [&mut student, &mut teacher] {
+                    let row = &mut x[r * vocab..(r + 1) * vocab];
+                    if !row.iter().any(|z| z.is_finite()) {
+                        row[r % vocab] = 0.5;
+                    }
+                }
+            }
+            JsdCase {
+                vocab,
+                rows,
+                student,
+                teacher,
+                beta,
+                temp,
+            }
+        })
+}
+
+/// Largest distances seen: |gpu − core|, |gpu − core|/core (where core ≥ 1e-3), |gpu − f64|.
+#[derive(Debug, Default)]
+struct JsdErr {
+    abs: f64,
+    rel: f64,
+    f64_abs: f64,
+}
+
+fn check_jsd<L: LogitStorage + grpo_core::vocab::Logit>(
+    k: &VocabKernel<'_>,
+    c: &JsdCase,
+    dtype: Dtype,
+    f: fn(f32) -> L,
+    back: fn(L) -> f32,
+    err: &std::cell::RefCell<JsdErr>,
+) -> Result<(), TestCaseError> {
+    let s: Vec<L> = c.student.iter().map(|&x| f(x)).collect();
+    let t: Vec<L> = c.teacher.iter().map(|&x| f(x)).collect();
+    let mut want = vec![7f32; c.rows];
+    let core = grpo_core::vocab::jsd_rows(&s, &t, c.vocab, c.beta, c.temp, &mut want);
+    let mut got = vec![7f32; c.rows];
+    let gpu = k.jsd(&s, &t, c.vocab, c.beta, c.temp, &mut got);
+    if let Err(e) = core {
+        // f16/bf16 rounding can empty a row (a tiny value that widens to… never −∞), or
+        // overflow nothing: still, whatever grpo-core says, the GPU must say the same.
+        prop_assert_eq!(gpu, Err(GpuError::Core(e)));
+        prop_assert!(got.iter().all(|&x| x == 7.0));
+        return Ok(());
+    }
+    gpu.map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let tol = tolerance(Op::Jsd, dtype);
+    let (beta, temp) = (c.beta as f64, c.temp as f64);
+    let mut e = err.borrow_mut();
+    for r in 0..c.rows {
+        let row = |x: &[L]| -> Vec<f64> {
+            x[r * c.vocab..(r + 1) * c.vocab]
+                .iter()
+                .map(|&z| back(z) as f64)
+                .collect()
+        };
+        let exact = jsd_reference(&row(&s), &row(&t), beta, temp);
+        let (g, w) = (got[r] as f64, want[r] as f64);
+        e.abs = e.abs.max((g - w).abs());
+        if w >= 1e-3 {
+            e.rel = e.rel.max((g - w).abs() / w);
+        }
+        e.f64_abs = e.f64_abs.max((g - exact).abs());
+        prop_assert!(
+            tol.accepts(got[r], w),
+            "row {r}: gpu {} vs grpo-core {} (f64 {exact}); {c:?}",
+            got[r],
+            want[r]
+        );
+        prop_assert!(
+            got[r] >= 0.0 && g <= jsd_bound(beta) + tol.abs + tol.rel * jsd_bound(beta),
+            "row {r}: JSD {} outside [0, {}]",
+            got[r],
+            jsd_bound(beta)
+        );
+    }
+    Ok(())
+}
+
+fn run_jsd<L: LogitStorage + grpo_core::vocab::Logit>(
+    test: &str,
+    dtype: Dtype,
+    f: fn(f32) -> L,
+    back: fn(L) -> f32,
+) {
+    let Some(ctx) = gpu::context(test) else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    if dtype == Dtype::F16 && !ctx.supports_f16() {
+        let h = [half::f16::ZERO];
+        let r = k.jsd(&h, &h, 1, 0.5, 1.0, &mut [0.0]);
+        assert_eq!(
+            r,
+            Err(GpuError::MissingFeature {
+                feature: "SHADER_F16"
+            })
+        );
+        eprintln!("{test}: adapter lacks SHADER_F16; checked the error instead");
+        return;
+    }
+    let err = std::cell::RefCell::new(JsdErr::default());
+    runner()
+        .run(&jsd_case(), |c| check_jsd(&k, &c, dtype, f, back, &err))
+        .unwrap();
+    let e = err.into_inner();
+    eprintln!(
+        "{test}: {} cases; max |gpu − grpo-core| = {:.3e} (relative, JSD ≥ 1e-3: {:.3e}), \
+         max |gpu − f64| = {:.3e}",
+        gpu::cases(),
+        e.abs,
+        e.rel,
+        e.f64_abs
+    );
+}
+
+#[test]
+fn jsd_f32_matches_grpo_core() {
+    run_jsd("jsd_f32_matches_grpo_core", Dtype::F32, |x| x, |x| x);
+}
+
+#[test]
+fn jsd_bf16_matches_grpo_core() {
+    run_jsd(
+        "jsd_bf16_matches_grpo_core",
+        Dtype::Bf16,
+        half::bf16::from_f32,
+        half::bf16::to_f32,
+    );
+}
+
+#[test]
+fn jsd_f16_matches_grpo_core() {
+    run_jsd(
+        "jsd_f16_matches_grpo_core",
+        Dtype::F16,
+        half::f16::from_f32,
+        half::f16::to_f32,
+    );
+}
+
+#[test]
+fn jsd_long_rows_match_grpo_core() {
+    // Rows of Qwen's 151936 columns (≈ 594 per invocation) and of MATH.md §5's largest 262144:
+    // a row against a slightly perturbed copy (small JSD), and a trained-model-like row with a
+    // peak against an unrelated row.
+    let Some(ctx) = gpu::context("jsd_long_rows_match_grpo_core") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    for vocab in [151_936usize, 262_144] {
+        jsd_long_rows(&k, vocab);
+    }
+}
+
+fn jsd_long_rows(k: &VocabKernel<'_>, vocab: usize) {
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 16.0 - 8.0
+    };
+    let mut student: Vec<f32> = (0..2 * vocab).map(|_| next()).collect();
+    student[vocab + 17] = 25.0;
+    student[vocab + 5] = f32::NEG_INFINITY;
+    let mut teacher: Vec<f32> = student[..vocab]
+        .iter()
+        .map(|&z| z + 0.01 * next())
+        .collect();
+    teacher.extend((0..vocab).map(|_| next()));
+    for &(beta, temp) in &[(0.5f32, 1.0f32), (0.1, 0.7), (0.9, 1.0)] {
+        let mut want = [0f32; 2];
+        grpo_core::vocab::jsd_rows(&student, &teacher, vocab, beta, temp, &mut want).unwrap();
+        let mut got = [0f32; 2];
+        k.jsd(&student, &teacher, vocab, beta, temp, &mut got)
+            .unwrap();
+        let mut exact = [0f64; 2];
+        for r in 0..2 {
+            let row = |x: &[f32]| -> Vec<f64> {
+                x[r * vocab..(r + 1) * vocab]
+                    .iter()
+                    .map(|&z| z as f64)
+                    .collect()
+            };
+            exact[r] = jsd_reference(&row(&student), &row(&teacher), beta as f64, temp as f64);
+            assert!(
+                tolerance(Op::Jsd, Dtype::F32).accepts(got[r], want[r] as f64),
+                "β={beta} T={temp} row {r}: gpu {} vs grpo-core {}",
+                got[r],
+                want[r]
+            );
+        }
+        eprintln!(
+            "jsd V={vocab} β={beta} T={temp}: gpu {got:?}, grpo-core {want:?}, f64 {exact:?}"
+        );
+    }
+}
+
+#[test]
+fn jsd_hand_computed_values() {
+    let Some(ctx) = gpu::context("jsd_hand_computed_values") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let ninf = f32::NEG_INFINITY;
+    // p = [½, ½], q = [¼, ¾], m = [3/8, 5/8]: JSD_½ = ½ (KL(q‖m) + KL(p‖m)) = 0.0338221;
+    // JSD_¼ (m = [7/16, 9/16]) = 0.0248700. Disjoint supports: JSD_½ = ln 2.
+    let z = [0.0f32, 0.0, 0.0, ninf];
+    let w = [0.0f32, 3f32.ln(), ninf, 0.0];
+    let mut out = [0f32; 2];
+    k.jsd(&z, &w, 2, 0.5, 1.0, &mut out).unwrap();
+    assert!((out[0] - 0.0338221).abs() < 2e-6, "{}", out[0]);
+    assert!((out[1] - 2f32.ln()).abs() < 2e-6, "{}", out[1]);
+    k.jsd(&z[..2], &w[..2], 2, 0.25, 1.0, &mut out[..1])
+        .unwrap();
+    assert!((out[0] - 0.0248700).abs() < 2e-6, "{}", out[0]);
+    // Identical rows: 0 (clamped at 0 like grpo-core, never negative).
+    let z = [1.0f32, 2.0, -3.0, ninf, 0.5];
+    k.jsd(&z, &z, 5, 0.3, 0.7, &mut out[..1]).unwrap();
+    assert!((0.0..1e-6).contains(&out[0]), "{}", out[0]);
+    // A finite logit whose z/T overflows to −∞ but is not the row maximum is valid in grpo-core
+    // (probability 0): the same value as with that entry masked.
+    let z = [0.0f32, -3e38, 1.0];
+    let w = [0.5f32, 0.0, 0.0];
+    let mut want = [0f32];
+    grpo_core::vocab::jsd_rows(&z, &w, 3, 0.5, 0.5, &mut want).unwrap();
+    k.jsd(&z, &w, 3, 0.5, 0.5, &mut out[..1]).unwrap();
+    let masked = [0.0f32, ninf, 1.0];
+    let mut m = [0f32];
+    k.jsd(&masked, &w, 3, 0.5, 0.5, &mut m).unwrap();
+    assert!(
+        tolerance(Op::Jsd, Dtype::F32).accepts(out[0], want[0] as f64),
+        "{} vs {}",
+        out[0],
+        want[0]
+    );
+    assert_eq!(out[0], m[0]);
+}
+
+/// (student, teacher, vocab, β, T).
+type JsdArgs = (Vec<f32>, Vec<f32>, usize, f32, f32);
+
+#[test]
+fn jsd_errors_match_grpo_core_and_leave_outputs_untouched() {
+    let Some(ctx) = gpu::context("jsd_errors_match_grpo_core_and_leave_outputs_untouched") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let (ninf, nan, inf) = (f32::NEG_INFINITY, f32::NAN, f32::INFINITY);
+    let ok = vec![0.0f32, 1.0, 2.0, -1.0, 0.5, 0.25];
+    // (student, teacher, vocab, β, T) with two rows of 3 (where the lengths are right).
+    #[rustfmt::skip]
+    let cases: Vec<JsdArgs> = vec![
+        // NaN / +∞: student row 1; teacher row 0 (wins over a later student error); both in a row
+        // (the student's wins).
+        (vec![0.0, 1.0, 2.0, 0.0, nan, 1.0], ok.clone(), 3, 0.5, 1.0),
+        (vec![0.0, 1.0, 2.0, 0.0, nan, 1.0], vec![0.0, inf, 0.0, 0.0, 0.0, 0.0], 3, 0.5, 1.0),
+        (vec![0.0, 0.0, inf, 0.0, 0.0, 0.0], vec![nan, 0.0, 0.0, 0.0, 0.0, 0.0], 3, 0.5, 1.0),
+        // Rows of only −∞: student row 0, teacher row 1.
+        (vec![ninf, ninf, ninf, 0.0, 0.0, 0.0], ok.clone(), 3, 0.5, 1.0),
+        (ok.clone(), vec![0.0, 1.0, 2.0, ninf, ninf, ninf], 3, 0.5, 1.0),
+        // The maximum overflows once divided by T: to +∞ (student), to −∞ (teacher).
+        (vec![0.0, 3e38, 3e38, 1.0, 1.0, 1.0], ok.clone(), 3, 0.5, 0.5),
+        (ok.clone(), vec![0.0, 1.0, 2.0, -1e30, -2e30, -1e30], 3, 0.5, 1e-10),
+        // Temperature: 0, negative, NaN, +∞, 1/T overflowing.
+        (ok.clone(), ok.clone(), 3, 0.5, 0.0),
+        (ok.clone(), ok.clone(), 3, 0.5, -1.0),
+        (ok.clone(), ok.clone(), 3, 0.5, nan),
+        (ok.clone(), ok.clone(), 3, 0.5, inf),
+        (ok.clone(), ok.clone(), 3, 0.5, 1e-39),
+        // β outside (0, 1), including both endpoints (the KL divergences: use `kl`).
+        (ok.clone(), ok.clone(), 3, 0.0, 1.0),
+        (ok.clone(), ok.clone(), 3, 1.0, 1.0),
+        (ok.clone(), ok.clone(), 3, -0.25, 1.0),
+        (ok.clone(), ok.clone(), 3, 1.5, 1.0),
+        (ok.clone(), ok.clone(), 3, nan, 1.0),
+        // β is checked before the lengths, T before β.
+        (ok[..5].to_vec(), ok.clone(), 3, 2.0, 1.0),
+        (ok.clone(), ok.clone(), 3, 2.0, 0.0),
+        // Lengths: student, teacher, vocab 0.
+        (ok[..5].to_vec(), ok.clone(), 3, 0.5, 1.0),
+        (ok.clone(), ok[..4].to_vec(), 3, 0.5, 1.0),
+        (ok.clone(), ok.clone(), 0, 0.5, 1.0),
+    ];
+    for (z, w, vocab, beta, temp) in cases {
+        let mut want = [7f32; 2];
+        let core = grpo_core::vocab::jsd_rows(&z, &w, vocab, beta, temp, &mut want).unwrap_err();
+        assert_eq!(want, [7f32; 2]);
+        let mut out = [7f32; 2];
+        let got = k.jsd(&z, &w, vocab, beta, temp, &mut out);
+        assert_eq!(
+            got,
+            Err(GpuError::Core(core)),
+            "{z:?} {w:?} V={vocab} β={beta} T={temp}"
+        );
+        assert_eq!(out, [7f32; 2], "output written on error");
+    }
+    // bf16 storage reports the same flat index (row 1, column 2 of the teacher).
+    let z: Vec<half::bf16> = ok.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let mut w = z.clone();
+    w[5] = half::bf16::NAN;
+    let mut out = [7f32; 2];
+    assert_eq!(
+        k.jsd(&z, &w, 3, 0.5, 1.0, &mut out),
+        Err(GpuError::Core(Error::NonFinite {
+            what: "teacher",
+            index: 5
+        }))
+    );
+    assert_eq!(out, [7f32; 2]);
 }
