@@ -4,6 +4,7 @@
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
+use grpo_core::vocab::KlDirection;
 
 use crate::context::{Arg, GpuContext};
 use crate::error::{GpuError, Result, check_len, ensure};
@@ -453,28 +454,75 @@ impl<'c> VocabKernel<'c> {
         self.forward(logits, vocab, &[], temperature, out)
     }
 
-    /// `KL(p‖q)` per row with `p = softmax(student/T)`, `q = softmax(teacher/T)`:
-    /// `Σ_v p_v (log p_v − log q_v)`. (Reverse KL: swap the arguments.) `+∞` where the
-    /// teacher is `−∞` at a column where the student has mass.
+    /// KL divergence of every student/teacher row pair, grpo-core's
+    /// [`grpo_core::vocab::kl_rows`] on the GPU \[ours; the distillation losses of arXiv
+    /// 2306.13649\].
+    ///
+    /// With `p = softmax(student/T)` and `q = softmax(teacher/T)`: `out[r] = KL(p‖q) =
+    /// Σ_v p_v (log p_v − log q_v)` for [`KlDirection::Forward`], `KL(q‖p)` for
+    /// [`KlDirection::Reverse`] (the shader computes the forward form with the rows' roles
+    /// swapped). `rows = out.len()`; both slices `[rows, vocab]`, row-major, the same storage
+    /// type. −∞ logits (masked entries) are allowed; columns where both rows are −∞ contribute 0.
+    /// One dispatch, one read of each row (online max/sum of both rows and the running
+    /// `Σ e^{x_p − m_p}(x_p − x_q)` in a single pass).
+    ///
+    /// Rows the shader flags (a NaN or +∞, an empty row, a support violation, a non-finite
+    /// result such as a maximum whose `z/T` overflows) are handed to grpo-core on the host: it
+    /// returns the exact error, or — for the one anomaly grpo-core accepts, a non-maximal logit
+    /// whose `z/T` overflows to −∞ (probability 0) — the row's value, computed by grpo-core.
+    ///
+    /// ```
+    /// use grpo_core::vocab::KlDirection;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // p = [½, ½] (z = [0, 0]), q = [¼, ¾] (w = [0, ln 3]):
+    /// // KL(p‖q) = ½ ln 2 + ½ ln(2/3) = 0.1438410, KL(q‖p) = 0.1308120.
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let k = VocabKernel::new(&ctx);
+    /// let (mut f, mut r) = ([0.0f32], [0.0f32]);
+    /// k.kl(&z, &w, 2, 1.0, KlDirection::Forward, &mut f)?;
+    /// k.kl(&z, &w, 2, 1.0, KlDirection::Reverse, &mut r)?;
+    /// assert!((f[0] - 0.1438410).abs() < 3e-6 && (r[0] - 0.1308120).abs() < 3e-6);
+    /// // The teacher is −∞ where the student has mass: KL(p‖q) = +∞ is an error, as in grpo-core.
+    /// let w = [0.0f32, f32::NEG_INFINITY];
+    /// assert!(k.kl(&z, &w, 2, 1.0, KlDirection::Forward, &mut f).is_err());
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
-    /// As [`VocabKernel::forward`]; NaN/+∞ in either row is `NonFinite { what: "logits" }`;
-    /// a row where either side is entirely −∞ is `EmptySegment`.
+    /// grpo-core's, in its order (on `Err` no output is written): `InvalidParam { name:
+    /// "temperature" }` unless `T` is finite and `> 0` with a finite `1/T`; `InvalidParam {
+    /// name: "vocab" }` for `vocab = 0`; `LengthMismatch { what: "student" | "teacher" }`; then
+    /// row by row, student before teacher: `NonFinite { what: "student" | "teacher", index:
+    /// r·vocab + v }` for the first NaN or +∞, `EmptySegment { segment: r }` for a row of only
+    /// −∞, `NonFinite { what: "logits / temperature" }` when a row's maximum overflows once
+    /// divided by `T`, and `NonFinite` when the expectation's distribution has mass where the
+    /// other's is 0 (the KL is +∞). Plus this backend's [`GpuError::TooLarge`] and, for f16,
+    /// [`GpuError::MissingFeature`].
     pub fn kl<L: LogitStorage>(
         &self,
         student: &[L],
         teacher: &[L],
         vocab: usize,
         temperature: f32,
-        kl: &mut [f32],
+        direction: KlDirection,
+        out: &mut [f32],
     ) -> Result<()> {
-        let rows = kl.len();
-        let tau = self.validate(student, vocab, rows, temperature)?;
-        check_len("teacher", rows * vocab, teacher.len())?;
+        let rows = out.len();
+        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
+        Self::check_shape("student", student.len(), vocab, rows)?;
+        Self::check_shape("teacher", teacher.len(), vocab, rows)?;
+        self.check_limits::<L>(vocab)?;
+        // The shader computes KL(first‖second).
+        let (first, second) = match direction {
+            KlDirection::Forward => (student, teacher),
+            KlDirection::Reverse => (teacher, student),
+        };
         let mut vals = vec![0f32; rows];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let (bytes, base) = Self::upload(student, &c, vocab);
-            let (tbytes, _) = Self::upload(teacher, &c, vocab);
+            let (bytes, base) = Self::upload(first, &c, vocab);
+            let (tbytes, _) = Self::upload(second, &c, vocab);
             let params = VocabParams::new(c.rows, vocab, base, tau);
             let res = self.ctx.run(
                 ShaderId::Vocab(L::DTYPE),
@@ -488,18 +536,47 @@ impl<'c> VocabKernel<'c> {
                 &[("kl", [c.rows as u32, 1, 1])],
             )?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(&status[..c.rows * 4], c.first, vocab, student, None)?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             for r in 0..c.rows {
-                vals[c.first + r] = if status[r * 4 + 1] & FLAG_KL_INFINITE != 0 {
-                    f32::INFINITY
+                let w = &status[r * 4..r * 4 + 4];
+                let value = st[r * 4 + 3];
+                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE;
+                vals[c.first + r] = if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite()
+                {
+                    Self::kl_on_host(student, teacher, vocab, c.first + r, temperature, direction)?
                 } else {
-                    st[r * 4 + 3]
+                    value
                 };
             }
         }
-        kl.copy_from_slice(&vals);
+        out.copy_from_slice(&vals);
         Ok(())
+    }
+
+    /// grpo-core's `kl_rows` on row `row` alone (widened exactly to f32), with its error
+    /// re-based to the whole batch (`index` and `segment` of row `row`).
+    fn kl_on_host<L: LogitStorage>(
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        row: usize,
+        temperature: f32,
+        direction: KlDirection,
+    ) -> Result<f32> {
+        let range = row * vocab..(row + 1) * vocab;
+        let widen = |x: &[L]| -> Vec<f32> { x[range.clone()].iter().map(|z| z.widen()).collect() };
+        let (z, w) = (widen(student), widen(teacher));
+        let mut v = [0f32];
+        match grpo_core::vocab::kl_rows(&z, &w, vocab, temperature, direction, &mut v) {
+            Ok(()) => Ok(v[0]),
+            Err(Error::NonFinite { what, index }) => Err(Error::NonFinite {
+                what,
+                index: row * vocab + index,
+            }
+            .into()),
+            Err(Error::EmptySegment { .. }) => Err(Error::EmptySegment { segment: row }.into()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Generalised Jensen–Shannon divergence `JSD_β` of every student/teacher row pair

@@ -3,6 +3,7 @@
 //! Skips (with a message) without an adapter unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::Error;
+use grpo_core::vocab::KlDirection;
 use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
 use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
@@ -266,11 +267,38 @@ fn kl_matches_f64_reference() {
     });
     runner()
         .run(&strat, |(c, teacher)| {
-            let mut kl = vec![0f32; c.rows];
+            let (mut kl, mut rev) = (vec![0f32; c.rows], vec![0f32; c.rows]);
             let wide: Vec<f64> = c.logits.iter().map(|&x| x as f64).collect();
             prop_assume!(has_finite_rows(&c, &wide));
-            k.kl(&c.logits, &teacher, c.vocab, c.temp, &mut kl)
-                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            k.kl(
+                &c.logits,
+                &teacher,
+                c.vocab,
+                c.temp,
+                KlDirection::Forward,
+                &mut kl,
+            )
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // The reverse direction needs the student's support to cover the teacher's (the
+            // teacher here is finite everywhere): only rows without a −∞ student logit.
+            let reverse = k.kl(
+                &c.logits,
+                &teacher,
+                c.vocab,
+                c.temp,
+                KlDirection::Reverse,
+                &mut rev,
+            );
+            let mut core_rev = vec![0f32; c.rows];
+            let core = grpo_core::vocab::kl_rows(
+                &c.logits,
+                &teacher,
+                c.vocab,
+                c.temp,
+                KlDirection::Reverse,
+                &mut core_rev,
+            );
+            prop_assert_eq!(reverse.clone().err(), core.err().map(GpuError::Core));
             for r in 0..c.rows {
                 let a = &wide[r * c.vocab..(r + 1) * c.vocab];
                 let b: Vec<f64> = teacher[r * c.vocab..(r + 1) * c.vocab]
@@ -284,6 +312,14 @@ fn kl_matches_f64_reference() {
                     kl[r]
                 );
                 prop_assert!(kl[r] >= -3e-5, "KL must be ≥ 0 up to rounding: {}", kl[r]);
+                if reverse.is_ok() {
+                    let want = kl_reference(&b, a, c.temp as f64);
+                    prop_assert!(
+                        tolerance(Op::Kl, Dtype::F32).accepts(rev[r], want),
+                        "reverse kl {} vs {want}",
+                        rev[r]
+                    );
+                }
             }
             Ok(())
         })
@@ -505,8 +541,15 @@ fn hand_computed_values() {
     );
     // KL(p‖q) with p = (1/4, 3/4), q = (1/2, 1/2): 0.25 ln 0.5 + 0.75 ln 1.5 = 0.1308121.
     let mut kl = [0f32];
-    k.kl(&[0.0f32, 3f32.ln()], &[0.0f32, 0.0], 2, 1.0, &mut kl)
-        .unwrap();
+    k.kl(
+        &[0.0f32, 3f32.ln()],
+        &[0.0f32, 0.0],
+        2,
+        1.0,
+        KlDirection::Forward,
+        &mut kl,
+    )
+    .unwrap();
     assert!((kl[0] - 0.1308121).abs() < 3e-6, "{}", kl[0]);
 }
 
@@ -1024,6 +1067,88 @@ fn jsd_errors_match_grpo_core_and_leave_outputs_untouched() {
     let mut out = [7f32; 2];
     assert_eq!(
         k.jsd(&z, &w, 3, 0.5, 1.0, &mut out),
+        Err(GpuError::Core(Error::NonFinite {
+            what: "teacher",
+            index: 5
+        }))
+    );
+    assert_eq!(out, [7f32; 2]);
+}
+
+/// `kl` against grpo-core's `kl_rows` on rows built to hit every error (and the one anomaly the
+/// core accepts), in both directions: the same error value with the output untouched, or the
+/// same value within the KL tolerance.
+#[test]
+fn kl_errors_and_edge_rows_match_grpo_core() {
+    let Some(ctx) = gpu::context("kl_errors_and_edge_rows_match_grpo_core") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let (ninf, nan, inf) = (f32::NEG_INFINITY, f32::NAN, f32::INFINITY);
+    let ok = vec![0.0f32, 1.0, 2.0, -1.0, 0.5, 0.25];
+    // (student, teacher, vocab, T) with two rows of 3 (where the lengths are right).
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<f32>, Vec<f32>, usize, f32)> = vec![
+        // NaN / +∞: student row 1; teacher row 0 (wins over a later student error).
+        (vec![0.0, 1.0, 2.0, 0.0, nan, 1.0], ok.clone(), 3, 1.0),
+        (vec![0.0, 1.0, 2.0, 0.0, nan, 1.0], vec![0.0, inf, 0.0, 0.0, 0.0, 0.0], 3, 1.0),
+        // Rows of only −∞: student row 0, teacher row 1.
+        (vec![ninf, ninf, ninf, 0.0, 0.0, 0.0], ok.clone(), 3, 1.0),
+        (ok.clone(), vec![0.0, 1.0, 2.0, ninf, ninf, ninf], 3, 1.0),
+        // Support: the teacher is −∞ where the student has mass (forward +∞), and the converse
+        // (reverse +∞); both −∞ in a column is fine.
+        (ok.clone(), vec![0.0, ninf, 2.0, -1.0, 0.5, 0.25], 3, 1.0),
+        (vec![0.0, 1.0, ninf, -1.0, 0.5, 0.25], ok.clone(), 3, 1.0),
+        (vec![0.0, ninf, 2.0, -1.0, 0.5, 0.25], vec![0.0, ninf, 2.0, 1.0, 0.5, -0.25], 3, 1.0),
+        // The maximum overflows once divided by T: to +∞ (student), to −∞ (teacher).
+        (vec![0.0, 3e38, 3e38, 1.0, 1.0, 1.0], ok.clone(), 3, 0.5),
+        (ok.clone(), vec![0.0, 1.0, 2.0, -1e30, -2e30, -1e30], 3, 1e-10),
+        // A non-maximal logit whose z/T overflows to −∞: probability 0, accepted by grpo-core.
+        (vec![0.0, 1.0, -3e38, 0.0, 0.5, 1.0], vec![0.5, 1.0, 0.0, 1.0, 0.5, 0.0], 3, 0.5),
+        // Temperature: 0, negative, NaN, +∞, 1/T overflowing.
+        (ok.clone(), ok.clone(), 3, 0.0),
+        (ok.clone(), ok.clone(), 3, -1.0),
+        (ok.clone(), ok.clone(), 3, nan),
+        (ok.clone(), ok.clone(), 3, inf),
+        (ok.clone(), ok.clone(), 3, 1e-39),
+        // Lengths: student, teacher, vocab 0.
+        (ok[..5].to_vec(), ok.clone(), 3, 1.0),
+        (ok.clone(), ok[..4].to_vec(), 3, 1.0),
+        (ok.clone(), ok.clone(), 0, 1.0),
+    ];
+    let mut errors = 0;
+    for (z, w, vocab, temp) in cases {
+        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+            let mut want = [7f32; 2];
+            let core = grpo_core::vocab::kl_rows(&z, &w, vocab, temp, dir, &mut want);
+            let mut out = [7f32; 2];
+            let got = k.kl(&z, &w, vocab, temp, dir, &mut out);
+            let what = format!("{z:?} {w:?} V={vocab} T={temp} {dir:?}");
+            match core {
+                Err(e) => {
+                    errors += 1;
+                    assert_eq!(got, Err(GpuError::Core(e)), "{what}");
+                    assert_eq!(out, [7f32; 2], "output written on error: {what}");
+                }
+                Ok(()) => {
+                    got.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    for r in 0..2 {
+                        let ok = tolerance(Op::Kl, Dtype::F32).accepts(out[r], want[r] as f64);
+                        assert!(ok, "{what}: row {r}: {} vs core {}", out[r], want[r]);
+                    }
+                }
+            }
+        }
+    }
+    // Every row above but the accepted ones is an error in at least one direction.
+    assert!(errors >= 30, "{errors} errors");
+    // bf16 storage reports the same flat index (row 1, column 2 of the teacher).
+    let z: Vec<half::bf16> = ok.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let mut w = z.clone();
+    w[5] = half::bf16::NAN;
+    let mut out = [7f32; 2];
+    assert_eq!(
+        k.kl(&z, &w, 3, 1.0, KlDirection::Forward, &mut out),
         Err(GpuError::Core(Error::NonFinite {
             what: "teacher",
             index: 5
