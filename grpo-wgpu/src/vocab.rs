@@ -209,13 +209,14 @@ impl<'c> VocabKernel<'c> {
     }
 
     /// Turns the per-row status words into grpo-core's error, in grpo-core's order: row by row,
-    /// first NaN/+∞ (`NonFinite{"logits"}`), all −∞ (`EmptySegment`), z/T overflow
-    /// (`NonFinite{"logits / temperature"}` at the first maximum, found on the host as grpo-core
-    /// does), then, when `targets` is given, a −∞ target logit (`NonFinite{"logits[target]"}`).
+    /// first NaN/+∞ (`NonFinite{"logits"}`), then for a row the shader found empty or
+    /// overflowing, grpo-core's own row check on the host (`EmptySegment`, or
+    /// `NonFinite{"logits / temperature"}` at the first maximum), then, when `targets` is given, a −∞ target logit (`NonFinite{"logits[target]"}`).
     fn check_status<L: LogitStorage>(
         status: &[u32],
         first_row: usize,
         vocab: usize,
+        tau: f32,
         logits: &[L],
         targets: Option<&[u32]>,
     ) -> Result<()> {
@@ -228,21 +229,16 @@ impl<'c> VocabKernel<'c> {
                 }
                 .into());
             }
-            if w[1] & FLAG_EMPTY_ROW != 0 {
-                return Err(Error::EmptySegment { segment: row }.into());
-            }
-            if w[2] != NO_INDEX {
-                let zs = &logits[row * vocab..(row + 1) * vocab];
-                let m = zs
+            if w[1] & FLAG_EMPTY_ROW != 0 || w[2] != NO_INDEX {
+                // No usable logit, or z/T overflows: grpo-core's row check on the host names
+                // it exactly (a maximum whose z/T overflows to −∞ leaves the shader with an
+                // empty row, but grpo-core reports the overflow).
+                let wide: Vec<f32> = logits[row * vocab..(row + 1) * vocab]
                     .iter()
                     .map(|z| z.widen())
-                    .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
-                let v = zs.iter().position(|z| z.widen() == m).unwrap_or(0);
-                return Err(Error::NonFinite {
-                    what: "logits / temperature",
-                    index: row * vocab + v,
-                }
-                .into());
+                    .collect();
+                grpo_core::vocab::validate::row(&wide, "logits", row * vocab, row, tau)?;
+                return Err(Error::EmptySegment { segment: row }.into());
             }
             if let Some(t) = targets
                 && w[1] & FLAG_TARGET_NEG_INF != 0
@@ -384,7 +380,7 @@ impl<'c> VocabKernel<'c> {
                 .await?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
             let t = logp.is_some().then_some(targets);
-            Self::check_status(&status[..c.rows * 4], c.first, vocab, logits, t)?;
+            Self::check_status(&status[..c.rows * 4], c.first, vocab, tau, logits, t)?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             stats[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&st[..c.rows * 4]);
         }
@@ -754,7 +750,14 @@ impl<'c> VocabKernel<'c> {
                 &[("backward", [c.rows as u32, 1, 1])],
             )?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(&status[..c.rows * 4], c.first, vocab, logits, Some(targets))?;
+            Self::check_status(
+                &status[..c.rows * 4],
+                c.first,
+                vocab,
+                tau,
+                logits,
+                Some(targets),
+            )?;
             chunks_out.push((c.first * vocab, std::mem::take(&mut res[2])));
         }
         for (start, bytes) in chunks_out {

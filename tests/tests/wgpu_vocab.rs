@@ -445,6 +445,35 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
         Err(GpuError::Core(Error::EmptySegment { segment: 2 }))
     );
     assert_eq!(out, [sentinel; 3]);
+    // Row 1's maximum overflows to −∞ once divided by T = 1e-10 (every z/T is −∞): grpo-core
+    // reports the overflow at the row's first maximum, not an empty row — forward and backward.
+    let mut logits = vec![0.5f32; 12];
+    logits[4..8].copy_from_slice(&[-2e30, -1e30, -1e30, -3e30]);
+    let overflow = Err(GpuError::Core(Error::NonFinite {
+        what: "logits / temperature",
+        index: 5,
+    }));
+    let (mut lse, mut h) = ([sentinel; 3], [sentinel; 3]);
+    assert_eq!(
+        grpo_core::vocab::stats_rows(&logits, 4, 1e-10, &mut lse, &mut h).map_err(GpuError::Core),
+        overflow
+    );
+    assert_eq!(k.entropy(&logits, 4, 1e-10, &mut out), overflow);
+    assert_eq!(out, [sentinel; 3]);
+    let mut grad = vec![sentinel; 12];
+    assert_eq!(
+        k.backward(
+            &logits,
+            4,
+            &[0, 0, 0],
+            1e-10,
+            &[1.0; 3],
+            &[0.0; 3],
+            &mut grad
+        ),
+        overflow
+    );
+    assert_eq!(grad, vec![sentinel; 12]);
     // Target out of range, length mismatch, bad temperature.
     let logits = vec![0.5f32; 12];
     assert_eq!(
