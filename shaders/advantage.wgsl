@@ -177,8 +177,9 @@ fn centered(st: GroupStats, s: f32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn group_stats(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let g = gid.x;
+fn group_stats(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let g = linear_index(gid, nwg, 64u);
     if g >= params.groups {
         return;
     }
@@ -276,8 +277,9 @@ fn batch_moments() {
 // first), S = Σ_k w_k z_k in reward order. Singleton groups: verl loop μ = 0, den = 1 + ε;
 // otherwise the undefined σ is 0 and the numerator is 0.
 @compute @workgroup_size(64)
-fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let g = gid.x;
+fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let g = linear_index(gid, nwg, 64u);
     if g >= params.groups {
         return;
     }
@@ -312,8 +314,9 @@ fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // GDPO stage 2: whiten S over the batch.
 @compute @workgroup_size(64)
-fn finish(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn finish(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 64u);
     if i >= params.n {
         return;
     }
@@ -337,8 +340,9 @@ fn normal_score(g: u32, r: u32) -> f32 {
 // G²RPO [2604.08539]: a tie block holding ascending ranks start+1..=end gets the mean of
 // normal_score over those ranks (0 when the block is centred on the middle rank).
 @compute @workgroup_size(64)
-fn group_rank(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let g = gid.x;
+fn group_rank(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let g = linear_index(gid, nwg, 64u);
     if g >= params.groups {
         return;
     }

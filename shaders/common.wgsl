@@ -39,3 +39,11 @@ fn rmin(a: f32, b: f32) -> f32 {
 fn rclamp(x: f32, lo: f32, hi: f32) -> f32 {
     return rmin(rmax(x, lo), hi);
 }
+
+// The linear index of an invocation of a one-thread-per-item entry point. The host dispatches
+// ceil(items / size) workgroups as a 2-D grid [x, y, 1] with x ≤ the device's
+// max_compute_workgroups_per_dimension (GpuContext::grid), so batches beyond x·size items
+// still run in one dispatch; invocations past the item count are guarded by each caller.
+fn linear_index(gid: vec3<u32>, groups: vec3<u32>, size: u32) -> u32 {
+    return gid.x + gid.y * (groups.x * size);
+}

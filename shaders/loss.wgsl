@@ -254,8 +254,9 @@ fn sigmoid_slope(z: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn per_token(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
     if i >= params.n {
         return;
     }
@@ -350,8 +351,9 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>) {
 // span (w_i at valid tokens, 0 elsewhere). The product is stored, not accumulated, so no fused
 // multiply-add can change its rounding.
 @compute @workgroup_size(256)
-fn agg_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn agg_seq(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
     if i >= params.seqs {
         return;
     }
@@ -387,8 +389,9 @@ fn agg_total() {
 //   GSPO-token: r = e^{min(x̄, max)}, L_t = ppo_core(r, A_t), ∂r/∂lp_t = r (0 when clamped).
 // Masked tokens of the span get 0; valid ones get their event bits as per_token writes them.
 @compute @workgroup_size(256)
-fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
     if i >= params.seqs {
         return;
     }
@@ -448,8 +451,9 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>) {
 // ±clamp (EV_CLAMPED), w = e^l, then truncated to [lo, hi] or zeroed outside it (EV_CLIP_LOW:
 // the filter changed w). Masked tokens get 0.
 @compute @workgroup_size(256)
-fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
     if i >= params.seqs {
         return;
     }
@@ -493,8 +497,9 @@ fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>) {
 // ESS sums (loss/pg.rs ess_stats), pass 1: one invocation per sequence adds w = e^{clamp(x)} and
 // w² over its valid tokens in token order.
 @compute @workgroup_size(256)
-fn ess_seq(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+fn ess_seq(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
     if i >= params.seqs {
         return;
     }

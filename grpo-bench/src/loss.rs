@@ -98,7 +98,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
 
 /// Deterministic log-probabilities in [−4, 0) and π_old within ±0.3 of them (so some ratios
 /// fall outside the clip bounds), advantages in [−2, 2) with one token in 16 at exactly 0.
-fn inputs(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub(crate) fn inputs(n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         s ^= s << 13;

@@ -4,19 +4,27 @@
 //! cargo run --release -p grpo-bench -- vocab [--rows N --vocab V --dtype f32|bf16|f16|all
 //!     --threads T --backend NAME --kernel NAME --iters K]
 //! cargo run --release -p grpo-bench -- loss [--tokens N --threads T --iters K --clip ppo|kl3|all]
+//! cargo run --release -p grpo-bench -- wgpu [--rows N --vocab V --dtype f32|f16|bf16|all
+//!     --tokens N --iters K]
 //! cargo run --release -p grpo-bench [-- all]    # vocab, then loss, with their defaults
 //! ```
+//!
+//! `all` (and no mode) is the CPU benchmarks only: the `wgpu` mode creates a device (seconds on
+//! lavapipe, and a software adapter's work competes with the CPU kernels for the same cores), so
+//! it runs only when asked for.
 //!
 //! Prints one JSON object per line. `gbps` counts the bytes a kernel must move (logits read,
 //! gradients written); `roofline_gbps` is a plain multi-threaded streaming read (forward
 //! kernels) or read + write (backward) of the same number of bytes on the same threads, timed
 //! interleaved with the kernel so machine drift hits both alike; `ratio = gbps / roofline_gbps`.
 //! The `loss` mode's fields are described in its module (`rows` = sequences, `vocab` = tokens
-//! per sequence there).
+//! per sequence there); the `wgpu` mode's (roofline = a device buffer copy, plus `adapter`) in
+//! its module.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
+mod gpu;
 mod loss;
 mod vocab;
 
@@ -25,6 +33,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("vocab") => vocab::main(&args[1..]),
         Some("loss") => loss::main(&args[1..]),
+        Some("wgpu") => gpu::main(&args[1..]),
         None | Some("all") if args.len() <= 1 => vocab::main(&[]).and_then(|()| loss::main(&[])),
         _ => Err(USAGE.to_string()),
     };
@@ -40,7 +49,8 @@ fn main() -> ExitCode {
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
 [--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
-       grpo-bench [all]";
+       grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
+       grpo-bench [all]    (vocab, then loss: the CPU modes only)";
 
 /// Median of `f`'s wall time in milliseconds over `iters` runs, interleaved with `g` (whose
 /// median is returned second). One untimed warm-up of each first.

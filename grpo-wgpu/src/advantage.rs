@@ -185,6 +185,8 @@ impl<'c> AdvantageKernel<'c> {
         out: &mut [f32],
     ) -> Result<Vec<u32>> {
         let n = out.len();
+        self.ctx
+            .check_items("scores", values.len().max(g.offsets.len()))?;
         let res = self.ctx.run(
             ShaderId::Advantage,
             &[
@@ -217,8 +219,9 @@ impl<'c> AdvantageKernel<'c> {
         Ok(bytemuck::cast_slice::<u8, u32>(&res[2])[..2 * g.groups].to_vec())
     }
 
-    fn groups_x(g: usize) -> [u32; 3] {
-        [(g as u32).div_ceil(64), 1, 1]
+    /// One invocation per group (2-D beyond the per-dimension workgroup limit).
+    fn groups_x(&self, g: usize) -> Result<[u32; 3]> {
+        self.ctx.grid(g, 64)
     }
 
     /// The first group with exactly one scorable member when singletons are rejected.
@@ -309,7 +312,7 @@ impl<'c> AdvantageKernel<'c> {
         if cfg.scale == Scale::Batch {
             passes.push(("batch_moments", [1, 1, 1]));
         }
-        passes.push(("group_stats", Self::groups_x(num_groups)));
+        passes.push(("group_stats", self.groups_x(num_groups)?));
         let mut tmp = vec![0f32; n];
         let words = self.dispatch(&g, &gathered, params, &[0.0], &[0], &passes, &mut tmp)?;
         out.copy_from_slice(&tmp);
@@ -352,7 +355,7 @@ impl<'c> AdvantageKernel<'c> {
             params,
             &[0.0],
             &[0],
-            &[("group_stats", Self::groups_x(num_groups))],
+            &[("group_stats", self.groups_x(num_groups)?)],
             &mut tmp,
         )?;
         out.copy_from_slice(&tmp);
@@ -435,7 +438,7 @@ impl<'c> AdvantageKernel<'c> {
             params,
             &table,
             &bases,
-            &[("group_rank", Self::groups_x(num_groups))],
+            &[("group_rank", self.groups_x(num_groups)?)],
             &mut tmp,
         )?;
         out.copy_from_slice(&tmp);
@@ -556,9 +559,9 @@ impl<'c> AdvantageKernel<'c> {
             weights,
             &[0],
             &[
-                ("gdpo_sum", Self::groups_x(num_groups)),
+                ("gdpo_sum", self.groups_x(num_groups)?),
                 ("batch_moments", [1, 1, 1]),
-                ("finish", [(n as u32).div_ceil(64), 1, 1]),
+                ("finish", self.ctx.grid(n, 64)?),
             ],
             &mut tmp,
         )?;

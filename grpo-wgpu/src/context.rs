@@ -95,6 +95,7 @@ pub struct GpuContext {
     pipelines: Mutex<HashMap<(ShaderId, &'static str), wgpu::ComputePipeline>>,
     pool: Mutex<HashMap<(u32, u64), Vec<wgpu::Buffer>>>,
     binding_cap: std::sync::atomic::AtomicU64,
+    groups_cap: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -162,12 +163,19 @@ impl GpuContext {
             pipelines: Mutex::new(HashMap::new()),
             pool: Mutex::new(HashMap::new()),
             binding_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
+            groups_cap: std::sync::atomic::AtomicU32::new(u32::MAX),
         })
     }
 
     /// The adapter's name, backend and driver.
     pub fn adapter_info(&self) -> &wgpu::AdapterInfo {
         &self.info
+    }
+
+    /// Whether the adapter is a software rasteriser (wgpu's `DeviceType::Cpu`: Mesa lavapipe /
+    /// llvmpipe, WARP), where timings measure the CPU, not a GPU.
+    pub fn is_software(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
     }
 
     /// The device's limits (the adapter's, requested in full).
@@ -208,7 +216,65 @@ impl GpuContext {
 
     /// Largest number of workgroups in one dispatch dimension.
     pub(crate) fn max_groups(&self) -> u32 {
-        self.limits.max_compute_workgroups_per_dimension
+        self.limits
+            .max_compute_workgroups_per_dimension
+            .min(self.groups_cap.load(std::sync::atomic::Ordering::Relaxed))
+            .max(1)
+    }
+
+    /// Test hook: pretend one dispatch dimension may hold at most `groups` workgroups, so the
+    /// 2-D dispatch of the one-thread-per-item kernels (and the row chunking of the vocabulary
+    /// kernels) runs on small inputs (`u32::MAX` restores the device limit).
+    #[doc(hidden)]
+    pub fn set_max_workgroups_per_dimension(&self, groups: u32) {
+        self.groups_cap
+            .store(groups, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The workgroup grid covering `items` invocations of a `size`-wide entry point that
+    /// linearises its index (`linear_index` in common.wgsl): `[x, y, 1]` with x at most the
+    /// per-dimension limit, so a batch of more than `limit · size` items (16.7 M tokens at the
+    /// usual 65535 × 256) still runs in one dispatch. `[0, 1, 1]` (skipped) for no items.
+    ///
+    /// # Errors
+    /// [`GpuError::TooLarge`] (`what: "workgroups"`, counted in workgroups rather than bytes)
+    /// when even the square grid is too small, or when the grid's invocation indices would
+    /// overflow the shaders' `u32`.
+    pub(crate) fn grid(&self, items: usize, size: u32) -> Result<[u32; 3]> {
+        let max = u64::from(self.max_groups());
+        let groups = (items as u64).div_ceil(u64::from(size));
+        if groups == 0 {
+            return Ok([0, 1, 1]);
+        }
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        // Every invocation index x·size·y must fit a u32 (the guard `i >= n` sees it unwrapped).
+        if y > max
+            || items as u64 > u64::from(u32::MAX)
+            || x * y * u64::from(size) > u64::from(u32::MAX) + 1
+        {
+            return Err(GpuError::TooLarge {
+                what: "workgroups",
+                bytes: groups,
+                limit: max
+                    .saturating_mul(max)
+                    .min((u64::from(u32::MAX) + 1) / u64::from(size)),
+            });
+        }
+        Ok([x as u32, y as u32, 1])
+    }
+
+    /// `Err(TooLarge)` unless `items` 32-bit words can be indexed by the shaders' `u32`
+    /// (`what` names the buffer; sizes in bytes).
+    pub(crate) fn check_items(&self, what: &'static str, items: usize) -> Result<()> {
+        if items as u64 > u64::from(u32::MAX) {
+            return Err(GpuError::TooLarge {
+                what,
+                bytes: (items as u64).saturating_mul(4),
+                limit: u64::from(u32::MAX) * 4,
+            });
+        }
+        Ok(())
     }
 
     /// Builds (once) and returns the pipeline of one entry point.
@@ -341,38 +407,19 @@ impl GpuContext {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    /// Uploads `args`, runs `passes` (entry point, workgroup counts) in order in one compute pass,
-    /// copies every `Arg::Out` into one staging buffer, submits once, and returns a future of the
-    /// outputs' bytes (in the order of the `Out` args).
-    pub(crate) fn submit(
-        &self,
-        id: ShaderId,
-        args: &[(u32, Arg<'_>)],
-        passes: &[(&'static str, [u32; 3])],
-    ) -> Result<Readback<'_>> {
-        let mut pipelines = Vec::with_capacity(passes.len());
-        let mut bgl = None;
-        for &(entry, groups) in passes {
-            let (p, l) = self.pipeline(id, entry)?;
-            pipelines.push((p, groups));
-            bgl = Some(l);
-        }
-        let Some(bgl) = bgl else {
-            return Err(GpuError::Device {
-                message: "no pass to run".into(),
-            });
-        };
+    /// Creates (or takes from the pool) one buffer per binding of `id`, uploads the inputs, and
+    /// checks each binding against [`GpuContext::max_binding`]. Buffer creation runs inside an
+    /// out-of-memory and validation error scope, so a buffer the device cannot create is an
+    /// `Err(GpuError::Device)` instead of wgpu's uncaptured-error panic.
+    fn bind_args(&self, id: ShaderId, args: &[(u32, Arg<'_>)], pooled: bool) -> Result<Vec<Held>> {
         let max_binding = self.max_binding();
-        let mut held: Vec<(wgpu::BufferUsages, u64, wgpu::Buffer)> = Vec::new();
-        let mut bound: Vec<(u32, usize, u64)> = Vec::new(); // (binding, index in held, bytes)
-        let mut outs: Vec<(usize, u64)> = Vec::new(); // (index in held, bytes)
+        let mut wanted = Vec::new();
         for &(binding, slot) in slots(id) {
             let arg = args.iter().find(|(b, _)| *b == binding).map(|(_, a)| a);
             let (usage, bytes, data): (_, u64, Option<&[u8]>) = match (arg, slot) {
                 (Some(Arg::Uniform(d)), _) => (UNIFORM, d.len() as u64, Some(d)),
-                (Some(Arg::In(d)), _) => (STORAGE, d.len() as u64, Some(d)),
+                (Some(Arg::In(d) | Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
                 (Some(Arg::Out(n)), _) => (STORAGE, *n, None),
-                (Some(Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
                 (None, Slot::Uniform) => (UNIFORM, 16, None),
                 (None, _) => (STORAGE, 16, None),
             };
@@ -384,7 +431,25 @@ impl GpuContext {
                     limit: max_binding,
                 });
             }
-            let (bucket, buf) = self.take(usage, bytes);
+            let out = matches!(arg, Some(Arg::Out(_) | Arg::InOut(_)));
+            wanted.push((binding, usage, bytes, data, out));
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let inner = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut held = Vec::with_capacity(wanted.len());
+        for (binding, usage, bytes, data, out) in wanted {
+            let (bucket, buf) = if pooled {
+                self.take(usage, bytes)
+            } else {
+                let size = bytes.next_multiple_of(16);
+                let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("grpo-wgpu resident"),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                });
+                (size, buf)
+            };
             if let Some(d) = data {
                 if d.len() % 4 == 0 {
                     self.queue.write_buffer(&buf, 0, d);
@@ -394,30 +459,113 @@ impl GpuContext {
                     self.queue.write_buffer(&buf, 0, &padded);
                 }
             }
-            if matches!(arg, Some(Arg::Out(_) | Arg::InOut(_))) {
-                outs.push((held.len(), bytes));
-            }
-            bound.push((binding, held.len(), bytes));
-            held.push((usage, bucket, buf));
-        }
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = bound
-            .iter()
-            .map(|&(binding, i, bytes)| wgpu::BindGroupEntry {
+            held.push(Held {
                 binding,
+                usage,
+                bucket,
+                buf,
+                bytes,
+                out,
+            });
+        }
+        let errors = pollster::block_on(async { (inner.pop().await, scope.pop().await) });
+        if let (Some(e), _) | (None, Some(e)) = errors {
+            // Pooled or not, a buffer from a failed creation is not reused.
+            return Err(GpuError::Device {
+                message: format!("cannot create the buffers of `{}`: {e}", id.name()),
+            });
+        }
+        Ok(held)
+    }
+
+    fn bind_group(
+        &self,
+        id: ShaderId,
+        bgl: &wgpu::BindGroupLayout,
+        held: &[Held],
+    ) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = held
+            .iter()
+            .map(|h| wgpu::BindGroupEntry {
+                binding: h.binding,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &held[i].2,
+                    buffer: &h.buf,
                     offset: 0,
-                    size: wgpu::BufferSize::new(bytes),
+                    size: wgpu::BufferSize::new(h.bytes),
                 }),
             })
             .collect();
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(id.name()),
-            layout: &bgl,
+            layout: bgl,
             entries: &entries,
-        });
-        let total: u64 = outs.iter().map(|&(_, b)| b).sum();
-        let (staging_bucket, staging) = self.take(STAGING, total);
+        })
+    }
+
+    fn pipelines(
+        &self,
+        id: ShaderId,
+        passes: &[(&'static str, [u32; 3])],
+    ) -> Result<(Vec<Pass>, wgpu::BindGroupLayout)> {
+        let mut pipelines = Vec::with_capacity(passes.len());
+        let mut bgl = None;
+        for &(entry, groups) in passes {
+            let (p, l) = self.pipeline(id, entry)?;
+            pipelines.push((p, groups));
+            bgl = Some(l);
+        }
+        match bgl {
+            Some(bgl) => Ok((pipelines, bgl)),
+            None => Err(GpuError::Device {
+                message: "no pass to run".into(),
+            }),
+        }
+    }
+
+    /// Uploads `args`, runs `passes` (entry point, workgroup counts) in order in one compute pass,
+    /// copies every `Arg::Out` into staging buffers (as few as the device's buffer limits allow),
+    /// submits once, and returns a future of the outputs' bytes (in the order of the `Out` args).
+    pub(crate) fn submit(
+        &self,
+        id: ShaderId,
+        args: &[(u32, Arg<'_>)],
+        passes: &[(&'static str, [u32; 3])],
+    ) -> Result<Readback<'_>> {
+        let (pipelines, bgl) = self.pipelines(id, passes)?;
+        let held = self.bind_args(id, args, true)?;
+        let bind_group = self.bind_group(id, &bgl, &held);
+        // Outputs are packed into staging buffers of at most one binding's size each: every
+        // output fits one binding, and their sum may exceed `max_buffer_size` (a loss over n
+        // tokens reads back 12·n bytes).
+        let cap = self.max_binding();
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut ranges = Vec::new();
+        for h in held.iter().filter(|h| h.out) {
+            let k = sizes.len().wrapping_sub(1);
+            match sizes.last_mut() {
+                Some(total) if *total + h.bytes <= cap => {
+                    ranges.push((k, *total..*total + h.bytes));
+                    *total += h.bytes;
+                }
+                _ => {
+                    ranges.push((sizes.len(), 0..h.bytes));
+                    sizes.push(h.bytes);
+                }
+            }
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let staging: Vec<(u64, wgpu::Buffer, u64)> = sizes
+            .iter()
+            .map(|&total| {
+                let (bucket, buf) = self.take(STAGING, total);
+                (bucket, buf, total)
+            })
+            .collect();
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                message: format!("cannot create the staging buffers of `{}`: {e}", id.name()),
+            });
+        }
         let mut encoder = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -436,161 +584,102 @@ impl GpuContext {
                 }
             }
         }
-        let mut ranges = Vec::with_capacity(outs.len());
-        let mut offset = 0u64;
-        for &(i, bytes) in &outs {
-            encoder.copy_buffer_to_buffer(&held[i].2, 0, &staging, offset, bytes);
-            ranges.push(offset..offset + bytes);
-            offset += bytes;
+        for (h, (k, r)) in held.iter().filter(|h| h.out).zip(&ranges) {
+            encoder.copy_buffer_to_buffer(&h.buf, 0, &staging[*k].1, r.start, h.bytes);
         }
         let index = self.queue.submit(Some(encoder.finish()));
         drop(bind_group);
-        for (usage, bucket, buf) in held {
-            self.give(usage, bucket, buf);
+        for h in held {
+            self.give(h.usage, h.bucket, h.buf);
         }
-        let state = Arc::new(Mutex::new(None));
-        let s2 = Arc::clone(&state);
-        if total > 0 {
-            staging.map_async(wgpu::MapMode::Read, 0..total, move |r| {
-                *s2.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        let state: MapState = Arc::new(Mutex::new((staging.len(), None)));
+        for (_, buf, total) in &staging {
+            let s2 = Arc::clone(&state);
+            buf.map_async(wgpu::MapMode::Read, 0..*total, move |r| {
+                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+                s.0 -= 1;
+                if let Err(e) = r {
+                    s.1.get_or_insert(e);
+                }
             });
-        } else {
-            *state.lock().unwrap_or_else(|p| p.into_inner()) = Some(Ok(()));
         }
         Ok(Readback {
             ctx: self,
-            staging: Some((staging_bucket, staging)),
+            staging,
             ranges,
-            total,
             index,
             state,
+            done: false,
         })
     }
 
-    /// Benchmark hook: uploads `args` once, then times `iters` rounds of (record `passes`, submit,
-    /// wait) with inputs resident on the device; returns each round's wall time in ms. The
-    /// matching roofline is [`GpuContext::bench_copy`].
+    /// Benchmark hook: uploads `args` once into buffers owned by the returned [`Resident`] and
+    /// binds them; each [`Resident::run`] then records `passes`, submits and waits, with every
+    /// input resident on the device (no upload, no readback). The matching roofline is
+    /// [`GpuContext::resident_copy`].
+    ///
+    /// # Errors
+    /// As the kernels: a missing feature, a binding over the device limit
+    /// ([`GpuError::TooLarge`]), or a buffer the device cannot create ([`GpuError::Device`]).
     #[doc(hidden)]
-    pub fn bench_resident(
+    pub fn resident(
         &self,
         id: ShaderId,
         args: &[(u32, Arg<'_>)],
         passes: &[(&'static str, [u32; 3])],
-        iters: usize,
-    ) -> Result<Vec<f64>> {
-        let mut pipelines = Vec::new();
-        let mut bgl = None;
-        for &(entry, groups) in passes {
-            let (p, l) = self.pipeline(id, entry)?;
-            pipelines.push((p, groups));
-            bgl = Some(l);
-        }
-        let Some(bgl) = bgl else {
-            return Ok(Vec::new());
-        };
-        let mut bufs = Vec::new();
-        for &(binding, slot) in slots(id) {
-            let arg = args.iter().find(|(b, _)| *b == binding).map(|(_, a)| a);
-            let (usage, bytes, data): (_, u64, Option<&[u8]>) = match (arg, slot) {
-                (Some(Arg::Uniform(d)), _) => (UNIFORM, d.len() as u64, Some(d)),
-                (Some(Arg::In(d) | Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
-                (Some(Arg::Out(n)), _) => (STORAGE, *n, None),
-                (None, Slot::Uniform) => (UNIFORM, 16, None),
-                (None, _) => (STORAGE, 16, None),
-            };
-            let bytes = bytes.max(4).next_multiple_of(4);
-            let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("grpo-wgpu bench"),
-                size: bytes.next_multiple_of(16),
-                usage,
-                mapped_at_creation: false,
-            });
-            if let Some(d) = data {
-                let mut padded = d.to_vec();
-                padded.resize(d.len().next_multiple_of(4), 0);
-                self.queue.write_buffer(&buf, 0, &padded);
-            }
-            bufs.push((binding, buf, bytes));
-        }
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = bufs
-            .iter()
-            .map(|(binding, buf, bytes)| wgpu::BindGroupEntry {
-                binding: *binding,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: buf,
-                    offset: 0,
-                    size: wgpu::BufferSize::new(*bytes),
-                }),
-            })
-            .collect();
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("bench"),
-            layout: &bgl,
-            entries: &entries,
-        });
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters + 1 {
-            let t = std::time::Instant::now();
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            {
-                let mut pass = encoder.begin_compute_pass(&Default::default());
-                pass.set_bind_group(0, &bind_group, &[]);
-                for (p, g) in &pipelines {
-                    pass.set_pipeline(p);
-                    pass.dispatch_workgroups(g[0], g[1], g[2]);
-                }
-            }
-            let index = self.queue.submit(Some(encoder.finish()));
-            self.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: Some(index),
-                    timeout: None,
-                })
-                .map_err(|e| GpuError::Device {
-                    message: e.to_string(),
-                })?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        times.remove(0);
-        Ok(times)
+    ) -> Result<Resident<'_>> {
+        let (pipelines, bgl) = self.pipelines(id, passes)?;
+        let held = self.bind_args(id, args, false)?;
+        let bind_group = self.bind_group(id, &bgl, &held);
+        let bytes = held.iter().map(|h| h.bytes).sum();
+        Ok(Resident {
+            ctx: self,
+            work: Work::Passes {
+                pipelines,
+                bind_group,
+                _buffers: held.into_iter().map(|h| h.buf).collect(),
+            },
+            bytes,
+        })
     }
 
-    /// Roofline for [`GpuContext::bench_resident`]: times `iters` device-side copies of `bytes`
-    /// bytes between two storage buffers (submit + wait each), in ms.
+    /// Benchmark hook, the roofline of [`GpuContext::resident`]: a device-side copy of `bytes`
+    /// bytes between two buffers (so it reads `bytes` and writes `bytes`), one
+    /// `copy_buffer_to_buffer` per [`Resident::run`].
+    ///
+    /// # Errors
+    /// [`GpuError::TooLarge`] over `max_buffer_size`; [`GpuError::Device`] when the device cannot
+    /// create the buffers.
     #[doc(hidden)]
-    pub fn bench_copy(&self, bytes: u64, iters: usize) -> Result<Vec<f64>> {
+    pub fn resident_copy(&self, bytes: u64) -> Result<Resident<'_>> {
         let bytes = bytes.max(4).next_multiple_of(4);
+        if bytes > self.limits.max_buffer_size {
+            return Err(GpuError::TooLarge {
+                what: "copy buffer",
+                bytes,
+                limit: self.limits.max_buffer_size,
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let mk = || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("bench copy"),
+                label: Some("grpo-wgpu copy roofline"),
                 size: bytes,
                 usage: STORAGE,
                 mapped_at_creation: false,
             })
         };
-        let (a, b) = (mk(), mk());
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters + 1 {
-            let t = std::time::Instant::now();
-            let mut encoder = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            encoder.copy_buffer_to_buffer(&a, 0, &b, 0, bytes);
-            let index = self.queue.submit(Some(encoder.finish()));
-            self.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index: Some(index),
-                    timeout: None,
-                })
-                .map_err(|e| GpuError::Device {
-                    message: e.to_string(),
-                })?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+        let (src, dst) = (mk(), mk());
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                message: format!("cannot create the copy buffers: {e}"),
+            });
         }
-        times.remove(0);
-        Ok(times)
+        Ok(Resident {
+            ctx: self,
+            work: Work::Copy { src, dst, bytes },
+            bytes: 2 * bytes,
+        })
     }
 
     /// [`GpuContext::submit`], then block until the outputs are read back.
@@ -603,67 +692,155 @@ impl GpuContext {
         let rb = self.submit(id, args, passes)?;
         rb.wait()
     }
+
+    /// Blocks until submission `index` has finished on the device.
+    fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| GpuError::Device {
+                message: e.to_string(),
+            })
+    }
 }
 
-type MapState = Arc<Mutex<Option<core::result::Result<(), wgpu::BufferAsyncError>>>>;
+/// A compiled entry point and its workgroup counts.
+type Pass = (wgpu::ComputePipeline, [u32; 3]);
+
+/// One bound buffer of a dispatch.
+struct Held {
+    binding: u32,
+    usage: wgpu::BufferUsages,
+    bucket: u64,
+    buf: wgpu::Buffer,
+    /// Bytes bound (a multiple of 4; the buffer may be larger).
+    bytes: u64,
+    /// Read back after the dispatch.
+    out: bool,
+}
+
+/// Work prepared on the device by [`GpuContext::resident`] or [`GpuContext::resident_copy`]
+/// (benchmark hooks): its buffers live as long as it does.
+#[doc(hidden)]
+pub struct Resident<'c> {
+    ctx: &'c GpuContext,
+    work: Work,
+    bytes: u64,
+}
+
+enum Work {
+    Passes {
+        pipelines: Vec<Pass>,
+        bind_group: wgpu::BindGroup,
+        _buffers: Vec<wgpu::Buffer>,
+    },
+    Copy {
+        src: wgpu::Buffer,
+        dst: wgpu::Buffer,
+        bytes: u64,
+    },
+}
+
+impl std::fmt::Debug for Resident<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resident")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resident<'_> {
+    /// Records the work, submits it and blocks until the device has finished it.
+    ///
+    /// # Errors
+    /// [`GpuError::Device`] when waiting fails (a lost device).
+    pub fn run(&self) -> Result<()> {
+        let mut encoder = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        match &self.work {
+            Work::Passes {
+                pipelines,
+                bind_group,
+                ..
+            } => {
+                let mut pass = encoder.begin_compute_pass(&Default::default());
+                pass.set_bind_group(0, bind_group, &[]);
+                for (p, g) in pipelines {
+                    if g.iter().all(|&n| n > 0) {
+                        pass.set_pipeline(p);
+                        pass.dispatch_workgroups(g[0], g[1], g[2]);
+                    }
+                }
+            }
+            Work::Copy { src, dst, bytes } => {
+                encoder.copy_buffer_to_buffer(src, 0, dst, 0, *bytes);
+            }
+        }
+        let index = self.ctx.queue.submit(Some(encoder.finish()));
+        self.ctx.wait_for(index)
+    }
+
+    /// Bytes of device memory the work holds bound (a copy: source plus destination).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Outstanding map callbacks, and the first mapping error.
+type MapState = Arc<Mutex<(usize, Option<wgpu::BufferAsyncError>)>>;
 
 /// The pending outputs of one submission: `.await` it (it drives the device with non-blocking
 /// polls, yielding to the executor in between) or call [`Readback::wait`] to block.
 pub(crate) struct Readback<'a> {
     ctx: &'a GpuContext,
-    staging: Option<(u64, wgpu::Buffer)>,
-    ranges: Vec<core::ops::Range<u64>>,
-    total: u64,
+    /// (bucket, buffer, bytes mapped) of each staging buffer.
+    staging: Vec<(u64, wgpu::Buffer, u64)>,
+    /// (staging buffer, byte range) of each output.
+    ranges: Vec<(usize, core::ops::Range<u64>)>,
     index: wgpu::SubmissionIndex,
     state: MapState,
+    done: bool,
 }
 
 impl Readback<'_> {
     /// Blocks until the GPU is done, then returns the outputs.
     pub(crate) fn wait(mut self) -> Result<Vec<Vec<u8>>> {
-        self.ctx
-            .device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(self.index.clone()),
-                timeout: None,
-            })
-            .map_err(|e| GpuError::Device {
-                message: e.to_string(),
-            })?;
+        self.ctx.wait_for(self.index.clone())?;
         pollster::block_on(&mut self)
     }
 
     fn finish(&mut self) -> Result<Vec<Vec<u8>>> {
-        let Some((bucket, staging)) = self.staging.take() else {
+        if self.done {
             return Err(GpuError::Device {
                 message: "readback polled after completion".into(),
             });
-        };
-        let out = {
-            let view = if self.total > 0 {
-                Some(
-                    staging
-                        .get_mapped_range(0..self.total)
+        }
+        self.done = true;
+        let mut out = Vec::with_capacity(self.ranges.len());
+        {
+            let views = self
+                .staging
+                .iter()
+                .map(|(_, buf, total)| {
+                    buf.get_mapped_range(0..*total)
                         .map_err(|e| GpuError::Device {
                             message: e.to_string(),
-                        })?,
-                )
-            } else {
-                None
-            };
-            self.ranges
-                .iter()
-                .map(|r| {
-                    view.as_ref()
-                        .map(|v| v[r.start as usize..r.end as usize].to_vec())
-                        .unwrap_or_default()
+                        })
                 })
-                .collect()
-        };
-        if self.total > 0 {
-            staging.unmap();
+                .collect::<Result<Vec<_>>>()?;
+            for (k, r) in &self.ranges {
+                out.push(views[*k][r.start as usize..r.end as usize].to_vec());
+            }
         }
-        self.ctx.give(STAGING, bucket, staging);
+        for (bucket, buf, _) in self.staging.drain(..) {
+            buf.unmap();
+            self.ctx.give(STAGING, bucket, buf);
+        }
         Ok(out)
     }
 }
@@ -673,21 +850,24 @@ impl Future for Readback<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let done = this.state.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match done {
-            Some(Ok(())) => Poll::Ready(this.finish()),
-            Some(Err(e)) => Poll::Ready(Err(GpuError::Device {
+        let (pending, error) = {
+            let mut s = this.state.lock().unwrap_or_else(|p| p.into_inner());
+            (s.0, s.1.take())
+        };
+        if let Some(e) = error {
+            return Poll::Ready(Err(GpuError::Device {
                 message: e.to_string(),
-            })),
-            None => {
-                if let Err(e) = this.ctx.device.poll(wgpu::PollType::Poll) {
-                    return Poll::Ready(Err(GpuError::Device {
-                        message: e.to_string(),
-                    }));
-                }
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            }
+            }));
         }
+        if pending == 0 {
+            return Poll::Ready(this.finish());
+        }
+        if let Err(e) = this.ctx.device.poll(wgpu::PollType::Poll) {
+            return Poll::Ready(Err(GpuError::Device {
+                message: e.to_string(),
+            }));
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }

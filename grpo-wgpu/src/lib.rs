@@ -36,7 +36,7 @@ pub mod shaders;
 mod vocab;
 
 pub use advantage::AdvantageKernel;
-pub use context::{Arg, GpuContext};
+pub use context::{Arg, GpuContext, Resident};
 pub use error::{GpuError, Result};
 pub use loss::LossKernel;
 pub use shaders::{LogitDtype, ShaderId};

@@ -19,7 +19,7 @@ use grpo_core::loss::{
 use grpo_core::vocab::canon::CanonicalSum;
 use grpo_core::{Error, Real, Segments, Tokens};
 
-use crate::context::{Arg, GpuContext};
+use crate::context::{Arg, GpuContext, Resident};
 use crate::error::{Result, check_len};
 use crate::shaders::ShaderId;
 
@@ -249,6 +249,7 @@ impl<'c> LossKernel<'c> {
         params: LossParams,
     ) -> Result<Outputs> {
         let n = lp.len();
+        self.ctx.check_items("tokens", n)?;
         let mask: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
         let res = self.ctx.run(
             ShaderId::Loss,
@@ -261,7 +262,7 @@ impl<'c> LossKernel<'c> {
                 (5, Arg::Out((n * 4) as u64)),
                 (6, Arg::Out((n * 4) as u64)),
             ],
-            &[("per_token", [(n as u32).div_ceil(256), 1, 1])],
+            &[("per_token", self.ctx.grid(n, 256)?)],
         )?;
         let flags: &[u32] = bytemuck::cast_slice(&res[0]);
         let value: &[f32] = bytemuck::cast_slice(&res[1]);
@@ -359,9 +360,14 @@ impl<'c> LossKernel<'c> {
     ) -> Result<LossDiagnostics<f32>> {
         grpo_core::loss::ppo_clip(cfg, &empty_inputs(), &mut [], &mut [])?;
         validate_inputs(inp, value.len(), grad.len())?;
+        let p = Self::ppo_params(cfg, inp.lp.len());
+        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+
+    fn ppo_params(cfg: &PpoClipConfig<f32>, n: usize) -> LossParams {
         let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
         let mut p = LossParams {
-            n: inp.lp.len() as u32,
+            n: n as u32,
             kind: KIND_PPO,
             lo: cfg.bounds.lo,
             hi: cfg.bounds.hi,
@@ -377,7 +383,41 @@ impl<'c> LossKernel<'c> {
             p.delta = d;
         }
         p.flags = flags;
-        self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+        p
+    }
+
+    /// Benchmark hook: [`LossKernel::ppo_clip`]'s per-token dispatch (value, gradient and event
+    /// flags of every token) over inputs uploaded once; each [`Resident::run`] times only the
+    /// kernel (no upload, readback, finiteness check or diagnostics). The kernel reads lp, old,
+    /// adv and the mask word and writes value, gradient and the flags word of every token.
+    ///
+    /// # Errors
+    /// grpo-core's for the same input; [`crate::GpuError::TooLarge`] over the device limits.
+    #[doc(hidden)]
+    pub fn resident_ppo_clip(
+        &self,
+        cfg: &PpoClipConfig<f32>,
+        inp: &PolicyInputs<'_, f32>,
+    ) -> Result<Resident<'c>> {
+        grpo_core::loss::ppo_clip(cfg, &empty_inputs(), &mut [], &mut [])?;
+        let n = inp.lp.len();
+        validate_inputs(inp, n, n)?;
+        self.ctx.check_items("tokens", n)?;
+        let p = Self::ppo_params(cfg, n);
+        let mask: Vec<u32> = (0..n).map(|t| inp.tokens.is_valid(t) as u32).collect();
+        self.ctx.resident(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(inp.lp))),
+                (1, Arg::In(bytemuck::cast_slice(inp.old))),
+                (2, Arg::In(bytemuck::cast_slice(inp.adv))),
+                (3, Arg::InOut(bytemuck::cast_slice(&mask))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (5, Arg::Out((n * 4) as u64)),
+                (6, Arg::Out((n * 4) as u64)),
+            ],
+            &[("per_token", self.ctx.grid(n, 256)?)],
+        )
     }
 
     /// CISPO, grpo-core's [`grpo_core::loss::cispo`]: `L = −sg(w)·A·lp` with
@@ -601,6 +641,8 @@ impl<'c> LossKernel<'c> {
         let w = aggregation_weights(cfg, &tokens, b)?;
         // Bindings: values in `lp`, w_i in `old`, the mask then the B spans in `flags`, the
         // per-token weights in `value`, the B products then the scalar in `grad`.
+        self.ctx
+            .check_items("tokens and sequence spans", n + 2 * b)?;
         let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
         for i in 0..b {
             let s = tokens.span(i);
@@ -623,7 +665,7 @@ impl<'c> LossKernel<'c> {
                 (6, Arg::Out(((b + 1) * 4) as u64)),
             ],
             &[
-                ("agg_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("agg_seq", self.ctx.grid(b, 256)?),
                 ("agg_total", [1, 1, 1]),
             ],
         )?;
@@ -650,6 +692,8 @@ impl<'c> LossKernel<'c> {
     ) -> Result<Outputs> {
         let (n, tokens) = (inp.lp.len(), &inp.tokens);
         let b = tokens.num_sequences();
+        self.ctx
+            .check_items("tokens and sequence spans", n + 2 * b)?;
         let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
         for i in 0..b {
             let s = tokens.span(i);
@@ -671,7 +715,7 @@ impl<'c> LossKernel<'c> {
                 (5, Arg::Out((n * 4) as u64)),
                 (6, Arg::Out((n * 4) as u64)),
             ],
-            &[(entry, [(b as u32).div_ceil(256), 1, 1])],
+            &[(entry, self.ctx.grid(b, 256)?)],
         )?;
         let flags: &[u32] = bytemuck::cast_slice(&res[0]);
         let value: &[f32] = bytemuck::cast_slice(&res[1]);
@@ -910,6 +954,8 @@ impl<'c> LossKernel<'c> {
         validate_inputs(inp, n, n)?;
         let tokens = &inp.tokens;
         let b = tokens.num_sequences();
+        self.ctx
+            .check_items("tokens and sequence spans", n + 2 * b)?;
         let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
         for i in 0..b {
             let s = tokens.span(i);
@@ -934,7 +980,7 @@ impl<'c> LossKernel<'c> {
                 (6, Arg::Out(((2 * b + 2) * 4) as u64)),
             ],
             &[
-                ("ess_seq", [(b as u32).div_ceil(256), 1, 1]),
+                ("ess_seq", self.ctx.grid(b, 256)?),
                 ("ess_total", [1, 1, 1]),
             ],
         )?;

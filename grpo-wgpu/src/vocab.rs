@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
 use grpo_core::vocab::KlDirection;
 
-use crate::context::{Arg, GpuContext};
+use crate::context::{Arg, GpuContext, Resident};
 use crate::error::{GpuError, Result, check_len, ensure};
 use crate::shaders::{LogitDtype, ShaderId};
 
@@ -265,21 +265,32 @@ impl<'c> VocabKernel<'c> {
         (bytemuck::cast_slice(&logits[lo..end]), base)
     }
 
-    /// Benchmark hook: median-free per-iteration times (ms) of the fused forward (`backward =
-    /// false`) or fused backward on device-resident logits (`rows × vocab`, one chunk), without
-    /// upload or readback.
+    /// Benchmark hook: the fused forward (`backward = false`: lse, log-prob, entropy) or the
+    /// fused backward (f32 gradient out, upstream gradients 1 and 0.5) over `rows × vocab`
+    /// logits uploaded once, as one dispatch over every row; each [`Resident::run`] times only
+    /// the kernel (no upload, no readback, no status check). Targets are 0.
+    ///
+    /// # Errors
+    /// As [`VocabKernel::forward`]; [`GpuError::TooLarge`] when the logits or the gradient do
+    /// not fit one binding, or the rows one dispatch dimension (the benchmark runs one chunk).
     #[doc(hidden)]
-    pub fn bench_resident<L: LogitStorage>(
+    pub fn resident<L: LogitStorage>(
         &self,
         logits: &[L],
         vocab: usize,
         backward: bool,
-        iters: usize,
-    ) -> Result<Vec<f64>> {
+    ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
         self.validate(logits, vocab, rows, 1.0)?;
+        if rows > self.ctx.max_groups() as usize {
+            return Err(GpuError::TooLarge {
+                what: "rows in one dispatch",
+                bytes: (rows * vocab * L::DTYPE.size()) as u64,
+                limit: u64::from(self.ctx.max_groups()) * (vocab * L::DTYPE.size()) as u64,
+            });
+        }
         let targets = vec![0u32; rows];
-        let upstream = vec![1.0f32; rows * 2];
+        let upstream: Vec<f32> = (0..rows).flat_map(|_| [1.0f32, 0.5]).collect();
         let params = VocabParams::new(rows, vocab, 0, 1.0);
         let mut args = vec![
             (0, Arg::In(bytemuck::cast_slice(logits))),
@@ -293,11 +304,10 @@ impl<'c> VocabKernel<'c> {
             args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
         }
         let entry = if backward { "backward" } else { "forward" };
-        self.ctx.bench_resident(
+        self.ctx.resident(
             ShaderId::Vocab(L::DTYPE),
             &args,
             &[(entry, [rows as u32, 1, 1])],
-            iters,
         )
     }
 

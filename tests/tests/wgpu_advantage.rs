@@ -518,3 +518,73 @@ fn errors_match_grpo_core_and_leave_out_untouched() {
         }))
     );
 }
+
+/// More groups (and samples) than one dispatch dimension holds: with the context's
+/// per-dimension workgroup limit forced down to 8, 1100 groups of 3 (18 workgroups of 64) need
+/// a [8, 3, 1] grid for the per-group entry points (`group_stats`, `group_rank`, `gdpo_sum`) and
+/// 3300 samples (52 workgroups) a [8, 7, 1] grid for GDPO's `finish`. Results are the uncapped context's bits, and the z-score
+/// matches grpo-core within the tolerance table.
+#[test]
+fn groups_beyond_the_workgroup_limit_use_a_2d_dispatch() {
+    let Some(ctx) = gpu::context("groups_beyond_the_workgroup_limit_use_a_2d_dispatch") else {
+        return;
+    };
+    // Its own context: the cap must not reach the tests running in parallel.
+    let capped = grpo_wgpu::GpuContext::new().unwrap();
+    capped.set_max_workgroups_per_dimension(8);
+    let (whole, split) = (AdvantageKernel::new(ctx), AdvantageKernel::new(&capped));
+    let (groups, size) = (1100usize, 3usize);
+    let n = groups * size;
+    let scores: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 13) as f32 * 0.25 - 1.0)
+        .collect();
+    let g = Groups::Uniform(size);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    type Run<'a> = dyn Fn(&AdvantageKernel<'_>, &mut [f32]) + 'a;
+    let zcfg = ZScoreConfig::default();
+    let runs: Vec<(&str, Box<Run<'_>>)> = vec![
+        (
+            "zscore",
+            Box::new(|k, out| {
+                k.zscore(&scores, g, &zcfg, out).unwrap();
+            }),
+        ),
+        (
+            "rloo",
+            Box::new(|k, out| {
+                k.rloo(&scores, g, &RlooConfig::default(), out).unwrap();
+            }),
+        ),
+        (
+            "gopo",
+            Box::new(|k, out| {
+                k.gopo(&scores, g, &GopoConfig::default(), out).unwrap();
+            }),
+        ),
+        (
+            "gdpo",
+            Box::new(|k, out| {
+                let cfg = GdpoConfig::from_preset(Preset::Trl);
+                k.gdpo(&scores, 1, &[1.0], g, &cfg, out).unwrap();
+            }),
+        ),
+    ];
+    for (name, run) in &runs {
+        let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+        run(&split, &mut a);
+        run(&whole, &mut b);
+        assert_eq!(bits(&a), bits(&b), "{name}");
+        assert!(a.iter().any(|&x| x != 0.0), "{name}");
+    }
+    let mut got = vec![0f32; n];
+    split.zscore(&scores, g, &zcfg, &mut got).unwrap();
+    let mut want = vec![0f32; n];
+    zscore(&scores, g, &zcfg, &mut want).unwrap();
+    check_close(
+        &got,
+        &want,
+        tolerance(Op::AdvZscore, Dtype::F32),
+        &vec![0.0; n],
+    )
+    .unwrap();
+}

@@ -1000,3 +1000,186 @@ fn hand_computed_p3o() {
     );
     assert_eq!((v, g), ([9f32], [9f32]));
 }
+
+/// A deterministic batch of `seqs` short sequences (0..=8 tokens each, a few masked tokens with
+/// NaN garbage), log-ratios in ±1.5 with one token in 50 at ±30 (past the clamp), advantages
+/// with zeros.
+fn many_sequences(seqs: usize) -> Batch {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let mut cu = vec![0];
+    for i in 0..seqs {
+        cu.push(cu[i] + (i * 7) % 9);
+    }
+    let n = cu[seqs];
+    let (mut lp, mut old, mut adv, mut mask) = (vec![], vec![], vec![], vec![]);
+    for t in 0..n {
+        let l = -6.0 * next();
+        let x = if t % 50 == 3 {
+            30.0 * (2.0 * next() - 1.0)
+        } else {
+            3.0 * next() - 1.5
+        };
+        let valid = t % 13 != 5;
+        lp.push(if valid { l } else { f32::NAN });
+        old.push(l - x);
+        adv.push(if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 });
+        mask.push(valid);
+    }
+    Batch {
+        lp,
+        old,
+        adv,
+        cu,
+        mask,
+    }
+}
+
+/// Task of the 2-D dispatch: a batch beyond `max_compute_workgroups_per_dimension × 256` tokens
+/// (16.7 M on most devices) must run, not fail. A context whose per-dimension limit is forced
+/// down to 6 workgroups makes 8 k tokens take the same path (a [6, 6, 1] grid for 32 workgroups,
+/// the shaders linearising the index and guarding the 4 extra ones): every per-token and per-sequence entry point gives the
+/// uncapped context's bits, and PPO-clip stays within the tolerance of grpo-core. Then the
+/// limits themselves: a grid that cannot fit and a binding over the (forced) storage limit are
+/// `TooLarge`, and outputs that fit one binding each but not one staging buffer are read back
+/// through several.
+#[test]
+fn batches_beyond_the_workgroup_limit_use_a_2d_dispatch() {
+    let Some(ctx) = gpu::context("batches_beyond_the_workgroup_limit_use_a_2d_dispatch") else {
+        return;
+    };
+    // Its own context: the caps below must not reach the tests running in parallel.
+    let capped = grpo_wgpu::GpuContext::new().unwrap();
+    capped.set_max_workgroups_per_dimension(6);
+    let b = many_sequences(2000);
+    let n = b.lp.len();
+    let seqs = b.cu.len() - 1;
+    // per_token needs ⌈7999/256⌉ = 32 workgroups ([6, 6, 1]), the per-sequence kernels
+    // ⌈2000/256⌉ = 8 ([6, 2, 1]).
+    assert_eq!((n, n.div_ceil(256), seqs.div_ceil(256)), (7999, 32, 8));
+    let (whole, split) = (LossKernel::new(ctx), LossKernel::new(&capped));
+
+    let cfg = PpoClipConfig::<f32>::default();
+    let run = |k: &LossKernel<'_>| {
+        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
+        let d = k.ppo_clip(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+        (v, g, d)
+    };
+    let (gv, gg, dg) = run(&split);
+    let (wv, wg, dw) = run(&whole);
+    assert_eq!(bits(&gv), bits(&wv));
+    assert_eq!(bits(&gg), bits(&wg));
+    assert_eq!(dg, dw);
+    let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
+    let dc = ppo_clip(&cfg, &b.inputs(), &mut cv, &mut cg).unwrap();
+    let points = [cfg.bounds.lo, cfg.bounds.hi];
+    let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &points);
+    let args = |t: usize| vec![log_ratio(&b, t, cfg.log_ratio_clamp)];
+    compare(
+        &b,
+        (&gv, &gg),
+        (&cv, &cg),
+        tolerance(Op::LossExp, Dtype::F32),
+        &skip,
+        &args,
+        &|_| 1.0,
+    )
+    .unwrap();
+    assert_eq!(dg.tokens, dc.tokens);
+    assert_eq!(dg.tokens, b.mask.iter().filter(|&&m| m).count());
+    assert!(dg.clipped_low + dg.clipped_high > 0, "{dg:?}");
+
+    // One invocation per sequence: GSPO (seq_ratio), the IS weights, the ESS sums and the
+    // aggregation (agg_seq) — capped and uncapped agree bit for bit.
+    let gspo_cfg = GspoConfig::<f32>::default();
+    let gspo_run = |k: &LossKernel<'_>| {
+        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
+        k.gspo(&gspo_cfg, &b.inputs(), &mut v, &mut g).unwrap();
+        (bits(&v), bits(&g))
+    };
+    assert_eq!(gspo_run(&split), gspo_run(&whole));
+    let is_cfg = IsConfig {
+        level: IsLevel::Sequence,
+        filter: IsFilter::Truncate { min: 0.0, max: 2.0 },
+        ..IsConfig::default()
+    };
+    let is_run = |k: &LossKernel<'_>| {
+        let mut w = vec![0f32; n];
+        k.is_weights(&is_cfg, &b.old, &b.lp, &b.tokens(), &mut w)
+            .unwrap();
+        bits(&w)
+    };
+    assert_eq!(is_run(&split), is_run(&whole));
+    let p3o_cfg = P3oConfig::<f32>::default();
+    let ess = |k: &LossKernel<'_>| k.ess_stats(&p3o_cfg, &b.inputs()).unwrap();
+    let (es, ew) = (ess(&split), ess(&whole));
+    assert_eq!(
+        (es.n, es.sum_w.to_bits(), es.sum_w2.to_bits()),
+        (ew.n, ew.sum_w.to_bits(), ew.sum_w2.to_bits())
+    );
+    let agg = grpo_core::aggregate::AggConfig::from_preset(
+        Preset::Paper,
+        grpo_core::aggregate::AggMode::SeqMeanTokenSum,
+    );
+    let values: Vec<f32> = (0..n)
+        .map(|t| if b.mask[t] { wv[t] } else { f32::NAN })
+        .collect();
+    let agg_run = |k: &LossKernel<'_>| {
+        let mut w = vec![0f32; n];
+        let l = k.aggregate(&agg, b.tokens(), &values, &mut w).unwrap();
+        (l.to_bits(), bits(&w))
+    };
+    let (ls, ws) = agg_run(&split);
+    assert_eq!((ls, ws.clone()), agg_run(&whole));
+    let mut cw = vec![0f32; n];
+    let lc = grpo_core::aggregate::aggregate(&agg, b.tokens(), &values, &mut cw).unwrap();
+    assert_eq!((ls, ws), (lc.to_bits(), bits(&cw)));
+
+    // A limit of 1 workgroup per dimension cannot hold 32 workgroups in a 2-D grid.
+    capped.set_max_workgroups_per_dimension(1);
+    let (mut v, mut g) = (vec![7f32; n], vec![7f32; n]);
+    let e = split.ppo_clip(&cfg, &b.inputs(), &mut v, &mut g);
+    assert!(
+        matches!(
+            e,
+            Err(GpuError::TooLarge {
+                what: "workgroups",
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert!(v.iter().chain(&g).all(|&x| x == 7.0));
+    capped.set_max_workgroups_per_dimension(u32::MAX);
+
+    // Bindings of exactly n words fit; the 3·n words read back go through three staging buffers.
+    let words = (n * 4) as u64;
+    capped.set_binding_cap(words);
+    let (v3, g3, d3) = run(&split);
+    assert_eq!((bits(&v3), bits(&g3), d3), (bits(&wv), bits(&wg), dw));
+    // One word less: a clear TooLarge naming the limit, outputs untouched.
+    capped.set_binding_cap(words - 4);
+    let e = split.ppo_clip(&cfg, &b.inputs(), &mut v, &mut g);
+    assert_eq!(
+        e,
+        Err(GpuError::TooLarge {
+            what: "buffer binding",
+            bytes: words,
+            limit: words - 4
+        })
+    );
+    assert!(v.iter().chain(&g).all(|&x| x == 7.0));
+    eprintln!(
+        "2-D dispatch: {n} tokens, {seqs} sequences, at most 6 workgroups per dimension: \
+         identical to one dimension"
+    );
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}

@@ -1,0 +1,403 @@
+//! `grpo-bench wgpu`: grpo-wgpu's kernels on device-resident data against a same-run device copy.
+//!
+//! ```text
+//! grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
+//! ```
+//!
+//! Rows, one JSON object per line, in the fields of the other modes plus `adapter`:
+//! - `fused`: the fused forward (log-sum-exp, target log-prob and entropy in one pass) per dtype;
+//!   `dtype` = the logits' storage; bytes = the logits read once.
+//! - `backward`: the fused backward per dtype; bytes = the logits read once + the f32 gradient
+//!   written once (the kernel reads each row twice; the second read is not counted).
+//! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
+//!   `rows` = sequences of 1024 tokens, `vocab` = tokens per sequence, `tokens_per_s`; bytes =
+//!   20 per token (lp, old, adv read; value, gradient written) — the same count as the CPU rows,
+//!   though the GPU kernel also reads and rewrites a 4-byte mask/event word per token.
+//!
+//! `backend` is wgpu's backend (`vulkan`, `metal`, `dx12`, …), `threads` is 0, `adapter` the
+//! adapter's name. Every kernel runs on inputs uploaded once (grpo-wgpu's `#[doc(hidden)]`
+//! resident hooks): a timed iteration records the dispatch, submits it and waits, with no upload
+//! or readback. `roofline_gbps` is a device-side buffer copy (`copy_buffer_to_buffer`) of half
+//! the kernel's bytes — it reads and writes them, so it moves the same total — timed interleaved
+//! with the kernel (`interleaved_medians`); `ratio = gbps / roofline_gbps`. Times include submit
+//! and wait, so small shapes measure latency rather than bandwidth.
+//!
+//! Default shapes: 2048 × 151936 logits and 8 M tokens on a GPU; on a software adapter
+//! (lavapipe / llvmpipe: wgpu's `DeviceType::Cpu`) 16 × 32768 and 1 M tokens, so the run takes
+//! seconds. Rows that do not fit one storage binding of the device are reduced (a note on
+//! stderr; the JSON line has the rows measured). Without an adapter the mode prints why on
+//! stderr and exits 0, unless `GRPO_REQUIRE_GPU=1` (then it fails).
+
+use grpo_core::Tokens;
+use grpo_core::loss::{PolicyInputs, PpoClipConfig};
+use grpo_wgpu::{GpuContext, GpuError, LogitStorage, Resident, VocabKernel};
+
+use crate::{Args, interleaved_medians};
+
+/// Tokens per sequence of the PPO-clip batch (as `grpo-bench loss`).
+const SEQ_LEN: usize = 1024;
+
+/// What one run measures.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Options {
+    pub(crate) rows: usize,
+    pub(crate) vocab: usize,
+    pub(crate) dtypes: Vec<&'static str>,
+    pub(crate) tokens: usize,
+    pub(crate) iters: usize,
+}
+
+impl Options {
+    /// Parses the mode's arguments; `software` selects the small default shapes.
+    pub(crate) fn parse(args: &[String], software: bool) -> Result<Self, String> {
+        let a = Args::parse(args, &["rows", "vocab", "dtype", "tokens", "iters"])?;
+        let (rows, vocab, tokens) = if software {
+            (16, 32768, 1 << 20)
+        } else {
+            (2048, 151_936, 1 << 23)
+        };
+        let dtypes = match a.get("dtype") {
+            None | Some("all") => vec!["f32", "f16", "bf16"],
+            Some("f32") => vec!["f32"],
+            Some("f16") => vec!["f16"],
+            Some("bf16") => vec!["bf16"],
+            Some(d) => return Err(format!("--dtype {d:?}: expected f32, f16, bf16 or all")),
+        };
+        Ok(Options {
+            rows: a.num("rows")?.unwrap_or(rows).max(1),
+            vocab: a.num("vocab")?.unwrap_or(vocab).max(1),
+            dtypes,
+            tokens: a.num("tokens")?.unwrap_or(tokens).max(1),
+            iters: a.num("iters")?.unwrap_or(10).max(1),
+        })
+    }
+}
+
+/// One measured kernel: what is printed as one JSON line.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Row<'a> {
+    pub(crate) kernel: &'a str,
+    pub(crate) dtype: &'a str,
+    pub(crate) rows: usize,
+    pub(crate) vocab: usize,
+    pub(crate) backend: &'a str,
+    pub(crate) adapter: &'a str,
+    pub(crate) iters: usize,
+    /// Bytes the kernel must move.
+    pub(crate) bytes: u64,
+    pub(crate) kernel_ms: f64,
+    /// Bytes the roofline copy moved (read + written).
+    pub(crate) roof_bytes: u64,
+    pub(crate) roof_ms: f64,
+    /// `"rows_per_s"` or `"tokens_per_s"`, and the count it divides by the time.
+    pub(crate) rate: (&'a str, usize),
+}
+
+impl Row<'_> {
+    pub(crate) fn json(&self) -> String {
+        let gbps = self.bytes as f64 / self.kernel_ms / 1e6;
+        let roof = self.roof_bytes as f64 / self.roof_ms / 1e6;
+        format!(
+            "{{\"kernel\":{},\"dtype\":{},\"rows\":{},\"vocab\":{},\"backend\":{},\"threads\":0,\"iters\":{},\"median_ms\":{:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"{}\":{:.0},\"adapter\":{}}}",
+            json_str(self.kernel),
+            json_str(self.dtype),
+            self.rows,
+            self.vocab,
+            json_str(self.backend),
+            self.iters,
+            self.kernel_ms,
+            gbps / roof,
+            self.rate.0,
+            self.rate.1 as f64 / (self.kernel_ms / 1e3),
+            json_str(self.adapter),
+        )
+    }
+}
+
+/// A JSON string literal (quotes, backslashes and control characters escaped).
+pub(crate) fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Whether `GRPO_REQUIRE_GPU=1` (a missing adapter is then a failure, as in the GPU tests).
+fn gpu_required() -> bool {
+    std::env::var("GRPO_REQUIRE_GPU").as_deref() == Ok("1")
+}
+
+pub(crate) fn main(args: &[String]) -> Result<(), String> {
+    // Parse once before touching the device so a bad argument fails fast.
+    Options::parse(args, true)?;
+    let ctx = match GpuContext::new() {
+        Ok(c) => c,
+        Err(e @ GpuError::NoAdapter { .. }) if !gpu_required() => {
+            eprintln!("grpo-bench wgpu: skipped: {e} (set GRPO_REQUIRE_GPU=1 to fail instead)");
+            return Ok(());
+        }
+        Err(e) => return Err(format!("wgpu: {e}")),
+    };
+    let info = ctx.adapter_info().clone();
+    let software = ctx.is_software();
+    let o = Options::parse(args, software)?;
+    let b = Bench {
+        ctx: &ctx,
+        backend: info.backend.to_str(),
+        adapter: &info.name,
+        iters: o.iters,
+    };
+    for &dtype in &o.dtypes {
+        match dtype {
+            "f32" => b.vocab::<f32>(dtype, &o, |x| x)?,
+            "bf16" => b.vocab::<half::bf16>(dtype, &o, half::bf16::from_f32)?,
+            _ if !ctx.supports_f16() => {
+                let msg = format!("the adapter {:?} lacks SHADER_F16", info.name);
+                if o.dtypes.len() == 1 {
+                    return Err(format!("--dtype f16: {msg}"));
+                }
+                eprintln!("grpo-bench wgpu: f16 rows skipped: {msg}");
+            }
+            _ => b.vocab::<half::f16>(dtype, &o, half::f16::from_f32)?,
+        }
+    }
+    b.ppo_clip(o.tokens)
+}
+
+struct Bench<'a> {
+    ctx: &'a GpuContext,
+    backend: &'a str,
+    adapter: &'a str,
+    iters: usize,
+}
+
+impl Bench<'_> {
+    /// Median times (ms) of `work` and of a device copy moving the same bytes, interleaved.
+    fn time(&self, work: &Resident<'_>, bytes: u64) -> Result<(f64, u64, f64), String> {
+        let copy = self
+            .ctx
+            .resident_copy((bytes / 2).max(4))
+            .map_err(|e| format!("roofline copy: {e}"))?;
+        let (mut fail, mut copy_fail) = (None, None);
+        let (ms, roof_ms) = interleaved_medians(
+            self.iters,
+            || {
+                if let Err(e) = work.run() {
+                    fail = Some(e);
+                }
+            },
+            || {
+                if let Err(e) = copy.run() {
+                    copy_fail = Some(e);
+                }
+            },
+        );
+        match fail.or(copy_fail) {
+            Some(e) => Err(e.to_string()),
+            None => Ok((ms, copy.bytes(), roof_ms)),
+        }
+    }
+
+    fn vocab<L: LogitStorage>(
+        &self,
+        dtype: &str,
+        o: &Options,
+        conv: fn(f32) -> L,
+    ) -> Result<(), String> {
+        let elem = size_of::<L>() as u64;
+        // One chunk per kernel: the logits and the f32 gradient must each fit one binding.
+        let limit = self.ctx.limits().max_storage_buffer_binding_size;
+        let limit = limit.min(self.ctx.limits().max_buffer_size);
+        let per_row = o.vocab as u64 * elem.max(4);
+        let fit = usize::try_from(limit / per_row.max(1))
+            .unwrap_or(usize::MAX)
+            .min(self.ctx.limits().max_compute_workgroups_per_dimension as usize);
+        let rows = o.rows.min(fit);
+        if rows == 0 {
+            return Err(format!(
+                "one row of {} {dtype} logits does not fit a storage binding ({limit} bytes)",
+                o.vocab
+            ));
+        }
+        if rows < o.rows {
+            eprintln!(
+                "grpo-bench wgpu: {dtype}: {} rows do not fit one binding ({limit} bytes); \
+                 measuring {rows}",
+                o.rows
+            );
+        }
+        let logits = logits(rows * o.vocab, conv);
+        let k = VocabKernel::new(self.ctx);
+        for (kernel, backward) in [("fused", false), ("backward", true)] {
+            let work = k
+                .resident(&logits, o.vocab, backward)
+                .map_err(|e| format!("{kernel} {dtype}: {e}"))?;
+            let n = (rows * o.vocab) as u64;
+            let bytes = n * elem + if backward { n * 4 } else { 0 };
+            let (ms, roof_bytes, roof_ms) = self.time(&work, bytes)?;
+            drop(work);
+            let row = Row {
+                kernel,
+                dtype,
+                rows,
+                vocab: o.vocab,
+                backend: self.backend,
+                adapter: self.adapter,
+                iters: self.iters,
+                bytes,
+                kernel_ms: ms,
+                roof_bytes,
+                roof_ms,
+                rate: ("rows_per_s", rows),
+            };
+            println!("{}", row.json());
+        }
+        Ok(())
+    }
+
+    fn ppo_clip(&self, tokens: usize) -> Result<(), String> {
+        let cols = SEQ_LEN.min(tokens);
+        let rows = tokens / cols;
+        let n = rows * cols;
+        let (lp, old, adv) = crate::loss::inputs(n);
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::padded(rows, cols, None),
+        };
+        let work = grpo_wgpu::LossKernel::new(self.ctx)
+            .resident_ppo_clip(&PpoClipConfig::default(), &inp)
+            .map_err(|e| format!("ppo_clip: {e}"))?;
+        let bytes = n as u64 * 20;
+        let (ms, roof_bytes, roof_ms) = self.time(&work, bytes)?;
+        let row = Row {
+            kernel: "ppo_clip",
+            dtype: "f32",
+            rows,
+            vocab: cols,
+            backend: self.backend,
+            adapter: self.adapter,
+            iters: self.iters,
+            bytes,
+            kernel_ms: ms,
+            roof_bytes,
+            roof_ms,
+            rate: ("tokens_per_s", n),
+        };
+        println!("{}", row.json());
+        Ok(())
+    }
+}
+
+/// Deterministic logits in [−8, 8).
+fn logits<L>(n: usize, conv: fn(f32) -> L) -> Vec<L> {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            conv(((s >> 40) as f32 / (1u64 << 24) as f32) * 16.0 - 8.0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_depend_on_the_adapter_kind() {
+        let soft = Options::parse(&[], true).unwrap();
+        assert_eq!(
+            soft,
+            Options {
+                rows: 16,
+                vocab: 32768,
+                dtypes: vec!["f32", "f16", "bf16"],
+                tokens: 1 << 20,
+                iters: 10,
+            }
+        );
+        let gpu = Options::parse(&[], false).unwrap();
+        assert_eq!((gpu.rows, gpu.vocab, gpu.tokens), (2048, 151_936, 1 << 23));
+    }
+
+    #[test]
+    fn explicit_arguments_win() {
+        let a = strings(&[
+            "--rows", "4", "--vocab", "1000", "--dtype", "bf16", "--iters", "3", "--tokens", "77",
+        ]);
+        let o = Options::parse(&a, false).unwrap();
+        assert_eq!(
+            o,
+            Options {
+                rows: 4,
+                vocab: 1000,
+                dtypes: vec!["bf16"],
+                tokens: 77,
+                iters: 3,
+            }
+        );
+        // 0 is clamped to 1, so every shape is non-empty.
+        let o = Options::parse(&strings(&["--rows", "0", "--iters", "0"]), true).unwrap();
+        assert_eq!((o.rows, o.iters), (1, 1));
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let e = Options::parse(&strings(&["--dtype", "f64"]), true).unwrap_err();
+        assert_eq!(e, "--dtype \"f64\": expected f32, f16, bf16 or all");
+        let e = Options::parse(&strings(&["--rows", "x"]), true).unwrap_err();
+        assert_eq!(e, "--rows: \"x\" is not a number");
+        assert!(
+            Options::parse(&strings(&["--threads", "2"]), true)
+                .unwrap_err()
+                .starts_with("unknown argument \"--threads\"")
+        );
+    }
+
+    #[test]
+    fn json_line_has_the_common_fields() {
+        let r = Row {
+            kernel: "fused",
+            dtype: "bf16",
+            rows: 16,
+            vocab: 32768,
+            backend: "vulkan",
+            adapter: "llvmpipe (LLVM 15.0.7, 256 bits)",
+            iters: 10,
+            bytes: 1_048_576,
+            kernel_ms: 2.0,
+            roof_bytes: 1_048_576,
+            roof_ms: 0.5,
+            rate: ("rows_per_s", 16),
+        };
+        assert_eq!(
+            r.json(),
+            "{\"kernel\":\"fused\",\"dtype\":\"bf16\",\"rows\":16,\"vocab\":32768,\
+             \"backend\":\"vulkan\",\"threads\":0,\"iters\":10,\"median_ms\":2.000,\
+             \"gbps\":0.52,\"roofline_gbps\":2.10,\"ratio\":0.250,\"rows_per_s\":8000,\
+             \"adapter\":\"llvmpipe (LLVM 15.0.7, 256 bits)\"}"
+        );
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_str("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
+        assert_eq!(json_str("Radeon™"), "\"Radeon™\"");
+    }
+}
