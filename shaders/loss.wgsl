@@ -3,8 +3,9 @@
 // divergence/kl_penalty.rs). Masked tokens (flags == 0 on input) may hold garbage: they are never
 // read into arithmetic and get value 0 and gradient 0.
 //
-// Bindings: 0 lp, 1 old (reference for KL; REINFORCE's optional weights), 2 adv, 3 flags (in: 1
-// for a valid token; out: 1 | event bits << 1), 4 params, 5 value out, 6 grad out.
+// Bindings: 0 lp, 1 old (reference for KL; REINFORCE's optional weights), 2 adv (old for the
+// importance-corrected KL k3·ρ), 3 flags (in: 1 for a valid token; out: 1 | event bits << 1),
+// 4 params, 5 value out, 6 grad out.
 // The host validates every input (grpo-core's order and errors) and checks the outputs'
 // finiteness after readback; the shader sees only valid tokens.
 // Aggregation (agg_seq, agg_total) rebinds them: 0 values, 1 per-sequence weights w_i, 3 the
@@ -30,6 +31,9 @@ const KIND_K1: u32 = 8u;
 const KIND_ABS: u32 = 9u;
 const KIND_K2: u32 = 10u;
 const KIND_K3: u32 = 11u;
+const KIND_K3_IS: u32 = 14u;
+const KIND_K1_ST: u32 = 15u;
+const KIND_K3_ST: u32 = 16u;
 
 const FLAG_CLAMP_LOG_RATIO: u32 = 1u;
 const FLAG_DUAL_CLIP: u32 = 2u;
@@ -200,37 +204,70 @@ fn limit_hit(x: f32, lim: f32) -> bool {
     return x > lim || x < -lim;
 }
 
-// KL-to-reference penalty (divergence::kl_penalty::eval_flagged) for k1, abs, k2, k3.
-fn kl_token(d_raw: f32) -> Out {
+// Whether `kind` is one of the KL-to-reference estimators (kl_token).
+fn is_kl(kind: u32) -> bool {
+    return (kind >= KIND_K1 && kind <= KIND_K3) || (kind >= KIND_K3_IS && kind <= KIND_K3_ST);
+}
+
+// KL-to-reference penalty (divergence::kl_penalty::eval_flagged), d = lp − ref, x = lp − old
+// (read only by k3·ρ):
+//   k1 d | abs |d| | k2 d²/2 | k3 e^{−d} + d − 1 | k3·ρ with ρ = e^x, ∂ = ρ·(1 − e^{−d} + k3)
+//   | k1+ value d, gradient d | k3+ value k3, gradient d.
+// d (and x) are limited to the input clamp and the overflow guard (EV_CLAMPED, gradient 0 there);
+// k3·ρ zeroes only the limited factor's term; the straight-through forms take the gradient of
+// the separate k2 term, d limited by the polynomial guard alone, which no clamp touches.
+fn kl_token(d_raw: f32, x_raw: f32) -> Out {
+    let kind = params.kind;
+    let straight = kind == KIND_K1_ST || kind == KIND_K3_ST;
     var guard = bitcast<f32>(POLY_GUARD_BITS);
-    if params.kind == KIND_K3 {
+    if kind == KIND_K3 || kind == KIND_K3_IS || kind == KIND_K3_ST {
         guard = bitcast<f32>(EXP_GUARD_BITS);
     }
     var lim = guard;
     if (params.flags & FLAG_CLAMP_LOG_RATIO) != 0u {
         lim = rmin(params.clamp, guard);
     }
-    let hit = limit_hit(d_raw, lim);
+    var hit = limit_hit(d_raw, lim);
     let d = rclamp(d_raw, -lim, lim);
     var o = Out(0.0, 0.0, 0u);
-    if params.kind == KIND_K1 {
+    if kind == KIND_K1 {
         o = Out(d, 1.0, 0u);
-    } else if params.kind == KIND_ABS {
+    } else if kind == KIND_ABS {
         o = Out(abs(d), select(select(0.0, -1.0, d < 0.0), 1.0, d > 0.0), 0u);
-    } else if params.kind == KIND_K2 {
+    } else if kind == KIND_K2 {
         o = Out(d * d * 0.5, d, 0u);
+    } else if kind == KIND_K1_ST {
+        o = Out(d, d, 0u);
+    } else if kind == KIND_K3_IS {
+        // The same association as grpo-core: ρ·(∂k3 + k3), each term 0 where its own input
+        // was limited. (∂k3 + k3 = d exactly; the sum cancels for large |d| in both.)
+        let x_hit = limit_hit(x_raw, lim);
+        let x = rclamp(x_raw, -lim, lim);
+        let k3 = expm1_minus_x(-d);
+        let dk3 = select(-expm1(-d), 0.0, hit);
+        let rho = exp(x);
+        let drho_term = select(k3, 0.0, x_hit);
+        o = Out(k3 * rho, rho * (dk3 + drho_term), 0u);
+        hit = hit || x_hit;
     } else {
         o = Out(expm1_minus_x(-d), -expm1(-d), 0u);
     }
-    if hit {
+    if straight {
+        let pg = bitcast<f32>(POLY_GUARD_BITS);
+        o.g = rclamp(d_raw, -pg, pg);
+    } else if hit && kind != KIND_K3_IS {
         o.g = 0.0;
+    }
+    if hit {
         o.ev |= EV_CLAMPED;
     }
     if (params.flags & FLAG_KL_OUT_CLAMP) != 0u {
         let c = params.out_clamp;
         if limit_hit(o.v, c) {
             o.v = rclamp(o.v, -c, c);
-            o.g = 0.0;
+            if !straight {
+                o.g = 0.0;
+            }
             o.ev |= EV_OUT_CLAMPED;
         }
     }
@@ -267,8 +304,8 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>,
     }
     let kind = params.kind;
     var o = Out(0.0, 0.0, 0u);
-    if kind >= KIND_K1 {
-        o = kl_token(lp[i] - old[i]);
+    if is_kl(kind) {
+        o = kl_token(lp[i] - old[i], lp[i] - adv[i]);
     } else if kind == KIND_REINFORCE {
         var w = 1.0;
         if (params.flags & FLAG_WEIGHTS) != 0u {

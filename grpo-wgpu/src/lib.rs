@@ -9,9 +9,9 @@
 //!   rows (f32, f16, bf16 storage).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
-//!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties k1/abs/k2/k3;
-//!   token/sequence IS weights (truncate, mask); aggregation of token losses (every grpo-core
-//!   mode).
+//!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
+//!   importance-corrected k3·ρ, straight-through k1+/k3+); token/sequence IS weights
+//!   (truncate, mask); aggregation of token losses (every grpo-core mode).
 //! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
 //!
 //! Validation happens on the host before anything is written; data-dependent checks (non-finite

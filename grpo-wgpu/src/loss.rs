@@ -41,6 +41,10 @@ struct LossParams {
     out_clamp: f32,
 }
 
+// The WGSL `LossParams` has the same twelve 4-byte fields in the same order (48 bytes, a multiple
+// of 16 as a uniform needs); tests/tests/wgpu_shaders.rs checks the WGSL side.
+const _: () = assert!(size_of::<LossParams>() == 48);
+
 const KIND_PPO: u32 = 0;
 const KIND_CISPO_CLAMP: u32 = 1;
 const KIND_CISPO_CAP: u32 = 2;
@@ -55,6 +59,9 @@ const KIND_K1: u32 = 8;
 const KIND_ABS: u32 = 9;
 const KIND_K2: u32 = 10;
 const KIND_K3: u32 = 11;
+const KIND_K3_IS: u32 = 14;
+const KIND_K1_ST: u32 = 15;
+const KIND_K3_ST: u32 = 16;
 const FLAG_CLAMP_LOG_RATIO: u32 = 1;
 const FLAG_DUAL_CLIP: u32 = 2;
 const FLAG_DELTA_CAP: u32 = 4;
@@ -511,33 +518,91 @@ impl<'c> LossKernel<'c> {
     }
 
     /// KL-to-reference penalty and its gradient w.r.t. lp, grpo-core's
-    /// [`grpo_core::divergence::kl_penalty::kl_penalty`] for the estimators k1, abs, k2 and k3
-    /// (the importance-corrected and straight-through variants are not on the GPU yet:
-    /// `InvalidParam { name: "estimator" }`).
+    /// [`grpo_core::divergence::kl_penalty::kl_penalty`] for every [`KlEstimator`]: the same
+    /// arguments (`old` in the same position), formulas, clamps, diagnostics and errors.
+    ///
+    /// With `d = lp − ref` after the input clamp (and `x = lp − old`, likewise, for `K3Is`):
+    ///
+    /// | [`KlEstimator`] | value | ∂/∂lp |
+    /// |---|---|---|
+    /// | `K1` | d | 1 |
+    /// | `Abs` | \|d\| | sgn d (0 at d = 0) |
+    /// | `K2` | d²/2 | d |
+    /// | `K3` | k3 = e^{−d} + d − 1 | 1 − e^{−d} |
+    /// | `K3Is` | k3·ρ, ρ = e^x | ρ·(1 − e^{−d} + k3) |
+    /// | `K1StraightThrough` (`k1+`) | d | d (unclamped) |
+    /// | `K3StraightThrough` (`k3+`) | k3 | d (unclamped) |
+    ///
+    /// Sources, as grpo-core cites them: k1/k2/k3 are Schulman's estimators ("Approximating KL
+    /// divergence", 2020) as used by \[verl\] (`kl_penalty`), \[OpenRLHF\]
+    /// (`compute_approx_kl`) and \[TRL\]; `K3Is` is TRL's `use_bias_correction_kl` (k3 times the
+    /// token importance ratio π_θ/π_old, the gradient flowing through ρ too); `k1+`/`k3+` report
+    /// the estimator's value and train with k2's gradient (`k2 − sg(k2) + sg(k)`), the
+    /// documented behaviour of the names verl accepts (MATH.md §3, §6).
+    ///
+    /// Clamps ([`KlPenaltyConfig`]): the input clamp limits d (and, for `K3Is`, x) to [−c, c],
+    /// the output clamp limits the value; the gradient is 0 where a clamp acts, except that
+    /// `K3Is` zeroes only the term of the limited input and the straight-through forms keep
+    /// their k2 gradient (clamps act on the reported value only). Without an input clamp, d and
+    /// x are still limited by grpo-core's overflow guard (±43.36 for the exponential estimators,
+    /// ±√f32::MAX for the others), which counts as an input clamp in the diagnostics.
+    ///
+    /// `old` is read only by `K3Is` (the shader gets it as the third per-token input); for the
+    /// other estimators its length is still checked, and its values are ignored. Every valid
+    /// position is written, 0 at every other position.
+    ///
+    /// ```
+    /// use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
+    /// use grpo_core::{Preset, Tokens};
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = LossKernel::new(&ctx);
+    /// let tokens = Tokens::padded(1, 1, None);
+    /// let (mut v, mut g) = ([0.0f32], [0.0f32]);
+    /// // d = lp − ref = 0.5, x = lp − old = ln 2: ρ = 2, k3 = e^{−0.5} − 0.5 = 0.1065307,
+    /// // value 2·k3, gradient 2·(1 − e^{−0.5} + k3) = 2·0.5 = 1.
+    /// let cfg = KlPenaltyConfig::<f32>::from_preset(Preset::Trl, KlEstimator::K3Is);
+    /// let old = [-2f32.ln()];
+    /// k.kl_penalty(&cfg, &[0.0], &[-0.5], Some(&old), &tokens, &mut v, &mut g)?;
+    /// assert!((v[0] - 0.2130613).abs() < 1e-6 && (g[0] - 1.0).abs() < 1e-6);
+    /// // k3+ under verl's clamps at d = −25: value clamped to 10, gradient d = −25 all the same.
+    /// let cfg = KlPenaltyConfig::<f32>::from_preset(Preset::Verl, KlEstimator::K3StraightThrough);
+    /// let d = k.kl_penalty(&cfg, &[-25.0], &[0.0], None, &tokens, &mut v, &mut g)?;
+    /// assert_eq!((v[0], g[0]), (10.0, -25.0));
+    /// assert_eq!((d.input_clamped, d.output_clamped), (1, 1));
+    /// // K3Is without `old` is grpo-core's error; nothing is written.
+    /// let cfg = KlPenaltyConfig::<f32>::from_preset(Preset::Trl, KlEstimator::K3Is);
+    /// assert!(k.kl_penalty(&cfg, &[0.0], &[0.0], None, &tokens, &mut v, &mut g).is_err());
+    /// assert_eq!((v[0], g[0]), (10.0, -25.0));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
-    /// grpo-core's for the same input.
+    /// grpo-core's, in its order (on `Err` no output is written): `InvalidParam { name:
+    /// "input_clamp" | "output_clamp" }` for a clamp that is not finite and > 0; `InvalidParam
+    /// { name: "old" }` for `K3Is` without `old`; `LengthMismatch { what: "old" }` when `old` is
+    /// given to another estimator with a length other than `lp.len()`; `LengthMismatch` for
+    /// `reference` (then `old` with `K3Is`), `value`, `grad`; layout errors of
+    /// [`Tokens::validate`]; `NonFinite { what: "lp" | "reference" | "old" }` at the first
+    /// NaN/±∞ valid position of each in that order (`old` only with `K3Is`).
+    /// [`crate::GpuError::TooLarge`] beyond the device's limits.
     pub fn kl_penalty(
         &self,
         cfg: &KlPenaltyConfig<f32>,
         lp: &[f32],
         reference: &[f32],
+        old: Option<&[f32]>,
         tokens: &Tokens<'_>,
         value: &mut [f32],
         grad: &mut [f32],
     ) -> Result<TokenDiagnostics<f32>> {
+        // grpo-core on an empty batch: its clamp checks, then K3Is's missing `old`, exactly.
         grpo_core::divergence::kl_penalty::kl_penalty(
-            &KlPenaltyConfig {
-                // The importance-corrected form needs `old`; its config is checked like k3's.
-                estimator: match cfg.estimator {
-                    KlEstimator::K3Is => KlEstimator::K3,
-                    e => e,
-                },
-                ..*cfg
-            },
+            cfg,
             &[],
             &[],
-            None,
+            old.map(|_| &[][..]),
             &Tokens::packed(&EMPTY_CU, None),
             &mut [],
             &mut [],
@@ -547,20 +612,39 @@ impl<'c> LossKernel<'c> {
             KlEstimator::Abs => KIND_ABS,
             KlEstimator::K2 => KIND_K2,
             KlEstimator::K3 => KIND_K3,
+            KlEstimator::K3Is => KIND_K3_IS,
+            KlEstimator::K1StraightThrough => KIND_K1_ST,
+            KlEstimator::K3StraightThrough => KIND_K3_ST,
+            // `KlEstimator` is non-exhaustive: a future estimator is not on the GPU until the
+            // shader has it.
             _ => {
                 return Err(Error::InvalidParam {
                     name: "estimator",
-                    reason: "grpo-wgpu supports k1, abs, k2 and k3",
+                    reason: "not implemented by grpo-wgpu",
                 }
                 .into());
             }
         };
         let n = lp.len();
+        // divergence::kl_penalty's checks in its order (check_token_inputs after `old`'s length
+        // for the estimators that ignore it).
+        let is_old = match (cfg.estimator, old) {
+            (KlEstimator::K3Is, Some(old)) => Some(old),
+            (_, Some(old)) => {
+                check_len("old", n, old.len())?;
+                None
+            }
+            (_, None) => None,
+        };
         check_len("reference", n, reference.len())?;
+        if let Some(old) = is_old {
+            check_len("old", n, old.len())?;
+        }
         check_len("value", n, value.len())?;
         check_len("grad", n, grad.len())?;
         tokens.validate(n)?;
-        for (what, s) in [("lp", lp), ("reference", reference)] {
+        let inputs = [("lp", lp), ("reference", reference)];
+        for (what, s) in inputs.into_iter().chain(is_old.map(|o| ("old", o))) {
             if let Some(index) = tokens.first_non_finite(s) {
                 return Err(Error::NonFinite { what, index }.into());
             }
@@ -581,8 +665,9 @@ impl<'c> LossKernel<'c> {
             p.out_clamp = c;
         }
         p.flags = flags;
-        let zeros = vec![0f32; n];
-        let o = self.dispatch(lp, reference, &zeros, tokens, p)?;
+        // `old` goes to the third per-token binding; the shader reads it only for K3Is (any
+        // slice of length n fills the binding otherwise).
+        let o = self.dispatch(lp, reference, is_old.unwrap_or(reference), tokens, p)?;
         let mut d = TokenDiagnostics::default();
         for_each_valid(tokens, |t| {
             d.tokens += 1;

@@ -107,6 +107,8 @@ pub enum Op {
     LossAlgebraic,
     /// Per-token loss value / gradient through exp of a log-ratio (PPO-clip, CISPO, SAPO, k3…).
     LossExp,
+    /// KL penalties K3Is (k3·ρ), k1+ and k3+ (straight-through), vs grpo-core f32.
+    KlIsStraightThrough,
     /// Sequence-ratio losses (GSPO, GSPO-token): exp of a masked mean log-ratio, vs grpo-core f32.
     LossSeqRatio,
     /// Importance weights (token / sequence level, truncate / mask), vs grpo-core f32.
@@ -201,6 +203,23 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
+        // LossExp's reasoning: 8 ULP of correctly rounded + − × around exp, plus exp's 3 + 2|x| ULP
+        // per exp the formula evaluates, added by the caller with `exp_ulps` (k3+: e^{−d}; K3Is:
+        // e^{−d} and ρ = e^x, d and x after the clamp/guard, |·| ≤ 43.36). k1+'s value and every
+        // straight-through gradient (d itself) are the same f32 operations: bit-identical but for
+        // WGSL flushing a subnormal d, which `abs` covers (the caller scales it by ρ for K3Is,
+        // where a flushed k3 is multiplied by ρ). K3Is's gradient ρ·(∂k3 + k3) adds two terms
+        // that cancel (their sum is d; grpo-core has the same cancellation), so there the caller
+        // adds `term_abs(8 + exp_ulps, ρ·(|∂k3| + |k3|))`: ULPs of the terms, not the result.
+        // Measured on lavapipe over 10000 random/edge batches per config (5 configs × 3
+        // estimators: every preset, plus clamps 3/0.5): 0 ULP without exp; exp-based values
+        // ≤ 49 ULP and at most exp's allowance − 1; K3Is gradients ≤ 18 ULP of ρ·(|∂k3| + |k3|)
+        // and at most the allowance − 6. The 8-ULP base is the headroom (9 and 14 ULP).
+        (KlIsStraightThrough, _) => Tol {
+            ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
         // LossExp plus three WGSL divisions (x̄ = Σx/n, Ā = ΣA/n, ∂L/∂s·s/n), each ≤ 2.5 ULP
         // instead of correctly rounded: 8 + 3·2.5 → 16. The sums themselves run in grpo-core's
         // order (bit-identical). x̄'s 2.5 ULP become 2.5|x̄| ULP of e^x̄, which the caller adds
@@ -242,6 +261,13 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
 pub fn zscore_abs(max_abs_score: f64, divisor: f64) -> f64 {
     let ulp = f32::EPSILON as f64 * max_abs_score.max(f32::MIN_POSITIVE as f64);
     2.0 * ulp / divisor
+}
+
+/// Absolute slack of `ulps` f32 ULPs of `terms_abs`, the sum of the magnitudes of the terms a
+/// result was added from: where the terms cancel (K3Is's ρ·(∂k3 + k3), whose sum is d), last-bit
+/// differences of the terms are that large, however small the result.
+pub fn term_abs(ulps: u32, terms_abs: f64) -> f64 {
+    ulps as f64 * f32::EPSILON as f64 * terms_abs
 }
 
 /// WGSL's accuracy allowance for exp, summed over the arguments of every exp a formula evaluates:

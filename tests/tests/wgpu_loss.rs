@@ -11,7 +11,7 @@ use grpo_core::loss::{
 };
 use grpo_core::{Error, Preset, Real, Tokens};
 use grpo_tests::gpu;
-use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, tolerance, ulp_distance};
+use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, term_abs, tolerance, ulp_distance};
 use grpo_wgpu::{GpuError, LossKernel};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -387,7 +387,7 @@ fn kl_penalties_match_grpo_core() {
                         .unwrap();
                     let (mut gv, mut gg) = (vec![0f32; n], vec![0f32; n]);
                     let dg = k
-                        .kl_penalty(&cfg, &b.lp, &b.old, &b.tokens(), &mut gv, &mut gg)
+                        .kl_penalty(&cfg, &b.lp, &b.old, None, &b.tokens(), &mut gv, &mut gg)
                         .unwrap();
                     // k3 evaluates e^{−d} with d = lp − ref after the input clamp.
                     let args = |t: usize| {
@@ -418,6 +418,408 @@ fn kl_penalties_match_grpo_core() {
         gpu::cases(),
         MAX_ULP.load(std::sync::atomic::Ordering::Relaxed)
     );
+}
+
+/// Inputs of a KL penalty: lp, the reference and the old log-probs, NaN garbage in masked
+/// positions of all three.
+#[derive(Debug, Clone)]
+struct KlBatch {
+    lp: Vec<f32>,
+    reference: Vec<f32>,
+    old: Vec<f32>,
+    cu: Vec<usize>,
+    mask: Vec<bool>,
+}
+
+impl KlBatch {
+    fn tokens(&self) -> Tokens<'_> {
+        Tokens::packed(&self.cu, Some(&self.mask))
+    }
+}
+
+/// A log-ratio (d = lp − ref or x = lp − old) from tiny to ±80, with edges: ±0, subnormal,
+/// the ±20 input clamp, the ±43.36 overflow guard, the k3 values around verl's ±10 output clamp
+/// (d ≈ −2.53), ±1e30.
+fn kl_log_ratio() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        4 => -0.5f32..0.5,
+        3 => -3.0f32..3.0,
+        2 => -80.0f32..80.0,
+        1 => prop::sample::select(vec![
+            0.0f32, -0.0, 1e-40, -1e-40, 1e-20, -1e-20, 20.0, -20.0, 20.5, -20.5, 43.36, -43.36,
+            44.0, -44.0, 2.0, -2.0, -2.5, -2.6, 1e30, -1e30,
+        ]),
+    ]
+}
+
+/// lp near typical values or exactly 0 (so a subnormal d stays subnormal), ref = lp − d and
+/// old = lp − x; one batch in eight holds a token whose inputs are ±3e38 (lp − ref overflows).
+fn kl_batch() -> impl Strategy<Value = KlBatch> {
+    prop::collection::vec(0usize..40, 1..6)
+        .prop_flat_map(|lens| {
+            let n: usize = lens.iter().sum();
+            let lp = prop_oneof![4 => -12.0f32..0.0, 1 => Just(0.0f32), 1 => Just(-0.0f32)];
+            (
+                Just(lens),
+                prop::collection::vec(lp, n),
+                prop::collection::vec(kl_log_ratio(), n),
+                prop::collection::vec(kl_log_ratio(), n),
+                prop::collection::vec(prop::bool::weighted(0.85), n),
+                prop::option::weighted(0.125, (any::<prop::sample::Index>(), 0usize..4)),
+            )
+        })
+        .prop_map(|(lens, lp, d, x, mask, extreme)| {
+            let mut cu = vec![0];
+            for l in lens {
+                cu.push(cu.last().unwrap() + l);
+            }
+            let reference = lp.iter().zip(&d).map(|(l, d)| l - d).collect();
+            let old = lp.iter().zip(&x).map(|(l, x)| l - x).collect();
+            let mut b = KlBatch {
+                lp,
+                reference,
+                old,
+                cu,
+                mask,
+            };
+            if let Some((at, which)) = extreme
+                && !b.lp.is_empty()
+            {
+                let t = at.index(b.lp.len());
+                let (l, r, o) = [
+                    (3e38, -3e38, 3e38),
+                    (-3e38, 3e38, -3e38),
+                    (3e38, 3e38, -3e38),
+                    (-3e38, -3e38, 3e38),
+                ][which];
+                (b.lp[t], b.reference[t], b.old[t]) = (l, r, o);
+            }
+            for t in 0..b.lp.len() {
+                if !b.mask[t] {
+                    b.lp[t] = f32::NAN;
+                    b.reference[t] = f32::NAN;
+                    b.old[t] = f32::NAN;
+                }
+            }
+            b
+        })
+}
+
+/// Largest distances of the importance-corrected and straight-through KL estimators (the
+/// measured figures of the tolerance table): [ULP of the results without exp (k1+, the
+/// straight-through gradients), ULP of the exp-based values (K3Is, k3+), the same minus exp's
+/// allowance, K3Is gradient error in ULPs of ρ·(|∂k3| + |k3|), the same minus the allowance].
+static KL_MAX: [std::sync::atomic::AtomicI64; 5] =
+    [const { std::sync::atomic::AtomicI64::new(i64::MIN) }; 5];
+
+fn record(slot: usize, v: i64) {
+    KL_MAX[slot].fetch_max(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// K3Is, k1+ and k3+ against grpo-core: values, gradients and diagnostics over random and edge
+/// inputs, under every preset's clamps and with custom ones.
+#[test]
+fn kl_penalty_is_and_straight_through_match_grpo_core() {
+    let Some(ctx) = gpu::context("kl_penalty_is_and_straight_through_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let base = tolerance(Op::KlIsStraightThrough, Dtype::F32);
+    let eps = f32::EPSILON as f64;
+    for est in [
+        KlEstimator::K3Is,
+        KlEstimator::K1StraightThrough,
+        KlEstimator::K3StraightThrough,
+    ] {
+        let mut configs: Vec<KlPenaltyConfig<f32>> =
+            [Preset::Paper, Preset::Verl, Preset::Trl, Preset::OpenRlhf]
+                .into_iter()
+                .map(|p| KlPenaltyConfig::from_preset(p, est))
+                .collect();
+        configs.push(KlPenaltyConfig {
+            estimator: est,
+            input_clamp: Some(3.0),
+            output_clamp: Some(0.5),
+        });
+        for cfg in configs {
+            let exp_guard = if est == KlEstimator::K1StraightThrough {
+                f32::MAX.sqrt()
+            } else {
+                43.36
+            };
+            let lim = cfg.input_clamp.map_or(exp_guard, |c| c.min(exp_guard));
+            runner()
+                .run(&kl_batch(), |b| {
+                    let n = b.lp.len();
+                    // Sometimes `old` for the estimators that ignore it (its values unread).
+                    let old = (est == KlEstimator::K3Is || n % 2 == 1).then_some(&b.old[..]);
+                    let (mut cv, mut cg) = (vec![7f32; n], vec![7f32; n]);
+                    let dc = kl_penalty(
+                        &cfg,
+                        &b.lp,
+                        &b.reference,
+                        old,
+                        &b.tokens(),
+                        &mut cv,
+                        &mut cg,
+                    )
+                    .unwrap();
+                    let (mut gv, mut gg) = (vec![7f32; n], vec![7f32; n]);
+                    let dg = k
+                        .kl_penalty(
+                            &cfg,
+                            &b.lp,
+                            &b.reference,
+                            old,
+                            &b.tokens(),
+                            &mut gv,
+                            &mut gg,
+                        )
+                        .unwrap();
+                    let mut borderline = 0;
+                    let mut max_dv = 0f64;
+                    for t in 0..n {
+                        if !b.mask[t] {
+                            prop_assert_eq!((gv[t], gg[t]), (0.0, 0.0));
+                            prop_assert_eq!((cv[t], cg[t]), (0.0, 0.0));
+                            continue;
+                        }
+                        // The (limited) arguments of the formula's exps, in f64.
+                        let d = ((b.lp[t] - b.reference[t]) as f64).clamp(-lim as f64, lim as f64);
+                        let x = ((b.lp[t] - b.old[t]) as f64).clamp(-lim as f64, lim as f64);
+                        let (args, rho) = match est {
+                            KlEstimator::K3Is => (vec![d, x], x.exp()),
+                            KlEstimator::K3StraightThrough => (vec![d], 1.0),
+                            _ => (vec![], 1.0),
+                        };
+                        let allowance = base.ulp + exp_ulps(&args);
+                        // A subnormal k3 (or d) may be flushed to 0, then multiplied by ρ.
+                        let tol = base
+                            .plus_ulp(exp_ulps(&args))
+                            .with_abs(base.abs * rho.max(1.0));
+                        let ulp_v = ulp_distance(gv[t], cv[t]);
+                        if cv[t].abs() >= 1e-28 {
+                            if args.is_empty() {
+                                record(0, ulp_v as i64);
+                            } else {
+                                record(1, ulp_v as i64);
+                                record(2, ulp_v as i64 - exp_ulps(&args) as i64);
+                            }
+                        }
+                        prop_assert!(
+                            tol.accepts(gv[t], cv[t] as f64),
+                            "{:?} {:?} value[{}] gpu {} core {} ({} ulp, allowance {})",
+                            est,
+                            cfg,
+                            t,
+                            gv[t],
+                            cv[t],
+                            ulp_v,
+                            allowance
+                        );
+                        max_dv = max_dv.max((gv[t] as f64 - cv[t] as f64).abs());
+                        // Where the value sits at the output clamp within the tolerance, the
+                        // two sides may take different branches (gradient 0 or not): both are
+                        // correct.
+                        if let Some(c) = cfg.output_clamp
+                            && ulp_distance(cv[t].abs(), c) <= allowance as u64
+                        {
+                            borderline += 1;
+                            continue;
+                        }
+                        let ulp_g = ulp_distance(gg[t], cg[t]);
+                        if est == KlEstimator::K3Is {
+                            // ρ·(∂k3 + k3): the sum cancels (it equals d), so its error is a few
+                            // ULP of the larger term, not of the result.
+                            let k3 = (-d).exp_m1() + d;
+                            let dk3 = -(-d).exp_m1();
+                            let scale = rho * (dk3.abs() + k3.abs());
+                            let err = (gg[t] as f64 - cg[t] as f64).abs();
+                            if scale > 0.0 && cg[t].abs() >= 1e-28 {
+                                let units = (err / (eps * scale)).ceil() as i64;
+                                record(3, units);
+                                record(4, units - exp_ulps(&args) as i64);
+                            }
+                            let tol = tol.with_abs(tol.abs + term_abs(allowance, scale));
+                            prop_assert!(
+                                tol.accepts(gg[t], cg[t] as f64),
+                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp; d {} x {})",
+                                est,
+                                cfg,
+                                t,
+                                gg[t],
+                                cg[t],
+                                ulp_g,
+                                d,
+                                x
+                            );
+                        } else {
+                            // k2's gradient d: the same f32 subtraction and comparisons.
+                            if cg[t].abs() >= 1e-28 {
+                                record(0, ulp_g as i64);
+                            }
+                            prop_assert!(
+                                base.accepts(gg[t], cg[t] as f64),
+                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp)",
+                                est,
+                                cfg,
+                                t,
+                                gg[t],
+                                cg[t],
+                                ulp_g
+                            );
+                        }
+                    }
+                    prop_assert_eq!(dc.tokens, dg.tokens);
+                    prop_assert_eq!(dc.input_clamped, dg.input_clamped);
+                    prop_assert!(dc.output_clamped.abs_diff(dg.output_clamped) <= borderline);
+                    // A running mean of values each within `max_dv`: within max_dv plus one
+                    // rounding per update at the scale of the largest value.
+                    let vmax = cv.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+                    let slack = max_dv + 4.0 * eps * vmax * dc.tokens as f64;
+                    prop_assert!(
+                        (dg.mean as f64 - dc.mean as f64).abs() <= slack,
+                        "mean gpu {} core {} (slack {})",
+                        dg.mean,
+                        dc.mean,
+                        slack
+                    );
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+    let load = |i: usize| KL_MAX[i].load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "kl K3Is/k1+/k3+: {} cases per config; max distance to grpo-core: {} ULP without exp \
+         (k1+, straight-through gradients); {} ULP for exp-based values (max ULP − exp's \
+         allowance: {}); K3Is gradients {} ULP of ρ·(|∂k3| + |k3|) (max minus the allowance: {})",
+        gpu::cases(),
+        load(0),
+        load(1),
+        load(2),
+        load(3),
+        load(4)
+    );
+}
+
+/// KL-penalty errors in grpo-core's order, outputs untouched: K3Is without `old`, `old`'s
+/// length (checked for every estimator when given, first for those that ignore it), non-finite
+/// inputs (`old` only for K3Is), a bad clamp before the missing `old`.
+#[test]
+fn kl_penalty_errors_match_grpo_core_and_leave_outputs_untouched() {
+    let Some(ctx) = gpu::context("kl_penalty_errors_match_grpo_core_and_leave_outputs_untouched")
+    else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let cu = [0usize, 3];
+    let mask = [true, true, false];
+    let tokens = Tokens::packed(&cu, Some(&mask));
+    let cfg = |e| KlPenaltyConfig::<f32>::from_preset(Preset::Verl, e);
+    let ok = [-1.0f32, -2.0, -3.0];
+    let nan1 = [-1.0f32, f32::NAN, -3.0];
+    let inf0 = [f32::INFINITY, -2.0, -3.0];
+    let nan_masked = [-1.0f32, -2.0, f32::NAN];
+    let short = [-1.0f32, -2.0];
+    let bad_clamp = KlPenaltyConfig {
+        input_clamp: Some(-1.0),
+        ..cfg(KlEstimator::K3Is)
+    };
+    type Case<'a> = (
+        KlPenaltyConfig<f32>,
+        &'a [f32],
+        &'a [f32],
+        Option<&'a [f32]>,
+        usize,
+    );
+    let cases: Vec<(Case<'_>, Option<Error>)> = vec![
+        (
+            (cfg(KlEstimator::K3Is), &ok, &ok, None, 3),
+            Some(Error::InvalidParam {
+                name: "old",
+                reason: "the importance-corrected k3 (K3Is) needs the old log-probs",
+            }),
+        ),
+        ((bad_clamp, &ok, &ok, None, 3), None),
+        // Missing `old` is reported before any length or value.
+        ((cfg(KlEstimator::K3Is), &nan1, &short, None, 2), None),
+        ((cfg(KlEstimator::K1), &ok, &ok, Some(&short), 3), None),
+        // `old`'s length first for the estimators that ignore it, after `reference` for K3Is.
+        (
+            (
+                cfg(KlEstimator::K1StraightThrough),
+                &ok,
+                &short,
+                Some(&short),
+                3,
+            ),
+            None,
+        ),
+        (
+            (
+                cfg(KlEstimator::K3StraightThrough),
+                &ok,
+                &short,
+                Some(&short),
+                3,
+            ),
+            None,
+        ),
+        ((cfg(KlEstimator::K3Is), &ok, &short, Some(&short), 3), None),
+        ((cfg(KlEstimator::K3Is), &ok, &ok, Some(&short), 3), None),
+        ((cfg(KlEstimator::K3Is), &ok, &ok, Some(&ok), 2), None),
+        // Non-finite values: lp, then reference, then old (K3Is only).
+        ((cfg(KlEstimator::K3Is), &ok, &ok, Some(&nan1), 3), None),
+        ((cfg(KlEstimator::K3Is), &ok, &inf0, Some(&nan1), 3), None),
+        ((cfg(KlEstimator::K3Is), &nan1, &inf0, Some(&nan1), 3), None),
+        (
+            (
+                cfg(KlEstimator::K1StraightThrough),
+                &ok,
+                &inf0,
+                Some(&ok),
+                3,
+            ),
+            None,
+        ),
+        (
+            (cfg(KlEstimator::K3StraightThrough), &nan1, &ok, None, 3),
+            None,
+        ),
+    ];
+    for ((cfg, lp, reference, old, out_len), want) in cases {
+        let (mut cv, mut cg) = (vec![9f32; out_len], [9f32; 3]);
+        let e = kl_penalty(&cfg, lp, reference, old, &tokens, &mut cv, &mut cg).unwrap_err();
+        if let Some(w) = want {
+            assert_eq!(e, w);
+        }
+        let (mut gv, mut gg) = (vec![9f32; out_len], [9f32; 3]);
+        assert_eq!(
+            k.kl_penalty(&cfg, lp, reference, old, &tokens, &mut gv, &mut gg),
+            Err(GpuError::Core(e)),
+            "{cfg:?} {lp:?} {reference:?} {old:?}"
+        );
+        assert!(gv.iter().chain(&gg).all(|&v| v == 9.0), "{cfg:?}: written");
+        eprintln!("kl error: {e}");
+    }
+    // What is accepted: `old` with NaN for an estimator that ignores it, NaN `old` in a masked
+    // position for K3Is; both sides agree and write.
+    for (est, old) in [
+        (KlEstimator::K1StraightThrough, &nan1),
+        (KlEstimator::K3StraightThrough, &nan1),
+        (KlEstimator::K3Is, &nan_masked),
+    ] {
+        let (mut cv, mut cg) = ([9f32; 3], [9f32; 3]);
+        let dc = kl_penalty(&cfg(est), &ok, &ok, Some(old), &tokens, &mut cv, &mut cg).unwrap();
+        let (mut gv, mut gg) = ([9f32; 3], [9f32; 3]);
+        let dg = k
+            .kl_penalty(&cfg(est), &ok, &ok, Some(old), &tokens, &mut gv, &mut gg)
+            .unwrap();
+        assert_eq!((gv, gg), (cv, cg), "{est:?}");
+        assert_eq!((gv, gg), ([0.0; 3], [0.0; 3]), "{est:?}: d = 0 everywhere");
+        assert_eq!(dc, dg);
+    }
 }
 
 #[test]

@@ -125,3 +125,45 @@ fn vocab_params_struct_is_32_bytes() {
         assert_eq!(span, 32, "{}", id.name());
     }
 }
+
+#[test]
+fn loss_params_struct_is_48_bytes() {
+    // grpo-wgpu's `LossParams` (bytemuck, `#[repr(C)]`, twelve 4-byte fields) is asserted to be
+    // 48 bytes at compile time; the WGSL uniform must have the same fields in the same order, or
+    // the KL clamps (`clamp`, `out_clamp`) would be read from the wrong offsets.
+    let module = naga::front::wgsl::parse_str(&ShaderId::Loss.source()).expect("parses");
+    let (_, ty) = module
+        .types
+        .iter()
+        .find(|(_, t)| t.name.as_deref() == Some("LossParams"))
+        .expect("LossParams declared");
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        panic!("LossParams is {:?}", ty.inner);
+    };
+    let fields: Vec<_> = members
+        .iter()
+        .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+        .collect();
+    let want = [
+        "n",
+        "kind",
+        "flags",
+        "seqs",
+        "lo",
+        "hi",
+        "clamp",
+        "dual_c",
+        "delta",
+        "tau_pos",
+        "tau_neg",
+        "out_clamp",
+    ];
+    assert_eq!(
+        fields,
+        want.iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), 4 * i as u32))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(*span, 48);
+}
