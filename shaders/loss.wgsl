@@ -239,15 +239,21 @@ fn kl_token(d_raw: f32, x_raw: f32) -> Out {
     } else if kind == KIND_K1_ST {
         o = Out(d, d, 0u);
     } else if kind == KIND_K3_IS {
-        // The same association as grpo-core: ρ·(∂k3 + k3), each term 0 where its own input
-        // was limited. (∂k3 + k3 = d exactly; the sum cancels for large |d| in both.)
+        // As grpo-core: ρ·(∂k3 + k3), each term 0 where its own input was limited; unlimited,
+        // ∂k3 + k3 = d exactly, so the gradient is ρ·d (the sum would cancel for large |d|).
         let x_hit = limit_hit(x_raw, lim);
         let x = rclamp(x_raw, -lim, lim);
         let k3 = expm1_minus_x(-d);
-        let dk3 = select(-expm1(-d), 0.0, hit);
         let rho = exp(x);
-        let drho_term = select(k3, 0.0, x_hit);
-        o = Out(k3 * rho, rho * (dk3 + drho_term), 0u);
+        var g = 0.0;
+        if !hit && !x_hit {
+            g = rho * d;
+        } else if !hit {
+            g = rho * -expm1(-d);
+        } else if !x_hit {
+            g = rho * k3;
+        }
+        o = Out(k3 * rho, g, 0u);
         hit = hit || x_hit;
     } else {
         o = Out(expm1_minus_x(-d), -expm1(-d), 0u);

@@ -529,7 +529,7 @@ impl<'c> LossKernel<'c> {
     /// | `Abs` | \|d\| | sgn d (0 at d = 0) |
     /// | `K2` | d²/2 | d |
     /// | `K3` | k3 = e^{−d} + d − 1 | 1 − e^{−d} |
-    /// | `K3Is` | k3·ρ, ρ = e^x | ρ·(1 − e^{−d} + k3) |
+    /// | `K3Is` | k3·ρ, ρ = e^x | ρ·(1 − e^{−d} + k3) = ρ·d (computed as ρ·d; a limited input drops its term) |
     /// | `K1StraightThrough` (`k1+`) | d | d (unclamped) |
     /// | `K3StraightThrough` (`k3+`) | k3 | d (unclamped) |
     ///

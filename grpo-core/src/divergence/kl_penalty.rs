@@ -7,7 +7,7 @@
 //! | `Abs` | \|d\| | sgn d (0 at d = 0) |
 //! | `K2` | d²/2 | d |
 //! | `K3` | e^{−d} + d − 1 | 1 − e^{−d} |
-//! | `K3Is` | k3·ρ, ρ = e^{lp − old} | ρ·(1 − e^{−d} + k3) |
+//! | `K3Is` | k3·ρ, ρ = e^{lp − old} | ρ·(1 − e^{−d} + k3) = ρ·d |
 //! | `K1StraightThrough` (`k1+`) | d | d |
 //! | `K3StraightThrough` (`k3+`) | e^{−d} + d − 1 | d |
 //!
@@ -219,13 +219,21 @@ impl<T: Real> KlPenaltyConfig<T> {
             KlEstimator::K3Is => {
                 let (x, x_hit) = limit(x_raw, lim);
                 let k3 = expm1_minus_x(-d);
-                let dk3 = if d_hit { T::ZERO } else { -(-d).exp_m1() };
                 let rho = x.exp();
-                let drho_term = if x_hit { T::ZERO } else { k3 };
+                // ∂(k3·ρ)/∂lp = ρ·(∂k3 + k3), each term 0 where its own input was limited.
+                // Unlimited, ∂k3 + k3 = (1 − e^{−d}) + (e^{−d} + d − 1) = d exactly: computing
+                // the sum instead loses every bit to cancellation once e^{−d} ≫ |d| (in f32 the
+                // gradient is 60% off at d = −20 and exactly 0 at d = −30).
+                let grad = match (d_hit, x_hit) {
+                    (false, false) => rho * d,
+                    (false, true) => rho * -(-d).exp_m1(),
+                    (true, false) => rho * k3,
+                    (true, true) => T::ZERO,
+                };
                 (
                     ValueGrad {
                         value: k3 * rho,
-                        grad: rho * (dk3 + drho_term),
+                        grad,
                     },
                     d_hit || x_hit,
                 )
@@ -396,6 +404,30 @@ mod tests {
         assert_eq!((c.value, c.grad), (10.0, -25.0));
         let k1 = cfg(Preset::Trl, KlEstimator::K1StraightThrough).eval(-0.7, 0.0, 0.0);
         assert_eq!((k1.value, k1.grad), (-0.7, -0.7));
+    }
+
+    /// The K3Is gradient in f32 against f64 where ∂k3 + k3 would cancel: d = −20 and −30 with
+    /// ρ = e^{0.5}, no clamps. The exact gradient is ρ·d.
+    #[test]
+    fn importance_corrected_k3_gradient_keeps_its_bits_for_large_negative_d() {
+        fn unclamped<T: Real>() -> KlPenaltyConfig<T> {
+            KlPenaltyConfig {
+                estimator: KlEstimator::K3Is,
+                input_clamp: None,
+                output_clamp: None,
+            }
+        }
+        for d in [-20.0f32, -30.0, -43.0, 0.25, 40.0] {
+            let g32 = unclamped::<f32>().eval(d, 0.0, d - 0.5).grad;
+            let g64 = unclamped::<f64>().eval(d as f64, 0.0, d as f64 - 0.5).grad;
+            let want = 0.5f64.exp() * d as f64;
+            assert!((g64 - want).abs() <= 1e-14 * want.abs(), "{d}: {g64}");
+            let rel = (g32 as f64 - want).abs() / want.abs();
+            assert!(
+                rel < 3e-7,
+                "d = {d}: f32 gradient {g32}, exact {want} (rel {rel:e})"
+            );
+        }
     }
 
     #[test]
