@@ -13,7 +13,8 @@
 // out, 6 the per-sequence products w_i·Σ then the scalar at index seqs.
 // Sequence-ratio losses (seq_ratio) keep the per-token bindings; flags holds the mask then the
 // spans as for aggregation. IS weights (is_weights) read old in lp and roll in old, take the
-// log limit in clamp and the filter bounds in lo/hi, and write the weights to value.
+// log limit in clamp and the filter bounds (truncate, mask or geometric mask) in lo/hi, and
+// write the weights to value.
 // ESS sums (ess_seq, ess_total) use the per-token bindings with flags as for aggregation and
 // write (Σw, Σw²) per sequence to grad[2i], grad[2i + 1], the totals to grad[2·seqs], +1.
 
@@ -34,6 +35,7 @@ const KIND_K3: u32 = 11u;
 const KIND_K3_IS: u32 = 14u;
 const KIND_K1_ST: u32 = 15u;
 const KIND_K3_ST: u32 = 16u;
+const KIND_IS_GEO: u32 = 17u;
 
 const FLAG_CLAMP_LOG_RATIO: u32 = 1u;
 const FLAG_DUAL_CLIP: u32 = 2u;
@@ -42,6 +44,7 @@ const FLAG_KL_OUT_CLAMP: u32 = 8u;
 const FLAG_WEIGHTS: u32 = 16u;
 const FLAG_IS_TRUNCATE: u32 = 32u;
 const FLAG_IS_MASK: u32 = 64u;
+const FLAG_IS_GEO_MASK: u32 = 128u;
 
 // Event bits (grpo-core's TokenOut flags), shifted left by one in the flags word.
 const EV_CLAMPED: u32 = 1u;
@@ -489,10 +492,13 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
     }
 }
 
-// Importance weights (is_correction::is_weights, token and sequence levels), one invocation per
-// sequence: r_t = old_t − roll_t, the log-weight (r_t, or Σ_t r_t in token order) limited to
-// ±clamp (EV_CLAMPED), w = e^l, then truncated to [lo, hi] or zeroed outside it (EV_CLIP_LOW:
-// the filter changed w). Masked tokens get 0.
+// Importance weights (is_correction::is_weights), one invocation per sequence: r_t = old_t −
+// roll_t, S = Σ_t r_t in token order over the valid tokens and r̄ = S/n. The log-weight is r_t
+// (token level), S (sequence) or r̄ (geometric mean), limited to ±clamp (EV_CLAMPED), w = e^l,
+// then truncated to [lo, hi] or zeroed outside it (EV_CLIP_LOW: the filter changed w). The
+// geometric-mean filter (FLAG_IS_GEO_MASK) instead zeroes the whole sequence when
+// e^{limit(r̄)} ∉ [lo, hi] (EV_CLIP_LOW on each of its tokens) and leaves w unchanged otherwise.
+// Masked tokens get 0.
 @compute @workgroup_size(256)
 fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -503,12 +509,20 @@ fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>,
     let start = flags[params.n + 2u * i];
     let end = flags[params.n + 2u * i + 1u];
     var sum = 0.0;
+    var c = 0u;
     for (var t = start; t < end; t++) {
         if flags[t] != 0u {
             sum += lp[t] - old[t];
+            c += 1u;
         }
     }
+    let mean = sum / f32(max(c, 1u));
     let lim = params.clamp;
+    var reject = false;
+    if (params.flags & FLAG_IS_GEO_MASK) != 0u {
+        let g = exp(rclamp(mean, -lim, lim));
+        reject = !(g >= params.lo && g <= params.hi);
+    }
     for (var t = start; t < end; t++) {
         if flags[t] == 0u {
             value[t] = 0.0;
@@ -517,6 +531,8 @@ fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>,
         var l = sum;
         if params.kind == KIND_IS_TOKEN {
             l = lp[t] - old[t];
+        } else if params.kind == KIND_IS_GEO {
+            l = mean;
         }
         var ev = 0u;
         if limit_hit(l, lim) {
@@ -528,8 +544,10 @@ fn is_weights(@builtin(global_invocation_id) gid: vec3<u32>,
             w = rclamp(raw, params.lo, params.hi);
         } else if (params.flags & FLAG_IS_MASK) != 0u && !(raw >= params.lo && raw <= params.hi) {
             w = 0.0;
+        } else if reject {
+            w = 0.0;
         }
-        if w != raw {
+        if w != raw || reject {
             ev |= EV_CLIP_LOW;
         }
         value[t] = w;

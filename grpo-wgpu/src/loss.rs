@@ -62,6 +62,7 @@ const KIND_K3: u32 = 11;
 const KIND_K3_IS: u32 = 14;
 const KIND_K1_ST: u32 = 15;
 const KIND_K3_ST: u32 = 16;
+const KIND_IS_GEO: u32 = 17;
 const FLAG_CLAMP_LOG_RATIO: u32 = 1;
 const FLAG_DUAL_CLIP: u32 = 2;
 const FLAG_DELTA_CAP: u32 = 4;
@@ -69,6 +70,7 @@ const FLAG_KL_OUT_CLAMP: u32 = 8;
 const FLAG_WEIGHTS: u32 = 16;
 const FLAG_IS_TRUNCATE: u32 = 32;
 const FLAG_IS_MASK: u32 = 64;
+const FLAG_IS_GEO_MASK: u32 = 128;
 /// divergence::measures::exp_guard in f32 (ln(f32::MAX)/2 − 1), as loss.wgsl's EXP_GUARD_BITS.
 const EXP_GUARD_BITS: u32 = 0x422d7218;
 const EV_CLAMPED: u32 = 1;
@@ -921,19 +923,60 @@ impl<'c> LossKernel<'c> {
     }
 
     /// Importance weights of the rollout/trainer mismatch, grpo-core's
-    /// [`grpo_core::is_correction::is_weights`] at [`IsLevel::Token`] (`w_t = e^{r_t}`) and
-    /// [`IsLevel::Sequence`] (`w = e^{Σ_t r_t}` on every valid token), `r_t = old_t − roll_t`,
-    /// the log-weight limited to ±`log_clamp` (and the overflow guard), then
-    /// [`IsFilter::Truncate`] (clamp to `[min, max]`), [`IsFilter::Mask`] (0 outside `[lo, hi]`)
-    /// or [`IsFilter::None`]. One invocation per sequence (the sequence sum in token order, as
-    /// grpo-core); the diagnostics' mean/min/max are taken on the host over the GPU's weights
-    /// in grpo-core's order.
+    /// [`grpo_core::is_correction::is_weights`] for every [`IsConfig`], with
+    /// `r_t = old_t − roll_t` (`ln π_old/π_roll`) over a sequence's valid tokens:
     ///
-    /// Not on the GPU yet: [`IsLevel::GeometricMean`], [`IsFilter::GeometricMask`] and
-    /// `batch_normalize` (`InvalidParam { name: "is config" }`).
+    /// - [`IsLevel::Token`]: `w_t = e^{r_t}` (\[TRL\] `token_*`, \[verl\] `token`);
+    /// - [`IsLevel::Sequence`]: `w = e^{Σ_t r_t}` on every valid token of the sequence
+    ///   (\[TRL\] `sequence_*`, \[verl\] `sequence`);
+    /// - [`IsLevel::GeometricMean`]: `w = e^{r̄}`, `r̄ = (Σ_t r_t)/n` (the geometric mean of the
+    ///   token ratios), on every valid token.
+    ///
+    /// The log-weight is limited to ±`log_clamp` (and the overflow guard ±43.36) before `exp`,
+    /// then filtered: [`IsFilter::Truncate`] clamps `w` to `[min, max]`, [`IsFilter::Mask`]
+    /// sets `w = 0` outside `[lo, hi]` (\[TRL\] `*_mask`, \[OpenRLHF\] `icepop`),
+    /// [`IsFilter::GeometricMask`] (\[OpenRLHF\] `seq-mask-tis`) sets the whole sequence to 0
+    /// when `e^{limit(r̄)} ∉ [lo, hi]` and keeps its level's weights unclamped otherwise.
+    /// `batch_normalize` (\[verl\] `rollout_is_batch_normalize`) divides every valid weight by
+    /// the mean of the non-zero weights (per valid token at token level, one per sequence
+    /// otherwise), unless that mean is 0.
+    ///
+    /// One invocation per sequence: `Σ_t r_t` in token order (grpo-core's f32 order, so the
+    /// sum has its bits), `r̄` by one WGSL division (≤ 2.5 ULP, grpo-core's is correctly
+    /// rounded), one `exp` per weight (WGSL: 3 + 2|l| ULP). The batch-normalisation mean is
+    /// grpo-core's running mean `m ← m + (w − m)/k` over the GPU's weights in grpo-core's
+    /// order, and the division by it is done on the host (correctly rounded, as grpo-core);
+    /// the diagnostics' mean/min/max likewise. Near a mask bound the GPU and grpo-core may
+    /// keep/zero a weight (or a sequence) differently when `e^l` is within exp's error of it.
     ///
     /// # Errors
-    /// grpo-core's for the same input.
+    /// grpo-core's for the same input ([`Error::LengthMismatch`], layout errors,
+    /// [`Error::NonFinite`], [`Error::InvalidParam`] for bad bounds or log clamp);
+    /// [`GpuError`](crate::GpuError) for a device failure or a batch beyond the device's
+    /// limits. On `Err`, `weights` is untouched.
+    ///
+    /// # Example
+    /// ```
+    /// use grpo_core::Tokens;
+    /// use grpo_core::is_correction::{IsConfig, IsLevel};
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = LossKernel::new(&ctx);
+    /// // One sequence, r = [ln 0.25, ln 2, ln 10]: geometric mean 5^{1/3} ≈ 1.71 ∈ [0.5, 5],
+    /// // so seq-mask-tis keeps the token weights unclamped, ≈ [0.25, 2, 10].
+    /// let old = [0.25f32.ln(), 2f32.ln(), 10f32.ln()];
+    /// let tokens = Tokens::padded(1, 3, None);
+    /// let mut w = [0.0f32; 3];
+    /// let d = k.is_weights(&IsConfig::seq_mask_tis(), &old, &[0.0; 3], &tokens, &mut w)?;
+    /// assert!((w[0] - 0.25).abs() < 1e-5 && (w[2] - 10.0).abs() < 1e-4);
+    /// assert_eq!(d.filtered, 0);
+    /// // Geometric-mean level: e^{r̄} ≈ 1.71 on every token.
+    /// let cfg = IsConfig { level: IsLevel::GeometricMean, ..IsConfig::default() };
+    /// k.is_weights(&cfg, &old, &[0.0; 3], &tokens, &mut w)?;
+    /// assert!(w.iter().all(|&x| (x - 5f32.cbrt()).abs() < 1e-5));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     pub fn is_weights(
         &self,
         cfg: &IsConfig<f32>,
@@ -952,22 +995,14 @@ impl<'c> LossKernel<'c> {
         let kind = match cfg.level {
             IsLevel::Token => KIND_IS_TOKEN,
             IsLevel::Sequence => KIND_IS_SEQ,
-            IsLevel::GeometricMean => 0,
+            IsLevel::GeometricMean => KIND_IS_GEO,
         };
         let (flags, lo, hi) = match cfg.filter {
             IsFilter::None => (0, 0.0, 0.0),
             IsFilter::Truncate { min, max } => (FLAG_IS_TRUNCATE, min, max),
             IsFilter::Mask { lo, hi } => (FLAG_IS_MASK, lo, hi),
-            IsFilter::GeometricMask { .. } => (u32::MAX, 0.0, 0.0),
+            IsFilter::GeometricMask { lo, hi } => (FLAG_IS_GEO_MASK, lo, hi),
         };
-        if kind == 0 || flags == u32::MAX || cfg.batch_normalize {
-            return Err(Error::InvalidParam {
-                name: "is config",
-                reason: "grpo-wgpu supports token/sequence levels, truncate/mask filters, \
-                         no batch normalisation",
-            }
-            .into());
-        }
         // divergence::measures::check_token_inputs.
         let n = old.len();
         check_len("old", n, old.len())?;
@@ -997,11 +1032,31 @@ impl<'c> LossKernel<'c> {
             tokens: *tokens,
         };
         let o = self.dispatch_seq("is_weights", &inp, p)?;
+        let mut w = o.value;
+        if cfg.batch_normalize {
+            // is_correction's RunningMean over the non-zero weights: every valid token's at
+            // token level, each sequence's once (its first valid token's) otherwise.
+            let (mut mean, mut count) = (0.0f32, 0usize);
+            for i in 0..tokens.num_sequences() {
+                for (j, t) in tokens.valid_positions(i).enumerate() {
+                    if (cfg.level == IsLevel::Token || j == 0) && w[t] != 0.0 {
+                        count += 1;
+                        mean += (w[t] - mean) / count as f32;
+                    }
+                }
+            }
+            if count > 0 && mean > 0.0 {
+                for_each_valid(tokens, |t| {
+                    w[t] /= mean;
+                    Ok(())
+                })?;
+            }
+        }
         let mut d = IsDiagnostics::default();
         let (mut mean, mut count) = (0.0f32, 0usize);
         let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
         for_each_valid(tokens, |t| {
-            let w = o.value[t];
+            let w = w[t];
             d.tokens += 1;
             d.log_clamped += (o.events[t] & EV_CLAMPED != 0) as usize;
             d.filtered += (o.events[t] & EV_CLIP_LOW != 0) as usize;
@@ -1015,7 +1070,7 @@ impl<'c> LossKernel<'c> {
         if d.tokens > 0 {
             (d.mean, d.min, d.max) = (mean, lo, hi);
         }
-        weights.copy_from_slice(&o.value);
+        weights.copy_from_slice(&w);
         Ok(d)
     }
 

@@ -113,6 +113,10 @@ pub enum Op {
     LossSeqRatio,
     /// Importance weights (token / sequence level, truncate / mask), vs grpo-core f32.
     IsWeights,
+    /// Importance weights at the geometric-mean level (one WGSL division before exp).
+    IsWeightsGeometric,
+    /// Extra ULPs of a batch-normalised importance weight (÷ the mean of the GPU's weights).
+    IsBatchNormalize,
     /// P3O's effective-sample-size sums Σw, Σw² (a reduction), vs grpo-core f32.
     EssSums,
     /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
@@ -237,6 +241,26 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
+        // IsWeights with the log-weight r̄ = Σr/n: Σr has grpo-core's bits (token order), the
+        // division is WGSL's (≤ 2.5 ULP of r̄, grpo-core's is correctly rounded), i.e. ≤ 2.5|r̄|
+        // ULP of e^{r̄}, which the caller adds with `exp_ulps` as an extra argument 1.25·r̄ next
+        // to exp's own 3 + 2|r̄| (as LossSeqRatio), then the exact clamp/mask. Measured on
+        // lavapipe (GRPO_GPU_CASES=1000: 10 unnormalised configs × packed, padded and
+        // near-bound batches): ≤ 14 ULP, always ≥ 6 ULP inside the exp + ÷ allowance alone; the
+        // 8-ULP base is IsWeights' margin.
+        (IsWeightsGeometric, _) => Tol {
+            ulp: 8,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
+        // batch_normalize: w/m with m grpo-core's running mean of the GPU's weights in its order
+        // and the division on the host (correctly rounded). m is a convex combination of weights
+        // that each carry their own allowance, so w/m is within the weight's allowance plus the
+        // largest weight allowance of the batch (the caller adds both), plus the roundings of
+        // the running mean and the division, which this extra base covers. Measured on lavapipe
+        // (GRPO_GPU_CASES=1000, 9 normalised configs × packed, padded and near-bound batches):
+        // ≤ 59 ULP, always ≥ 4 ULP inside the two allowances without any base.
+        (IsBatchNormalize, _) => Tol::ulp(8),
         // Σw and Σw² of positive terms, grpo-core in one flat token-order accumulator, the GPU per
         // sequence then over sequences: each order is within (n − 1)·2⁻²⁴ relative of the exact
         // sum, so they differ by ≤ 2(n − 1)·2⁻²⁴ ≈ 3e-5 for the test batches (n ≤ 200), plus

@@ -1230,13 +1230,6 @@ fn hand_computed_is_weights_and_errors() {
         k.is_weights(&IsConfig::tis(), &old, &nan_roll, &tok, &mut gw),
         Err(GpuError::Core(e))
     );
-    assert!(matches!(
-        k.is_weights(&IsConfig::seq_mask_tis(), &old, &roll, &tok, &mut gw),
-        Err(GpuError::Core(Error::InvalidParam {
-            name: "is config",
-            ..
-        }))
-    ));
     assert_eq!(gw, [9f32; 4]);
 }
 
@@ -1578,4 +1571,458 @@ fn batches_beyond_the_workgroup_limit_use_a_2d_dispatch() {
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Observed figures of the geometric / batch-normalised IS tests (printed at the end).
+#[derive(Default)]
+struct IsStats {
+    cases: std::cell::Cell<u64>,
+    /// Max ULP distance of an unnormalised weight whose exp argument is the geometric mean.
+    geo_ulp: std::cell::Cell<u64>,
+    /// Max ULP distance of any other unnormalised weight.
+    other_ulp: std::cell::Cell<u64>,
+    /// Max ULP distance of a batch-normalised weight.
+    norm_ulp: std::cell::Cell<u64>,
+    /// Max ULP distance beyond the weight's own allowance (exp and division, without the base):
+    /// geometric-mean weights, batch-normalised weights (beyond their own and the largest).
+    geo_excess: std::cell::Cell<i64>,
+    norm_excess: std::cell::Cell<i64>,
+    /// Sequences whose geometric-mean ratio (or weight) sat within the tolerance of a bound.
+    borderline: std::cell::Cell<u64>,
+}
+
+fn bump(c: &std::cell::Cell<u64>, v: u64) {
+    c.set(c.get().max(v));
+}
+
+/// grpo-core's f32 Σ r_t (token order) and r̄ = Σ/n of sequence i, r_t = old_t − roll_t.
+fn sum_mean(old: &[f32], roll: &[f32], tokens: &Tokens<'_>, i: usize) -> (f32, f32) {
+    let s = tokens
+        .valid_positions(i)
+        .fold(0f32, |s, t| s + (old[t] - roll[t]));
+    (s, s / tokens.valid_count(i).max(1) as f32)
+}
+
+/// One comparison of `LossKernel::is_weights` with grpo-core's `is_weights` (weights and every
+/// diagnostic), borderline sequences (a ratio compared with a bound within the tolerance of
+/// that bound) excluded from the exact comparisons and counted.
+fn check_is_case(
+    k: &LossKernel<'_>,
+    cfg: &IsConfig<f32>,
+    old: &[f32],
+    roll: &[f32],
+    tokens: &Tokens<'_>,
+    st: &IsStats,
+) -> Result<(), TestCaseError> {
+    let n = old.len();
+    let mut cw = vec![7f32; n];
+    let dc = is_weights(cfg, old, roll, tokens, &mut cw).unwrap();
+    let mut gw = vec![7f32; n];
+    let dg = k.is_weights(cfg, old, roll, tokens, &mut gw).unwrap();
+    st.cases.set(st.cases.get() + 1);
+    let lim = cfg.log_clamp.unwrap_or(43.36).min(43.36);
+    let base = tolerance(Op::IsWeights, Dtype::F32);
+    let div = tolerance(Op::IsWeightsGeometric, Dtype::F32);
+    // Per valid token: (exp argument of its weight, its tolerance, borderline?).
+    let mut info = vec![(0f32, base, false); n];
+    let mut any_border = false;
+    for i in 0..tokens.num_sequences() {
+        let (sum, mean) = sum_mean(old, roll, tokens, i);
+        let mean_l = mean.clamp(-lim, lim);
+        // exp's allowance at r̄ plus the WGSL division's 2.5 ULP of r̄ (1.25·|r̄| as an exp
+        // argument: 2.5|r̄| ULP of e^{r̄}).
+        let mean_tol = div.plus_ulp(exp_ulps(&[mean_l as f64, 1.25 * mean as f64]));
+        let geo_border = match cfg.filter {
+            IsFilter::GeometricMask { lo, hi } => {
+                let g = Real::exp(mean_l);
+                [lo, hi]
+                    .iter()
+                    .any(|&p| ulp_distance(g, p) <= mean_tol.ulp.max(64) as u64)
+            }
+            _ => false,
+        };
+        for t in tokens.valid_positions(i) {
+            let (l, tol) = match cfg.level {
+                IsLevel::Token => {
+                    let l = (old[t] - roll[t]).clamp(-lim, lim);
+                    (l, base.plus_ulp(exp_ulps(&[l as f64])))
+                }
+                IsLevel::Sequence => {
+                    let l = sum.clamp(-lim, lim);
+                    (l, base.plus_ulp(exp_ulps(&[l as f64])))
+                }
+                IsLevel::GeometricMean => (mean_l, mean_tol),
+            };
+            let w = Real::exp(l);
+            let border = geo_border
+                || match cfg.filter {
+                    IsFilter::Truncate { min: a, max: b } | IsFilter::Mask { lo: a, hi: b } => {
+                        [a, b]
+                            .iter()
+                            .any(|&p| ulp_distance(w, p) <= tol.ulp.max(64) as u64)
+                    }
+                    _ => false,
+                };
+            any_border |= border;
+            info[t] = (l, tol, border);
+        }
+        st.borderline.set(st.borderline.get() + geo_border as u64);
+    }
+    // The batch-normalised weights share one divisor, itself a mean of GPU weights: each weight
+    // may carry its own exp error and, through the divisor, up to the largest one in the batch.
+    let max_tol = info.iter().map(|x| x.1.ulp).max().unwrap_or(0);
+    let norm_extra = tolerance(Op::IsBatchNormalize, Dtype::F32).ulp + max_tol;
+    for i in 0..tokens.num_sequences() {
+        for t in tokens.valid_positions(i) {
+            let (_, tol, border) = info[t];
+            if border || (cfg.batch_normalize && any_border) {
+                continue;
+            }
+            let d = ulp_distance(gw[t], cw[t]);
+            let own = (tol.ulp - base.ulp) as i64;
+            let tol = if cfg.batch_normalize {
+                bump(&st.norm_ulp, d);
+                let e = d as i64 - own - (max_tol - base.ulp) as i64;
+                st.norm_excess.set(st.norm_excess.get().max(e));
+                tol.plus_ulp(norm_extra)
+            } else {
+                if cfg.level == IsLevel::GeometricMean {
+                    bump(&st.geo_ulp, d);
+                    st.geo_excess.set(st.geo_excess.get().max(d as i64 - own));
+                } else {
+                    bump(&st.other_ulp, d);
+                }
+                tol
+            };
+            prop_assert!(
+                tol.accepts(gw[t], cw[t] as f64),
+                "w[{t}] gpu {} core {} ({d} ulp, allowed {})",
+                gw[t],
+                cw[t],
+                tol.ulp
+            );
+        }
+    }
+    for t in 0..n {
+        if !tokens.is_valid(t) {
+            prop_assert_eq!(gw[t], 0.0);
+        }
+    }
+    prop_assert_eq!(dc.tokens, dg.tokens);
+    prop_assert_eq!(dc.log_clamped, dg.log_clamped);
+    if !any_border {
+        prop_assert_eq!(dc.filtered, dg.filtered);
+        prop_assert_eq!(dc.min == 0.0, dg.min == 0.0);
+        // Each statistic is one of the weights (min, max) or their running mean: within the
+        // largest weight tolerance of the batch (normalised: plus the divisor's).
+        let extra = if cfg.batch_normalize { norm_extra } else { 0 };
+        let tol = Tol {
+            ulp: max_tol + extra,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        };
+        for (name, c, g) in [
+            ("min", dc.min, dg.min),
+            ("max", dc.max, dg.max),
+            ("mean", dc.mean, dg.mean),
+        ] {
+            let d = ulp_distance(g, c);
+            // The running mean adds up to one rounding per step on top of its inputs'.
+            let tol = if name == "mean" {
+                tol.plus_ulp(dc.tokens as u32)
+            } else {
+                tol
+            };
+            prop_assert!(
+                tol.accepts(g, c as f64),
+                "{name}: gpu {g} core {c} ({d} ulp, allowed {})",
+                tol.ulp
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A padded batch: `rows × len` with a mask (rows may be all-masked), NaN in masked positions.
+#[derive(Debug, Clone)]
+struct PaddedIs {
+    rows: usize,
+    len: usize,
+    old: Vec<f32>,
+    roll: Vec<f32>,
+    mask: Vec<bool>,
+}
+
+fn padded_is() -> impl Strategy<Value = PaddedIs> {
+    (1usize..6, 0usize..24)
+        .prop_flat_map(|(rows, len)| {
+            let n = rows * len;
+            let r = prop_oneof![
+                4 => -0.5f32..0.5,
+                2 => -3.0f32..3.0,
+                1 => -80.0f32..80.0,
+                1 => Just(0.0f32),
+            ];
+            (
+                Just((rows, len)),
+                prop::collection::vec(-12.0f32..0.0, n),
+                prop::collection::vec(r, n),
+                prop::collection::vec(prop::bool::weighted(0.8), n),
+            )
+        })
+        .prop_map(|((rows, len), roll, r, mask)| {
+            let mut old: Vec<f32> = roll.iter().zip(&r).map(|(a, r)| a + r).collect();
+            let mut roll = roll;
+            for t in 0..old.len() {
+                if !mask[t] {
+                    old[t] = f32::NAN;
+                    roll[t] = f32::INFINITY;
+                }
+            }
+            PaddedIs {
+                rows,
+                len,
+                old,
+                roll,
+                mask,
+            }
+        })
+}
+
+/// Packed sequences whose mean log-ratio sits at ln(bound)·(1 + tiny) for one of `bounds`
+/// (a token pattern ±d around it), or anywhere: geometric means on and near the mask bounds.
+fn near_bounds(bounds: Vec<f32>) -> impl Strategy<Value = (Vec<f32>, Vec<f32>, Vec<usize>)> {
+    let seq = (
+        1usize..12,
+        prop::sample::select(bounds),
+        prop_oneof![Just(0.0f32), -1e-6f32..1e-6, -1e-3f32..1e-3],
+        0.0f32..2.0,
+        -5.0f32..0.0,
+    );
+    prop::collection::vec(seq, 1..6).prop_map(|seqs| {
+        let (mut old, mut roll, mut cu) = (vec![], vec![], vec![0]);
+        for (len, bound, rel, d, base) in seqs {
+            let target = bound.ln() * (1.0 + rel) + rel;
+            for j in 0..len {
+                // Pairs ±d cancel; an odd last token carries the target alone.
+                let dev = if len % 2 == 1 && j == len - 1 {
+                    0.0
+                } else if j % 2 == 0 {
+                    d
+                } else {
+                    -d
+                };
+                roll.push(base);
+                old.push(base + target + dev);
+            }
+            cu.push(old.len());
+        }
+        (old, roll, cu)
+    })
+}
+
+fn geometric_configs() -> Vec<IsConfig<f32>> {
+    let geo = |filter| IsConfig {
+        level: IsLevel::GeometricMean,
+        filter,
+        ..IsConfig::default()
+    };
+    let norm = |c: IsConfig<f32>| IsConfig {
+        batch_normalize: true,
+        ..c
+    };
+    vec![
+        geo(IsFilter::None),
+        geo(IsFilter::Truncate { min: 0.0, max: 2.0 }),
+        geo(IsFilter::Truncate { min: 0.5, max: 5.0 }),
+        geo(IsFilter::Mask { lo: 0.5, hi: 2.0 }),
+        IsConfig {
+            log_clamp: None,
+            ..geo(IsFilter::Mask { lo: 0.1, hi: 10.0 })
+        },
+        geo(IsFilter::GeometricMask { lo: 0.8, hi: 1.25 }),
+        IsConfig::seq_mask_tis(),
+        IsConfig {
+            filter: IsFilter::GeometricMask { lo: 0.9, hi: 1.1 },
+            ..IsConfig::default()
+        },
+        IsConfig {
+            log_clamp: None,
+            ..IsConfig::seq_mask_tis()
+        },
+        IsConfig {
+            level: IsLevel::Sequence,
+            filter: IsFilter::GeometricMask { lo: 0.5, hi: 2.0 },
+            ..IsConfig::default()
+        },
+        norm(IsConfig::default()),
+        norm(IsConfig::tis()),
+        norm(IsConfig::icepop()),
+        norm(IsConfig::sequence_truncate(3.0)),
+        norm(IsConfig::sequence_mask(0.5, 2.0)),
+        norm(geo(IsFilter::None)),
+        norm(geo(IsFilter::Truncate { min: 0.0, max: 2.0 })),
+        norm(IsConfig::seq_mask_tis()),
+        norm(IsConfig {
+            log_clamp: None,
+            ..IsConfig::default()
+        }),
+    ]
+}
+
+#[test]
+fn geometric_and_normalised_is_weights_match_grpo_core() {
+    let Some(ctx) = gpu::context("geometric_and_normalised_is_weights_match_grpo_core") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let st = IsStats::default();
+    st.geo_excess.set(i64::MIN);
+    st.norm_excess.set(i64::MIN);
+    let configs = geometric_configs();
+    for cfg in &configs {
+        // Packed (with empty and all-masked sequences): lp plays old, old plays roll.
+        runner()
+            .run(&batch(), |b| {
+                check_is_case(&k, cfg, &b.lp, &b.old, &b.tokens(), &st)
+            })
+            .unwrap();
+        // Padded rows.
+        runner()
+            .run(&padded_is(), |p| {
+                let tok = Tokens::padded(p.rows, p.len, Some(&p.mask));
+                check_is_case(&k, cfg, &p.old, &p.roll, &tok, &st)
+            })
+            .unwrap();
+        // Geometric means on and near the mask bounds (and the truncation points).
+        let bounds = match cfg.filter {
+            IsFilter::Truncate { min, max } => vec![min.max(0.1), max],
+            IsFilter::Mask { lo, hi } | IsFilter::GeometricMask { lo, hi } => vec![lo, hi],
+            IsFilter::None => vec![0.5, 1.0, 2.0],
+        };
+        runner()
+            .run(&near_bounds(bounds), |(old, roll, cu)| {
+                check_is_case(&k, cfg, &old, &roll, &Tokens::packed(&cu, None), &st)
+            })
+            .unwrap();
+    }
+    eprintln!(
+        "geometric/normalised is_weights: {} configs, {} cases; max distance to grpo-core: \
+         geometric-mean weights {} ULP ({} beyond exp + ÷ allowance), other weights {} ULP, \
+         batch-normalised {} ULP ({} beyond the allowances of the weight and of the largest); \
+         {} borderline sequences",
+        configs.len(),
+        st.cases.get(),
+        st.geo_ulp.get(),
+        st.geo_excess.get(),
+        st.other_ulp.get(),
+        st.norm_ulp.get(),
+        st.norm_excess.get(),
+        st.borderline.get()
+    );
+}
+
+#[test]
+fn geometric_is_weights_hand_computed_and_errors() {
+    let Some(ctx) = gpu::context("geometric_is_weights_hand_computed_and_errors") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    // One row r = [ln 0.25, ln 2, ln 10], one row r = [ln 10, ln 10, (masked)].
+    let l = |x: f32| x.ln();
+    let old = [l(0.25), l(2.0), l(10.0), l(10.0), l(10.0), f32::NAN];
+    let roll = [0f32; 6];
+    let mask = [true, true, true, true, true, false];
+    let tok = Tokens::padded(2, 3, Some(&mask));
+    let mut w = [0f32; 6];
+    // seq-mask-tis: row 0's geometric mean 5^{1/3} is kept with unclamped token weights; row 1's
+    // is 10 > 5: zeroed, its two valid tokens counted as filtered.
+    let d = k
+        .is_weights(&IsConfig::seq_mask_tis(), &old, &roll, &tok, &mut w)
+        .unwrap();
+    assert!(
+        (w[0] - 0.25).abs() < 1e-6 && (w[1] - 2.0).abs() < 1e-5,
+        "{w:?}"
+    );
+    assert!((w[2] - 10.0).abs() < 1e-4, "{w:?}");
+    assert_eq!(&w[3..], &[0.0; 3]);
+    assert_eq!((d.tokens, d.filtered, d.min), (5, 2, 0.0));
+    // Geometric level, cap 2: [5^{1/3} ≈ 1.71 ×3 | min(10, 2) ×2].
+    let cfg = IsConfig {
+        level: IsLevel::GeometricMean,
+        filter: IsFilter::Truncate { min: 0.0, max: 2.0 },
+        ..IsConfig::default()
+    };
+    let d = k.is_weights(&cfg, &old, &roll, &tok, &mut w).unwrap();
+    let g = 5f32.cbrt();
+    assert!(w[..3].iter().all(|&x| (x - g).abs() < 1e-5), "{w:?}");
+    assert_eq!((w[3], w[4], w[5]), (2.0, 2.0, 0.0));
+    assert_eq!(d.filtered, 2);
+    // Batch-normalised: divided by the mean over the two sequences (g + 2)/2.
+    let cfg = IsConfig {
+        batch_normalize: true,
+        ..cfg
+    };
+    let d = k.is_weights(&cfg, &old, &roll, &tok, &mut w).unwrap();
+    let m = (g + 2.0) / 2.0;
+    assert!(
+        (w[0] - g / m).abs() < 1e-5 && (w[4] - 2.0 / m).abs() < 1e-5,
+        "{w:?}"
+    );
+    assert!((d.mean - (3.0 * g + 4.0) / 5.0 / m).abs() < 1e-5);
+    // Errors: grpo-core's, weights untouched.
+    let errs = [
+        (
+            IsConfig {
+                filter: IsFilter::GeometricMask { lo: 2.0, hi: 1.0 },
+                ..IsConfig::default()
+            },
+            roll.to_vec(),
+        ),
+        (
+            IsConfig {
+                filter: IsFilter::GeometricMask {
+                    lo: 0.5,
+                    hi: f32::INFINITY,
+                },
+                ..IsConfig::default()
+            },
+            roll.to_vec(),
+        ),
+        (
+            IsConfig {
+                filter: IsFilter::GeometricMask { lo: -1.0, hi: 1.0 },
+                ..IsConfig::default()
+            },
+            roll.to_vec(),
+        ),
+        (
+            IsConfig {
+                level: IsLevel::GeometricMean,
+                log_clamp: Some(0.0),
+                batch_normalize: true,
+                ..IsConfig::default()
+            },
+            roll.to_vec(),
+        ),
+        (
+            IsConfig {
+                level: IsLevel::GeometricMean,
+                batch_normalize: true,
+                ..IsConfig::default()
+            },
+            vec![0.0, 0.0, 0.0, f32::INFINITY, 0.0, 0.0],
+        ),
+        (IsConfig::seq_mask_tis(), vec![0.0; 5]),
+    ];
+    for (cfg, roll) in &errs {
+        let mut cw = [9f32; 6];
+        let e = is_weights(cfg, &old, roll, &tok, &mut cw).unwrap_err();
+        let mut gw = [9f32; 6];
+        assert_eq!(
+            k.is_weights(cfg, &old, roll, &tok, &mut gw),
+            Err(GpuError::Core(e))
+        );
+        assert_eq!((cw, gw), ([9f32; 6], [9f32; 6]));
+    }
 }
