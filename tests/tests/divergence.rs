@@ -269,8 +269,12 @@ proptest! {
         for i in 0..n {
             prop_assert!((w[i] - r[i].exp().min(cap)).abs() <= 1e-12 * cap);
         }
-        is_weights(&IsConfig::sequence_truncate(cap), &r, &zeros, &t, &mut w).unwrap();
-        let s0: f64 = r[..half].iter().sum();
+        let seq = IsConfig::sequence_truncate(cap);
+        is_weights(&seq, &r, &zeros, &t, &mut w).unwrap();
+        // The sequence's log-weight is limited to ±log_clamp (20) before the exponential: eight
+        // tokens near −2.5 reach it (a case proptest found).
+        let c = seq.log_clamp.unwrap();
+        let s0: f64 = r[..half].iter().sum::<f64>().clamp(-c, c);
         for i in 0..half {
             prop_assert!((w[i] - s0.exp().min(cap)).abs() <= 1e-12 * cap);
         }
@@ -476,4 +480,36 @@ fn bad_input_is_rejected_and_outputs_stay_untouched() {
         .is_err()
     );
     assert_eq!(w, sentinel);
+}
+
+/// proptest's find, kept: a sequence whose log-weight sum (−20.02) passes the default log clamp
+/// (20) gets e^{−20}, not e^{−20.02}.
+#[test]
+fn sequence_weight_is_taken_at_the_clamped_log_sum() {
+    let r = [
+        -2.6508308034029167,
+        -2.2268442629697516,
+        -2.323477517263289,
+        -2.6663301613074153,
+        -2.516577279607039,
+        -2.5391501721166603,
+        -2.3237807864482147,
+        -2.776422726945295,
+    ];
+    let zeros = [0.0; 8];
+    let cu = [0, 8];
+    let mut w = [0.0; 8];
+    let d = is_weights(
+        &IsConfig::sequence_truncate(1.0),
+        &r,
+        &zeros,
+        &Tokens::packed(&cu, None),
+        &mut w,
+    )
+    .unwrap();
+    assert!(r.iter().sum::<f64>() < -20.02);
+    for x in w {
+        assert!((x - (-20.0f64).exp()).abs() <= 1e-12 * x, "{x}");
+    }
+    assert_eq!(d.log_clamped, 8);
 }
