@@ -527,22 +527,8 @@ impl<'c> VocabKernel<'c> {
         };
         let mut vals = vec![0f32; rows];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let (bytes, base) = Self::upload(first, &c, vocab);
-            let (tbytes, _) = Self::upload(second, &c, vocab);
-            let params = VocabParams::new(c.rows, vocab, base, tau);
-            let res = self.ctx.run(
-                ShaderId::Vocab(L::DTYPE),
-                &[
-                    (0, Arg::In(bytes)),
-                    (5, Arg::In(tbytes)),
-                    (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 16) as u64)),
-                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                ],
-                &[("kl", [c.rows as u32, 1, 1])],
-            )?;
-            let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            let st: &[f32] = bytemuck::cast_slice(&res[0]);
+            let params = VocabParams::new(c.rows, vocab, 0, tau);
+            let (st, status) = self.run_pair("kl", first, second, &c, vocab, params)?;
             for r in 0..c.rows {
                 let w = &status[r * 4..r * 4 + 4];
                 let value = st[r * 4 + 3];
@@ -645,28 +631,14 @@ impl<'c> VocabKernel<'c> {
         let omb = 1.0 - beta;
         let mut vals = vec![0f32; rows];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let (bytes, base) = Self::upload(student, &c, vocab);
-            let (tbytes, _) = Self::upload(teacher, &c, vocab);
             let params = VocabParams {
                 beta,
                 one_minus_beta: omb,
                 neg_ln_beta: -beta.ln(),
                 neg_ln_one_minus_beta: -omb.ln(),
-                ..VocabParams::new(c.rows, vocab, base, tau)
+                ..VocabParams::new(c.rows, vocab, 0, tau)
             };
-            let res = self.ctx.run(
-                ShaderId::Vocab(L::DTYPE),
-                &[
-                    (0, Arg::In(bytes)),
-                    (5, Arg::In(tbytes)),
-                    (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 16) as u64)),
-                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                ],
-                &[("jsd", [c.rows as u32, 1, 1])],
-            )?;
-            let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            let st: &[f32] = bytemuck::cast_slice(&res[0]);
+            let (st, status) = self.run_pair("jsd", student, teacher, &c, vocab, params)?;
             for r in 0..c.rows {
                 let w = &status[r * 4..r * 4 + 4];
                 let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
@@ -678,6 +650,37 @@ impl<'c> VocabKernel<'c> {
         }
         out.copy_from_slice(&vals);
         Ok(())
+    }
+
+    /// One dispatch of a row-pair entry point (`kl`, `jsd`) over chunk `c`: `first`'s rows in
+    /// binding 0, `second`'s in binding 5, `params` with its `base` set here. Returns the
+    /// chunk's stats and status words (4 per row each).
+    fn run_pair<L: LogitStorage>(
+        &self,
+        entry: &'static str,
+        first: &[L],
+        second: &[L],
+        c: &RowChunk,
+        vocab: usize,
+        params: VocabParams,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
+        let (bytes, base) = Self::upload(first, c, vocab);
+        let (tbytes, _) = Self::upload(second, c, vocab);
+        let params = VocabParams { base, ..params };
+        let res = self.ctx.run(
+            ShaderId::Vocab(L::DTYPE),
+            &[
+                (0, Arg::In(bytes)),
+                (5, Arg::In(tbytes)),
+                (2, Arg::Out((c.rows * 16) as u64)),
+                (3, Arg::Out((c.rows * 16) as u64)),
+                (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+            ],
+            &[(entry, [c.rows as u32, 1, 1])],
+        )?;
+        let st: &[f32] = bytemuck::cast_slice(&res[0]);
+        let status: &[u32] = bytemuck::cast_slice(&res[1]);
+        Ok((st[..c.rows * 4].to_vec(), status[..c.rows * 4].to_vec()))
     }
 
     /// grpo-core's row checks (`validate::row`, student then teacher) of a row pair the shader
