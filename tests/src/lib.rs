@@ -30,3 +30,15 @@ pub fn close(a: f64, b: f64, rel: f64, abs: f64) -> bool {
 
 pub mod gpu;
 pub mod tolerance;
+
+/// A deterministic stream of f32 in [0, 1) (24 random bits each) from xorshift64 with `seed`
+/// (non-zero): reproducible test data without a proptest runner.
+pub fn uniform_f32(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32
+    }
+}

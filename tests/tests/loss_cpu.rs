@@ -387,13 +387,7 @@ fn default_blocks_f32() {
 /// association), masked and unmasked, every config.
 #[test]
 fn long_f32_batches_every_backend() {
-    let mut s = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut next = grpo_tests::uniform_f32(0x2545_f491_4f6c_dd1du64);
     for n in [
         2047usize,
         2048,

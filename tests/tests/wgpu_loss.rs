@@ -1394,13 +1394,7 @@ fn hand_computed_p3o() {
 /// NaN garbage), log-ratios in ±1.5 with one token in 50 at ±30 (past the clamp), advantages
 /// with zeros.
 fn many_sequences(seqs: usize) -> Batch {
-    let mut s = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 40) as f32 / (1u64 << 24) as f32
-    };
+    let mut next = grpo_tests::uniform_f32(0x9e37_79b9_7f4a_7c15u64);
     let mut cu = vec![0];
     for i in 0..seqs {
         cu.push(cu[i] + (i * 7) % 9);
