@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p grpo-bench -- vocab [--rows N --vocab V --dtype f32|bf16|f16|all
-//!     --threads T --backend NAME --kernel NAME --iters K]
+//!     --threads T --backend NAME --kernel NAME --iters K --temperature T]
 //! cargo run --release -p grpo-bench -- loss [--tokens N --threads T --iters K --clip ppo|kl3|all]
 //! cargo run --release -p grpo-bench -- wgpu [--rows N --vocab V --dtype f32|f16|bf16|all
 //!     --tokens N --iters K]
@@ -47,7 +47,8 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
-[--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K]
+[--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K] \
+[--temperature T]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";

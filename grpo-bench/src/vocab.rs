@@ -23,7 +23,14 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let a = Args::parse(
         args,
         &[
-            "rows", "vocab", "dtype", "threads", "backend", "kernel", "iters",
+            "rows",
+            "vocab",
+            "dtype",
+            "threads",
+            "backend",
+            "kernel",
+            "iters",
+            "temperature",
         ],
     )?;
     let shapes: Vec<(usize, usize)> = match (a.num("rows")?, a.num("vocab")?) {
@@ -49,6 +56,16 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     };
     let threads = a.num("threads")?.unwrap_or(2);
     let iters = a.num("iters")?.unwrap_or(7).max(1);
+    // T = 1 by default (TRL's and verl's default); the kernels skip the exact `·1/T` there,
+    // so other temperatures run one multiply more per element (two for the gradient).
+    let temperature = match a.get("temperature") {
+        None => 1.0f32,
+        Some(v) => v
+            .parse::<f32>()
+            .ok()
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .ok_or_else(|| format!("--temperature {v:?}: expected a finite number > 0"))?,
+    };
     let cpu = Cpu::new(backend)
         .ok_or("backend unavailable")?
         .with_threads(threads)
@@ -61,6 +78,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
                 vocab,
                 dtype,
                 iters,
+                temperature,
                 kernels: &kernels,
             };
             match dtype {
@@ -79,6 +97,7 @@ struct Config<'a> {
     vocab: usize,
     dtype: &'a str,
     iters: usize,
+    temperature: f32,
     kernels: &'a [&'a str],
 }
 
@@ -135,18 +154,28 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             roof_bytes = probe.len() * 4;
             let mut f = || {
                 let r = match kernel {
-                    "fused" => {
+                    "fused" => c.cpu.logprob_entropy_rows(
+                        &z,
+                        c.vocab,
+                        &targets,
+                        c.temperature,
+                        &mut a,
+                        Some(&mut b),
+                    ),
+                    "logprob" => c.cpu.logprob_entropy_rows(
+                        &z,
+                        c.vocab,
+                        &targets,
+                        c.temperature,
+                        &mut a,
+                        None,
+                    ),
+                    "stats" => c.cpu.stats_rows(&z, c.vocab, c.temperature, &mut a, &mut b),
+                    "kl" => {
                         c.cpu
-                            .logprob_entropy_rows(&z, c.vocab, &targets, 1.0, &mut a, Some(&mut b))
+                            .kl_rows(&z, &w, c.vocab, c.temperature, KlDirection::Forward, &mut a)
                     }
-                    "logprob" => c
-                        .cpu
-                        .logprob_entropy_rows(&z, c.vocab, &targets, 1.0, &mut a, None),
-                    "stats" => c.cpu.stats_rows(&z, c.vocab, 1.0, &mut a, &mut b),
-                    "kl" => c
-                        .cpu
-                        .kl_rows(&z, &w, c.vocab, 1.0, KlDirection::Forward, &mut a),
-                    _ => c.cpu.jsd_rows(&z, &w, c.vocab, 0.5, 1.0, &mut a),
+                    _ => c.cpu.jsd_rows(&z, &w, c.vocab, 0.5, c.temperature, &mut a),
                 };
                 if let Err(e) = r {
                     fail = Some(e.to_string());
@@ -167,12 +196,13 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             }
             let mut f = || {
                 let r = if kernel == "backward" {
-                    c.cpu.backward_rows(&z, c.vocab, 1.0, &terms, &mut grad)
+                    c.cpu
+                        .backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad)
                 } else {
                     // Re-running in place overwrites logits with gradients; still valid input
                     // (finite), so every iteration does the same amount of work.
                     c.cpu
-                        .backward_rows_in_place(&mut inplace, c.vocab, 1.0, &terms)
+                        .backward_rows_in_place(&mut inplace, c.vocab, c.temperature, &terms)
                 };
                 if let Err(e) = r {
                     fail = Some(e.to_string());
@@ -188,10 +218,11 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let gbps = bytes / kernel_ms / 1e6;
         let roof = roof_bytes as f64 / roof_ms / 1e6;
         println!(
-            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
+            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
             c.dtype,
             c.rows,
             c.vocab,
+            c.temperature,
             c.cpu.backend().name(),
             c.cpu.threads(),
             c.iters,

@@ -72,24 +72,37 @@ pub(crate) fn exp_moderate<V: F32x16>(x: V) -> V {
 /// `max_r(D_MIN, ·)`.
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
-    let (ki, p) = exp_reduce(x);
-    let biased = ki.add_i32(V::from_bits(127)).max_i32(V::from_bits(0));
-    p.mul(pow2_biased(biased))
+    exp_nonpos_clamped_n([x])[0]
 }
+
+/// `bits(SHIFT) − 127`: subtracted from `bits(t)` it gives the biased exponent `k + 127` in
+/// one integer operation (the reference's `bits(t) − bits(SHIFT)` then `+ 127`; integer
+/// arithmetic, so the same bits).
+const SHIFT_MINUS_BIAS: u32 = SHIFT.to_bits() - 127;
 
 /// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
 /// (same bits per lane). Interleaving the `N` dependency chains in program order lets the
 /// out-of-order core overlap them: one exponential is a ~50-cycle chain of dependent FMAs,
 /// and a single chain per loop iteration leaves the FMA units mostly idle.
+///
+/// Two integer operations of the reference are not needed here (the step kernels are
+/// compute-bound, so every vector operation counts):
+/// - `ki + 127` is folded into the subtraction ([`SHIFT_MINUS_BIAS`]);
+/// - the reference's `max(k + 127, 0)` never changes a value: the argument is `≥ D_MIN = −88`
+///   (the caller's clamp), so `x·log₂e ≥ −126.96`, `k = round(x·log₂e) ≥ −127` and
+///   `k + 127 ≥ 0`. A NaN argument gives a NaN polynomial `p`, and `p·2^k` is that NaN
+///   whatever the scale (a shifted exponent field is never itself a NaN pattern). The tests
+///   comparing every lane with the scalar reference (`exp_nonpos` over the whole clamped
+///   range in `grpo-cpu`'s `math` tests) pin this.
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
     // Plain loops rather than `array::from_fn` closures: a closure is a separate function,
     // and if LLVM declines to inline it, its intrinsics are compiled without the ISA.
     let shift = V::splat(SHIFT);
-    let (mut ki, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
+    let (mut biased, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
     for i in 0..N {
         let t = x[i].mul_add(V::splat(LOG2E), shift);
-        ki[i] = t.sub_i32(shift);
+        biased[i] = t.sub_i32(V::from_bits(SHIFT_MINUS_BIAS));
         k[i] = t.sub(shift);
     }
     for i in 0..N {
@@ -105,10 +118,8 @@ pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; 
             p[i] = p[i].mul_add(r[i], c);
         }
     }
-    let bias = V::from_bits(127);
-    let zero = V::from_bits(0);
     for i in 0..N {
-        p[i] = p[i].mul(pow2_biased(ki[i].add_i32(bias).max_i32(zero)));
+        p[i] = p[i].mul(pow2_biased(biased[i]));
     }
     p
 }
@@ -190,9 +201,36 @@ fn apply<V: F32x16>(f: Func, v: V) -> V {
 
 #[cfg(test)]
 mod tests {
-    use super::{EXP_MODERATE_MAX, exp, exp_moderate};
+    use super::{EXP_MODERATE_MAX, exp, exp_moderate, exp_nonpos_clamped};
     use crate::arch::portable::Portable;
     use crate::lanes::F32x16;
+    use grpo_core::vocab::exp_ln::{self, D_MIN};
+
+    /// The lanes' `exp_nonpos_clamped` (without the reference's `max(k + 127, 0)`) equals the
+    /// reference bit for bit on every float of [D_MIN, D_MIN + 1.5] — where `k` reaches −127
+    /// and the results are subnormal or zero —, every 29th float of the rest of [D_MIN, 0], ±0
+    /// and NaNs of both signs.
+    #[test]
+    fn exp_nonpos_clamped_equals_the_reference_on_the_clamped_range() {
+        let lo = D_MIN.to_bits();
+        let dense = (D_MIN + 1.5).to_bits();
+        let mut xs: Vec<f32> = (dense..=lo)
+            .chain((0x8000_0000..dense).step_by(29))
+            .map(f32::from_bits)
+            .chain([0.0, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0xff80_0001)])
+            .collect();
+        xs.resize(xs.len().div_ceil(16) * 16, -1.0);
+        let mut checked = 0usize;
+        for c in xs.as_chunks::<16>().0 {
+            let got = exp_nonpos_clamped(Portable::load(c)).to_array();
+            for l in 0..16 {
+                let want = exp_ln::exp_nonpos_clamped(c[l]);
+                assert_eq!(got[l].to_bits(), want.to_bits(), "x = {:e}", c[l]);
+                checked += 1;
+            }
+        }
+        assert!(checked > 35_000_000, "{checked}");
+    }
 
     /// `exp_moderate` = `exp` over every 61st float of [−80, 80] and the floats around the ends
     /// and around 0 (the argument in its rustdoc covers the rest).
