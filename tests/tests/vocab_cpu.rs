@@ -75,9 +75,21 @@ struct Case<S> {
 
 impl<S: Storage> Case<S> {
     fn new(rows: usize, vocab: usize, seed: u64, temperature: f32) -> Self {
+        Self::shaped(rows, vocab, seed, temperature, 9.0, 23)
+    }
+
+    /// Student logits in [−`scale`, `scale`) masked at rate 1/`mask_every` (0: never).
+    fn shaped(
+        rows: usize,
+        vocab: usize,
+        seed: u64,
+        temperature: f32,
+        scale: f32,
+        mask_every: u64,
+    ) -> Self {
         let n = rows * vocab;
         let conv = |v: Vec<f32>| v.into_iter().map(S::from_f32).collect::<Vec<S>>();
-        let z = conv(logits(seed, n, 9.0, 23));
+        let z = conv(logits(seed, n, scale, mask_every));
         // The teacher is masked wherever the student is (KL support), plus random values.
         let mut w = conv(logits(seed + 1, n, 7.0, 0));
         for (a, b) in z.iter().zip(w.iter_mut()) {
@@ -414,6 +426,59 @@ fn logit_value() -> impl Strategy<Value = f32> {
     ]
 }
 
+/// The step kernels first try a cheaper exponential that is exact only for arguments in
+/// [−86, 0] and recompute a block whose arguments left that range (grpo-cpu
+/// `exp_nonpos_normal_n`). Rows without masks whose arguments sit just inside or outside the
+/// boundary, at several temperatures, f32 and bf16: both outcomes equal grpo-core. Rows
+/// made of one maximum and edge values only make the entropy sum `Σ e·d` consist of the edge
+/// terms alone (the maximum's term is 0), so a wrong subnormal `e` changes its bits.
+#[test]
+fn blocks_at_the_edge_of_the_fast_exponential_match_core() {
+    let vocab = 2048 + 64 + 5;
+    for (i, below) in [
+        -85.99999f32,
+        -86.0,
+        -86.00001,
+        -86.5,
+        -87.9,
+        -88.0,
+        -88.1,
+        -200.0,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for temp in [1.0f32, 0.5, 2.0] {
+            let edge = 9.0 + below * temp;
+            // Rows 0 and 1: the maximum 9 in the first / second block, every other logit at
+            // the edge; row 2: random logits in [−9, 9) with one edge value in the unrolled
+            // part of the second block and one in the tail; row 3: random (fast everywhere).
+            let mut c = Case::<f32>::shaped(4, vocab, 40 + i as u64, temp, 9.0, 0);
+            for (r, max_at) in [(0usize, 100usize), (1, 2048 + 17)] {
+                let row = &mut c.z[r * vocab..(r + 1) * vocab];
+                row.fill(edge);
+                row[max_at] = 9.0;
+            }
+            let row = &mut c.z[2 * vocab..3 * vocab];
+            row[2048 + 17] = edge;
+            row[vocab - 2] = edge;
+            check_all(&c, &format!("edge {below} T={temp}"));
+            let b = Case::<half::bf16> {
+                z: c.z.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                w: c.w.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                vocab: c.vocab,
+                targets: c.targets.clone(),
+                g_lp: c.g_lp.clone(),
+                g_h: c.g_h.clone(),
+                g_kl: c.g_kl.clone(),
+                temperature: c.temperature,
+                beta: c.beta,
+            };
+            check_all(&b, &format!("bf16 edge {below} T={temp}"));
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -425,10 +490,18 @@ proptest! {
         vocab in prop_oneof![1usize..70, 2040usize..2060],
         seed in any::<u64>(),
         temp in prop_oneof![Just(1.0f32), 0.25f32..4.0],
+        (scale, mask_every) in prop_oneof![Just((9.0f32, 23u64)), Just((9.0, 0)), Just((44.0, 0))],
         vals in proptest::collection::vec(logit_value(), 16),
-        poison in proptest::option::of((0usize..10_000, prop_oneof![Just(f32::NAN), Just(f32::INFINITY)])),
+        // NaNs with payloads too: an exponential built from bit operations can turn a NaN
+        // with an unusual payload into a number, which must not hide it.
+        poison in proptest::option::of((0usize..10_000, prop_oneof![
+            Just(f32::NAN),
+            Just(f32::INFINITY),
+            Just(f32::from_bits(0x7f80_0001)),
+            Just(f32::from_bits(0xffc0_1234)),
+        ])),
     ) {
-        let mut c = Case::<f32>::new(rows, vocab, seed, temp);
+        let mut c = Case::<f32>::shaped(rows, vocab, seed, temp, scale, mask_every);
         for (i, v) in vals.iter().enumerate() {
             let k = (seed as usize).wrapping_add(i * 131) % c.z.len();
             c.z[k] = *v;

@@ -96,13 +96,45 @@ const SHIFT_MINUS_BIAS: u32 = SHIFT.to_bits() - 127;
 ///   range in `grpo-cpu`'s `math` tests) pin this.
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
+    let (biased, mut p) = exp_reduce_n::<V, N>(x, SHIFT_MINUS_BIAS);
+    for i in 0..N {
+        p[i] = p[i].mul(pow2_biased(biased[i]));
+    }
+    p
+}
+
+/// Lower end of [`exp_nonpos_normal_n`]'s domain.
+pub(crate) const EXP_NORMAL_MIN: f32 = -86.0;
+
+/// [`exp_nonpos_clamped_n`] for arguments in [[`EXP_NORMAL_MIN`], 0] (no NaN): the scaling
+/// `p·2^k` done as an integer add of `k` to `p`'s exponent field, which moves one operation
+/// per vector off the FMA ports the step loops are bound by.
+///
+/// Same bits there: `x ∈ [−86, 0]` gives `k = round(x·log₂e) ∈ [−124, 0]` and
+/// `p = e^r ∈ [0.70, 1.42]`, so `p·2^k ≥ 0.7·2^−124` is a normal float and the product is
+/// exact — `p` with its exponent field increased by `k`. Outside the domain the result is
+/// meaningless (subnormal results would need a rounding, a NaN could turn into a number): the
+/// callers check the domain and recompute with [`exp_nonpos_clamped_n`] if it was left.
+#[inline(always)]
+pub(crate) fn exp_nonpos_normal_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
+    let (k, mut p) = exp_reduce_n::<V, N>(x, SHIFT.to_bits());
+    for i in 0..N {
+        p[i] = p[i].add_i32(k[i].shl::<23>());
+    }
+    p
+}
+
+/// The reference's `exp_reduce` for `N` vectors: `(bits(t) − int_offset, p)` with `p` the
+/// polynomial, operation by operation across all `N`.
+#[inline(always)]
+fn exp_reduce_n<V: F32x16, const N: usize>(x: [V; N], int_offset: u32) -> ([V; N], [V; N]) {
     // Plain loops rather than `array::from_fn` closures: a closure is a separate function,
     // and if LLVM declines to inline it, its intrinsics are compiled without the ISA.
     let shift = V::splat(SHIFT);
-    let (mut biased, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
+    let (mut ki, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
     for i in 0..N {
         let t = x[i].mul_add(V::splat(LOG2E), shift);
-        biased[i] = t.sub_i32(V::from_bits(SHIFT_MINUS_BIAS));
+        ki[i] = t.sub_i32(V::from_bits(int_offset));
         k[i] = t.sub(shift);
     }
     for i in 0..N {
@@ -118,10 +150,7 @@ pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; 
             p[i] = p[i].mul_add(r[i], c);
         }
     }
-    for i in 0..N {
-        p[i] = p[i].mul(pow2_biased(biased[i]));
-    }
-    p
+    (ki, p)
 }
 
 /// `grpo_core::vocab::exp_ln::exp_nonpos` per lane.
@@ -201,7 +230,10 @@ fn apply<V: F32x16>(f: Func, v: V) -> V {
 
 #[cfg(test)]
 mod tests {
-    use super::{EXP_MODERATE_MAX, exp, exp_moderate, exp_nonpos_clamped};
+    use super::{
+        EXP_MODERATE_MAX, EXP_NORMAL_MIN, exp, exp_moderate, exp_nonpos_clamped,
+        exp_nonpos_normal_n,
+    };
     use crate::arch::portable::Portable;
     use crate::lanes::F32x16;
     use grpo_core::vocab::exp_ln::{self, D_MIN};
@@ -250,6 +282,30 @@ mod tests {
             let (a, b) = (exp(v).to_array(), exp_moderate(v).to_array());
             for l in 0..16 {
                 assert_eq!(a[l].to_bits(), b[l].to_bits(), "x = {:e}", c[l]);
+                checked += 1;
+            }
+        }
+        assert!(checked > 35_000_000, "{checked}");
+    }
+
+    /// `exp_nonpos_normal_n` equals the reference on its domain [−86, 0]: every float of
+    /// [−86, −85] (the smallest exponents), every 29th float of the rest, ±0.
+    #[test]
+    fn exp_nonpos_normal_equals_the_reference_on_its_domain() {
+        let lo = EXP_NORMAL_MIN.to_bits();
+        let dense = (EXP_NORMAL_MIN + 1.0).to_bits();
+        let mut xs: Vec<f32> = (dense..=lo)
+            .chain((0x8000_0000..dense).step_by(29))
+            .map(f32::from_bits)
+            .chain([0.0, -0.0])
+            .collect();
+        xs.resize(xs.len().div_ceil(16) * 16, -1.0);
+        let mut checked = 0usize;
+        for c in xs.as_chunks::<16>().0 {
+            let got = exp_nonpos_normal_n([Portable::load(c)])[0].to_array();
+            for l in 0..16 {
+                let want = exp_ln::exp_nonpos_clamped(c[l]);
+                assert_eq!(got[l].to_bits(), want.to_bits(), "x = {:e}", c[l]);
                 checked += 1;
             }
         }
