@@ -17,6 +17,11 @@
 // write the weights to value.
 // ESS sums (ess_seq, ess_total) use the per-token bindings with flags as for aggregation and
 // write (Σw, Σw²) per sequence to grad[2i], grad[2i + 1], the totals to grad[2·seqs], +1.
+// Rejection masks (rejection) read old in lp and roll in old; flags holds the mask, the spans,
+// then the criteria (see `rejection`); the token decisions go back in flags (EV_REJECTED) and
+// the per-sequence aggregates to grad[i·cs + j]. OPSM (opsm) reads lp in lp, roll in old and one
+// advantage per sequence in adv, flags as for aggregation, and writes one sum per sequence to
+// grad[i].
 
 const KIND_PPO: u32 = 0u;
 const KIND_CISPO_CLAMP: u32 = 1u;
@@ -594,4 +599,128 @@ fn ess_total() {
     }
     grad[2u * params.seqs] = sw;
     grad[2u * params.seqs + 1u] = sw2;
+}
+
+// verl rollout rejection statistics of r = old − roll (is_correction::RejectStat), and the
+// levels of is_correction::RejectLevel, as the host encodes them.
+const STAT_K1: u32 = 0u;
+const STAT_K2: u32 = 1u;
+const LEVEL_SEQ_MAX: u32 = 3u;
+// Event bit of a valid token that a token-level criterion rejects.
+const EV_REJECTED: u32 = 64u;
+
+// is_correction's token statistic: k1 = −r, k2 = r²/2 (both exact: the same correctly rounded
+// operations as grpo-core; ×0.5 is exact, so even a fused multiply-add into a sum rounds alike),
+// k3 = e^r − 1 − r after the overflow guard (expm1_minus_x above: not bit-identical, see
+// LossKernel::rejection_mask).
+fn reject_stat(stat: u32, r: f32) -> f32 {
+    if stat == STAT_K1 {
+        return -r;
+    }
+    if stat == STAT_K2 {
+        return r * r * 0.5;
+    }
+    let g = bitcast<f32>(EXP_GUARD_BITS);
+    return expm1_minus_x(rclamp(r, -g, g));
+}
+
+// A key whose unsigned order is the numeric order of non-NaN f32 values, ±∞ included, with −0
+// mapped to +0 (they compare equal). The bounds arrive as keys, so `lo ≤ v ≤ hi` is decided
+// exactly without ±∞ ever entering arithmetic (k2/k3 criteria have lo = −∞). The host's
+// LossKernel `order_key` is the same function.
+fn order_key(x: f32) -> u32 {
+    var b = bitcast<u32>(x);
+    if b == 0x80000000u {
+        b = 0u;
+    }
+    if (b & 0x80000000u) != 0u {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+// Rollout rejection (is_correction::rejection_mask), one invocation per sequence. flags holds,
+// after the mask (n words) and the spans (2 words per sequence), the criteria: at
+// base = n + 2·seqs the count cs of sequence-level criteria and the count ct of token-level ones,
+// then cs + ct records of 4 words (stat, level, key(lo), key(hi)), sequence-level ones first.
+// For each sequence-level criterion j the statistic of every valid token is added in token
+// order (SeqSum, SeqMean: grpo-core's order, so k1/k2 sums have its bits) or maxed (SeqMax, the
+// project's NaN rule as grpo-core's Real::max) and stored to grad[i·cs + j]; the host divides
+// the means (correctly rounded, as grpo-core) and compares with the bounds. Each valid token gets
+// 1 | EV_REJECTED << 1 in flags when a token-level criterion rejects it, 1 otherwise.
+@compute @workgroup_size(256)
+fn rejection(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
+    if i >= params.seqs {
+        return;
+    }
+    let start = flags[params.n + 2u * i];
+    let end = flags[params.n + 2u * i + 1u];
+    let base = params.n + 2u * params.seqs;
+    let cs = flags[base];
+    let ct = flags[base + 1u];
+    for (var j = 0u; j < cs; j++) {
+        let c = base + 2u + 4u * j;
+        let stat = flags[c];
+        let is_max = flags[c + 1u] == LEVEL_SEQ_MAX;
+        // grpo-core starts a maximum at −∞; NEG_BIG gives the same maximum, since only k2 and
+        // k3 (both ≥ 0) have a SeqMax level.
+        var agg = 0.0;
+        if is_max {
+            agg = NEG_BIG;
+        }
+        for (var t = start; t < end; t++) {
+            if flags[t] != 0u {
+                let v = reject_stat(stat, lp[t] - old[t]);
+                if is_max {
+                    agg = rmax(agg, v);
+                } else {
+                    agg += v;
+                }
+            }
+        }
+        grad[i * cs + j] = agg;
+    }
+    for (var t = start; t < end; t++) {
+        if flags[t] == 0u {
+            continue;
+        }
+        let r = lp[t] - old[t];
+        var ev = 0u;
+        for (var j = 0u; j < ct; j++) {
+            let c = base + 2u + 4u * (cs + j);
+            let v = reject_stat(flags[c], r);
+            let k = order_key(v);
+            // NaN is never kept (grpo-core's `v >= lo && v <= hi` is false for it).
+            if is_nan_bits(v) || k < flags[c + 2u] || k > flags[c + 3u] {
+                ev = EV_REJECTED;
+            }
+        }
+        flags[t] = 1u | (ev << 1u);
+    }
+}
+
+// Off-policy sequence masking (is_correction::off_policy_sequence_mask), one invocation per
+// sequence: for a negative advantage, Σ_t (roll_t − lp_t) over the valid tokens in token order
+// (grpo-core's order, so the sum has its bits) to grad[i], 0 otherwise. The host divides by the
+// count and compares with δ (correctly rounded, as grpo-core).
+@compute @workgroup_size(256)
+fn opsm(@builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = linear_index(gid, nwg, 256u);
+    if i >= params.seqs {
+        return;
+    }
+    var sum = 0.0;
+    if adv[i] < 0.0 {
+        let start = flags[params.n + 2u * i];
+        let end = flags[params.n + 2u * i + 1u];
+        for (var t = start; t < end; t++) {
+            if flags[t] != 0u {
+                sum += old[t] - lp[t];
+            }
+        }
+    }
+    grad[i] = sum;
 }

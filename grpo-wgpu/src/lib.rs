@@ -11,7 +11,9 @@
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
 //!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
 //!   importance-corrected k3·ρ, straight-through k1+/k3+); token/sequence IS weights
-//!   (truncate, mask); aggregation of token losses (every grpo-core mode).
+//!   (truncate, mask); verl's rollout rejection masks (k1/k2/k3 per token or per sequence sum,
+//!   mean, max) and TRL's off-policy sequence mask; aggregation of token losses (every grpo-core
+//!   mode).
 //! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
 //!
 //! Validation happens on the host before anything is written; data-dependent checks (non-finite

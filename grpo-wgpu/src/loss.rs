@@ -6,12 +6,20 @@
 //! outputs are checked for finiteness as grpo-core's driver does (`"loss value"`,
 //! `"loss gradient"`), and the diagnostics are assembled in grpo-core's token order (the
 //! ratio statistics and approximate KL from the same f32 formulas grpo-core uses).
+//!
+//! The rollout-correction masks ([`LossKernel::rejection_mask`],
+//! [`LossKernel::off_policy_sequence_mask`]) reduce each sequence on the GPU in grpo-core's token
+//! order and finish the O(sequences) comparisons on the host, where a mean is divided exactly as
+//! grpo-core divides it.
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
-use grpo_core::is_correction::{IsConfig, IsDiagnostics, IsFilter, IsLevel};
+use grpo_core::is_correction::{
+    IsConfig, IsDiagnostics, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion,
+    RejectionDiagnostics,
+};
 use grpo_core::loss::{
     CispoConfig, CispoWeight, EssStats, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
     P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
@@ -1168,5 +1176,377 @@ impl<'c> LossKernel<'c> {
             ..Default::default()
         };
         self.ratio_loss(p, cfg.log_ratio_clamp, inp, value, grad)
+    }
+}
+
+/// is_correction::RejectStat as loss.wgsl's `rejection` reads it.
+const STAT_K1: u32 = 0;
+const STAT_K2: u32 = 1;
+const STAT_K3: u32 = 2;
+/// is_correction::RejectLevel as loss.wgsl's `rejection` reads it.
+const LEVEL_TOKEN: u32 = 0;
+const LEVEL_SEQ_SUM: u32 = 1;
+const LEVEL_SEQ_MEAN: u32 = 2;
+const LEVEL_SEQ_MAX: u32 = 3;
+/// Event bit of a valid token that a token-level rejection criterion rejects (loss.wgsl).
+const EV_REJECTED: u32 = 64;
+
+/// loss.wgsl's `order_key`: a `u32` whose unsigned order is the numeric order of non-NaN f32
+/// values (±∞ included; −0 maps to +0, which compares equal to it), so the shader compares a
+/// statistic with a bound exactly without ±∞ in its arithmetic.
+fn order_key(x: f32) -> u32 {
+    let b = match x.to_bits() {
+        0x8000_0000 => 0,
+        b => b,
+    };
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// The `flags` words of the per-sequence entry points: each position's validity (n words), then
+/// each sequence's `[start, end)`.
+fn mask_and_spans(tokens: &Tokens<'_>, n: usize) -> Vec<u32> {
+    let b = tokens.num_sequences();
+    let mut words: Vec<u32> = Vec::with_capacity(n + 2 * b);
+    words.extend((0..n).map(|t| tokens.is_valid(t) as u32));
+    for i in 0..b {
+        let s = tokens.span(i);
+        words.push(s.start as u32);
+        words.push(s.end as u32);
+    }
+    words
+}
+
+/// is_correction::check_token_inputs for the masks: the lengths (`outputs` after the inputs),
+/// the layout, then the first non-finite valid value of each input in order.
+fn check_mask_inputs(
+    tokens: &Tokens<'_>,
+    inputs: [(&'static str, &[f32]); 2],
+    outputs: &[(&'static str, usize)],
+) -> Result<()> {
+    let n = inputs[0].1.len();
+    for (what, s) in inputs {
+        check_len(what, n, s.len())?;
+    }
+    for &(what, len) in outputs {
+        check_len(what, n, len)?;
+    }
+    tokens.validate(n)?;
+    for (what, s) in inputs {
+        if let Some(index) = tokens.first_non_finite(s) {
+            return Err(Error::NonFinite { what, index }.into());
+        }
+    }
+    Ok(())
+}
+
+impl LossKernel<'_> {
+    /// \[verl\] rollout rejection sampling (`rollout_rs`), grpo-core's
+    /// [`grpo_core::is_correction::rejection_mask`]: `keep[t] = true` iff position `t` is valid
+    /// and every criterion accepts it; invalid positions get `false`, and an empty `criteria`
+    /// keeps every valid token. The output is a `&mut [bool]` per position, as in grpo-core.
+    ///
+    /// With `r_t = old_t − roll_t` (`ln π_old/π_roll`), a [`RejectionCriterion`] evaluates the
+    /// per-token statistic ([`RejectStat`]) `k1 = −r`, `k2 = r²/2` or `k3 = e^r − 1 − r` (r
+    /// limited to the overflow guard ±43.36 first) at a [`RejectLevel`]: `Token` (the token on
+    /// its own: `token_k*`), or over a sequence's valid tokens `SeqSum` (Σ_t), `SeqMean`
+    /// (Σ_t / n: with k1 the geometric-mean ratio test) or `SeqMax` (k2/k3 only), and accepts iff
+    /// the value `v` satisfies `lo ≤ v ≤ hi` (NaN: rejected). A rejected sequence-level
+    /// criterion rejects every token of its sequence; all criteria combine with AND.
+    /// [`RejectionCriterion::k1`] takes verl's ratio bounds, [`RejectionCriterion::upper`] a
+    /// k2/k3 threshold.
+    ///
+    /// On the GPU, one invocation per sequence adds (or maxes) the statistic of its valid tokens
+    /// for each sequence-level criterion in token order — grpo-core's order, with correctly
+    /// rounded `+ − ×`, so k1 and k2 sums and maxima have grpo-core's bits — and decides every
+    /// token-level criterion, comparing order-preserving integer keys of the value and the
+    /// bounds (exact, ±∞ bounds included). The host divides the means by the count and
+    /// compares the sequence aggregates with their bounds (O(sequences × criteria), correctly
+    /// rounded as grpo-core, where WGSL's division would be 2.5 ULP), then assembles the
+    /// diagnostics in grpo-core's order. So every k1 and k2 decision is grpo-core's, except
+    /// that WGSL may flush subnormal values to zero (a statistic or sum within a subnormal of a
+    /// bound). k3 goes through `exp` (WGSL: 3 + 2|x| ULP, and a Taylor series where grpo-core
+    /// uses `expm1`), so a token or sequence whose k3 statistic lies within that error of a
+    /// bound may be kept by one and rejected by the other (tolerance table,
+    /// `RejectionK3`).
+    ///
+    /// # Errors
+    /// grpo-core's, in its order: [`Error::InvalidParam`] for the first inconsistent criterion
+    /// (`k1` at `SeqMax`, NaN bounds or `lo > hi`), [`Error::LengthMismatch`] (`roll`, `keep`),
+    /// layout errors of [`Tokens::validate`], [`Error::NonFinite`] for a NaN/±∞ `old`, then
+    /// `roll`, at a valid position; [`GpuError`](crate::GpuError) for a device failure or a
+    /// batch beyond the device's limits. On `Err`, `keep` is untouched.
+    ///
+    /// # Example
+    /// ```
+    /// use grpo_core::Tokens;
+    /// use grpo_core::is_correction::{RejectLevel, RejectStat, RejectionCriterion};
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = LossKernel::new(&ctx);
+    /// // r = old − roll = [0.1, −0.2 | 0.5, 0.0]. token_k2 ≤ 0.01 keeps |r| ≤ √0.02 = 0.1414…:
+    /// // tokens 0 and 3.
+    /// let old = [0.1f32, -0.2, 0.5, 0.0];
+    /// let roll = [0.0f32; 4];
+    /// let tokens = Tokens::padded(2, 2, None);
+    /// let mut keep = [true; 4];
+    /// let c = [RejectionCriterion::upper(RejectStat::K2, RejectLevel::Token, 0.01)?];
+    /// let d = k.rejection_mask(&c, &old, &roll, &tokens, &mut keep)?;
+    /// assert_eq!(keep, [true, false, false, true]);
+    /// assert_eq!((d.tokens, d.rejected_tokens, d.rejected_sequences), (4, 2, 0));
+    /// // seq_mean_k1 with ratio bounds [e^−0.1, e^0.1]: sequence 0 (mean r −0.05) is kept,
+    /// // sequence 1 (mean r 0.25) rejected as a whole.
+    /// let c = [RejectionCriterion::k1(RejectLevel::SeqMean, (-0.1f32).exp(), 0.1f32.exp())?];
+    /// let d = k.rejection_mask(&c, &old, &roll, &tokens, &mut keep)?;
+    /// assert_eq!(keep, [true, true, false, false]);
+    /// assert_eq!(d.rejected_sequences, 1);
+    /// // seq_max_k3 ≤ 0.05: sequence 0's largest k3 is k3(−0.2) = e^−0.2 − 0.8 = 0.0187,
+    /// // sequence 1's k3(0.5) = e^0.5 − 1.5 = 0.1487: rejected.
+    /// let c = [RejectionCriterion::upper(RejectStat::K3, RejectLevel::SeqMax, 0.05)?];
+    /// k.rejection_mask(&c, &old, &roll, &tokens, &mut keep)?;
+    /// assert_eq!(keep, [true, true, false, false]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    pub fn rejection_mask(
+        &self,
+        criteria: &[RejectionCriterion<f32>],
+        old: &[f32],
+        roll: &[f32],
+        tokens: &Tokens<'_>,
+        keep: &mut [bool],
+    ) -> Result<RejectionDiagnostics> {
+        // grpo-core on an empty batch: its criterion checks, in its order, exactly.
+        grpo_core::is_correction::rejection_mask(
+            criteria,
+            &[],
+            &[],
+            &Tokens::packed(&EMPTY_CU, None),
+            &mut [],
+        )?;
+        let n = old.len();
+        check_mask_inputs(
+            tokens,
+            [("old", old), ("roll", roll)],
+            &[("keep", keep.len())],
+        )?;
+        let b = tokens.num_sequences();
+        // Sequence-level criteria first (their aggregates are indexed by their position).
+        let (seq, tok): (Vec<&RejectionCriterion<f32>>, Vec<_>) =
+            criteria.iter().partition(|c| c.level != RejectLevel::Token);
+        let cs = seq.len();
+        self.ctx.check_items(
+            "tokens, sequence spans and criteria",
+            n + 2 * b + 2 + 4 * criteria.len(),
+        )?;
+        self.ctx
+            .check_items("sequence aggregates", b.saturating_mul(cs))?;
+        let mut words = mask_and_spans(tokens, n);
+        words.push(cs as u32);
+        words.push(tok.len() as u32);
+        for c in seq.iter().chain(&tok) {
+            words.push(match c.stat {
+                RejectStat::K1 => STAT_K1,
+                RejectStat::K2 => STAT_K2,
+                RejectStat::K3 => STAT_K3,
+            });
+            words.push(match c.level {
+                RejectLevel::Token => LEVEL_TOKEN,
+                RejectLevel::SeqSum => LEVEL_SEQ_SUM,
+                RejectLevel::SeqMean => LEVEL_SEQ_MEAN,
+                RejectLevel::SeqMax => LEVEL_SEQ_MAX,
+            });
+            // Validated above: neither bound is NaN.
+            words.push(order_key(c.lo));
+            words.push(order_key(c.hi));
+        }
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(old))),
+                (1, Arg::In(bytemuck::cast_slice(roll))),
+                (3, Arg::InOut(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (6, Arg::Out((b * cs * 4) as u64)),
+            ],
+            &[("rejection", self.ctx.grid(b, 256)?)],
+        )?;
+        let flags: &[u32] = bytemuck::cast_slice(&res[0]);
+        let aggs: &[f32] = bytemuck::cast_slice(&res[1]);
+        let mut out = vec![false; n];
+        let mut d = RejectionDiagnostics::default();
+        for i in 0..b {
+            let count = tokens.valid_count(i);
+            if count == 0 {
+                continue;
+            }
+            // is_correction's sequence test: the mean as grpo-core divides it, then lo ≤ v ≤ hi.
+            let seq_ok = seq.iter().enumerate().all(|(j, c)| {
+                let mut v = aggs[i * cs + j];
+                if c.level == RejectLevel::SeqMean {
+                    v /= count as f32;
+                }
+                v >= c.lo && v <= c.hi
+            });
+            let mut kept = 0;
+            for t in tokens.valid_positions(i) {
+                let ok = seq_ok && (flags[t] >> 1) & EV_REJECTED == 0;
+                out[t] = ok;
+                kept += usize::from(ok);
+            }
+            d.tokens += count;
+            d.rejected_tokens += count - kept;
+            d.rejected_sequences += usize::from(kept == 0);
+        }
+        keep.copy_from_slice(&out);
+        Ok(d)
+    }
+
+    /// \[TRL\] off-policy sequence masking (OPSM), grpo-core's
+    /// [`grpo_core::is_correction::off_policy_sequence_mask`]: sequence `i` is dropped
+    /// (`keep[i] = false`) iff `A_i < 0` **and** `mean_t(roll_t − lp_t) > δ` over its valid
+    /// tokens — a negative-advantage sample the current policy already finds much less likely
+    /// than the sampler did. A sequence without valid tokens is kept; `lp` is read as a constant
+    /// (sg). One `bool` per sequence, as in grpo-core; returns the number dropped.
+    ///
+    /// On the GPU, one invocation per negative-advantage sequence adds `roll_t − lp_t` over its
+    /// valid tokens in token order (grpo-core's order, correctly rounded: the sum has grpo-core's
+    /// bits); the host divides by the count and compares with δ as grpo-core does, so every
+    /// decision is grpo-core's, except that WGSL may flush subnormal values to zero (a mean
+    /// within a subnormal of δ).
+    ///
+    /// # Errors
+    /// grpo-core's, in its order: [`Error::InvalidParam`] unless δ is finite and ≥ 0,
+    /// [`Error::LengthMismatch`] (`roll` per token), layout errors of [`Tokens::validate`],
+    /// [`Error::NonFinite`] for a NaN/±∞ `lp`, then `roll`, at a valid position,
+    /// [`Error::LengthMismatch`] for `advantages` and `keep` (one per sequence),
+    /// [`Error::NonFinite`] for the first NaN/±∞ advantage; [`GpuError`](crate::GpuError) for
+    /// a device failure or a batch beyond the device's limits. On `Err`, `keep` is untouched.
+    ///
+    /// # Example
+    /// ```
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = LossKernel::new(&ctx);
+    /// // mean(roll − lp): sequence 0 = 0.5, sequence 1 = 0.5, sequence 2 = 0. δ = 0.1: only
+    /// // sequence 0 has both a negative advantage and a mean above δ.
+    /// let lp = [-1.0f32; 6];
+    /// let roll = [-0.5f32, -0.5, -0.5, -0.5, -1.0, -1.0];
+    /// let adv = [-1.0f32, 1.0, -1.0];
+    /// let mut keep = [true; 3];
+    /// let tokens = Tokens::padded(3, 2, None);
+    /// let dropped = k.off_policy_sequence_mask(&adv, &lp, &roll, &tokens, 0.1, &mut keep)?;
+    /// assert_eq!((keep, dropped), ([false, true, true], 1));
+    /// // δ < 0 is grpo-core's error; `keep` is untouched.
+    /// assert!(k.off_policy_sequence_mask(&adv, &lp, &roll, &tokens, -1.0, &mut keep).is_err());
+    /// assert_eq!(keep, [false, true, true]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    pub fn off_policy_sequence_mask(
+        &self,
+        advantages: &[f32],
+        lp: &[f32],
+        roll: &[f32],
+        tokens: &Tokens<'_>,
+        delta: f32,
+        keep: &mut [bool],
+    ) -> Result<usize> {
+        // grpo-core on an empty batch: its check of δ, exactly.
+        grpo_core::is_correction::off_policy_sequence_mask(
+            &[],
+            &[],
+            &[],
+            &Tokens::packed(&EMPTY_CU, None),
+            delta,
+            &mut [],
+        )?;
+        let n = lp.len();
+        check_mask_inputs(tokens, [("lp", lp), ("roll", roll)], &[])?;
+        let b = tokens.num_sequences();
+        check_len("advantages", b, advantages.len())?;
+        check_len("keep", b, keep.len())?;
+        if let Some(index) = advantages.iter().position(|a| !a.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "advantages",
+                index,
+            }
+            .into());
+        }
+        self.ctx
+            .check_items("tokens and sequence spans", n + 2 * b)?;
+        let words = mask_and_spans(tokens, n);
+        let p = LossParams {
+            n: n as u32,
+            seqs: b as u32,
+            ..Default::default()
+        };
+        let res = self.ctx.run(
+            ShaderId::Loss,
+            &[
+                (0, Arg::In(bytemuck::cast_slice(lp))),
+                (1, Arg::In(bytemuck::cast_slice(roll))),
+                (2, Arg::In(bytemuck::cast_slice(advantages))),
+                (3, Arg::In(bytemuck::cast_slice(&words))),
+                (4, Arg::Uniform(bytemuck::bytes_of(&p))),
+                (6, Arg::Out((b * 4) as u64)),
+            ],
+            &[("opsm", self.ctx.grid(b, 256)?)],
+        )?;
+        let sums: &[f32] = bytemuck::cast_slice(&res[0]);
+        let mut out = vec![true; b];
+        let mut dropped = 0;
+        for (i, k) in out.iter_mut().enumerate() {
+            let count = tokens.valid_count(i);
+            // grpo-core's test, with its division.
+            let drop = count > 0 && advantages[i] < 0.0 && sums[i] / count as f32 > delta;
+            *k = !drop;
+            dropped += usize::from(drop);
+        }
+        keep.copy_from_slice(&out);
+        Ok(dropped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order_key;
+
+    #[test]
+    fn order_keys_sort_like_the_floats() {
+        // Increasing f32 values, ±∞ and both zeros included (−0 and +0 share a key).
+        let v = [
+            f32::NEG_INFINITY,
+            f32::MIN,
+            -1.0,
+            -f32::MIN_POSITIVE,
+            -1e-45,
+            -0.0,
+            0.0,
+            1e-45,
+            f32::MIN_POSITIVE,
+            1.0,
+            f32::MAX,
+            f32::INFINITY,
+        ];
+        for a in v {
+            for b in v {
+                assert_eq!(
+                    order_key(a).cmp(&order_key(b)),
+                    a.partial_cmp(&b).unwrap(),
+                    "{a} vs {b}"
+                );
+            }
+        }
+        assert_eq!(order_key(-0.0), order_key(0.0));
     }
 }

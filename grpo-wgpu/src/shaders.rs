@@ -17,7 +17,8 @@ pub const LOAD_F16: &str = include_str!("../../shaders/load_f16.wgsl");
 pub const LOAD_BF16: &str = include_str!("../../shaders/load_bf16.wgsl");
 /// `advantage.wgsl`: group advantage estimators.
 pub const ADVANTAGE: &str = include_str!("../../shaders/advantage.wgsl");
-/// `loss.wgsl`: per-token policy losses, KL penalties, IS weights and reductions.
+/// `loss.wgsl`: per-token policy losses, KL penalties, IS weights, rejection and off-policy
+/// sequence masks, and reductions.
 pub const LOSS: &str = include_str!("../../shaders/loss.wgsl");
 
 /// How logits are stored in memory (accumulation is always f32).
@@ -92,6 +93,8 @@ impl ShaderId {
                 "is_weights",
                 "ess_seq",
                 "ess_total",
+                "rejection",
+                "opsm",
             ],
         }
     }

@@ -121,6 +121,9 @@ pub enum Op {
     EssSums,
     /// Aggregation of per-token losses (scalar and per-token weights), vs grpo-core f32.
     Aggregate,
+    /// The k3 statistic e^r − 1 − r of a rollout rejection criterion, vs grpo-core f32: the band
+    /// around a bound inside which a k3 keep/reject decision may differ.
+    RejectionK3,
 }
 
 /// The tolerance of `op` on inputs stored as `dtype`.
@@ -276,6 +279,28 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
         // sequence order) with correctly rounded + and ×, the product stored before it is added
         // (no fused multiply-add): bit-identical.
         (Aggregate, _) => Tol::ulp(0),
+        // k3 = e^r − 1 − r after the ±43.36 guard (expm1_minus_x on both sides). For |r| < ½ both
+        // run the same 16-term Taylor series in f32 (a fused multiply-add in a GPU Horner step
+        // moves a rounding or two); for ½ ≤ |r| < 2 grpo-core takes libm's expm1(r) − r (≤ 1 ULP,
+        // amplified ≤ 4.4× by the subtraction at r = ½) while the GPU keeps the series; beyond,
+        // the GPU computes (e^r − 1) − r, whose exp error (3 + 2|r| ULP) the subtractions amplify
+        // by e^r/(e^r − 1 − r) ≤ 1.69 (r ≥ 2; ≤ 0.12 for r ≤ −2): the caller adds
+        // 2·`exp_ulps(&[r])` for |r| ≥ 2. `abs`: a flushed subnormal k3 (|r| ≲ 1.5e-19). The
+        // k1 and k2 statistics need no entry: they are the same correctly rounded operations,
+        // summed in grpo-core's order (bit-identical; only a flushed subnormal can differ).
+        // Sequence aggregates widen the band as their inputs do: Σ of the token bands plus both
+        // sums' rounding (2·count·2⁻²⁴ of the sum), ÷ count for a mean, the largest token band
+        // for a maximum. Measured on lavapipe (k3 through the same WGSL function,
+        // `LossKernel::kl_penalty` without clamps: a 200001-point sweep of r ∈ [−50, 50] plus
+        // 50000 log-uniform |r| ∈ [1e-12, 50]): 0 ULP for |r| < ½, 4 ULP for ½ ≤ |r| < 2, 32 ULP
+        // for |r| ≥ 2 and always ≥ 12 ULP inside twice exp's allowance; in the rejection tests
+        // (GRPO_GPU_CASES=1000, 13000 cases) 370 of 6838 borderline tokens were decided
+        // differently, their statistics all within 3 ULP (0.19 of the band) of the bound.
+        (RejectionK3, _) => Tol {
+            ulp: 16,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
     }
 }
 
