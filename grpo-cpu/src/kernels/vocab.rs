@@ -230,6 +230,9 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 /// domain (if not, the sums are meaningless and the caller reruns with `NORMAL = false`).
 /// The domain check is one `min` per vector; a NaN argument makes `t` NaN (`e·NaN`), which
 /// the check catches too. Returns `true` for `NORMAL = false`.
+///
+/// (The KL pair step was tried with the same scheme and measured no faster — 0.190 against
+/// 0.191 ms for 32 × 8192 f32 pairs on one thread — so it keeps the reference scaling.)
 #[inline(always)]
 fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
     chunks: &[[S; 16]],
