@@ -125,6 +125,24 @@ impl<S: Storage> Case<S> {
     }
 }
 
+impl Case<f32> {
+    /// The same case with the logits rounded to bf16.
+    fn to_bf16(&self) -> Case<half::bf16> {
+        let conv = |v: &[f32]| v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        Case {
+            z: conv(&self.z),
+            w: conv(&self.w),
+            vocab: self.vocab,
+            targets: self.targets.clone(),
+            g_lp: self.g_lp.clone(),
+            g_h: self.g_h.clone(),
+            g_kl: self.g_kl.clone(),
+            temperature: self.temperature,
+            beta: self.beta,
+        }
+    }
+}
+
 /// Runs every operation on grpo-core and on every `Cpu`, comparing results, errors and
 /// untouched outputs.
 fn check_all<S: Storage + std::fmt::Debug>(c: &Case<S>, what: &str) -> usize {
@@ -463,18 +481,7 @@ fn blocks_at_the_edge_of_the_fast_exponential_match_core() {
             row[2048 + 17] = edge;
             row[vocab - 2] = edge;
             check_all(&c, &format!("edge {below} T={temp}"));
-            let b = Case::<half::bf16> {
-                z: c.z.iter().map(|&x| half::bf16::from_f32(x)).collect(),
-                w: c.w.iter().map(|&x| half::bf16::from_f32(x)).collect(),
-                vocab: c.vocab,
-                targets: c.targets.clone(),
-                g_lp: c.g_lp.clone(),
-                g_h: c.g_h.clone(),
-                g_kl: c.g_kl.clone(),
-                temperature: c.temperature,
-                beta: c.beta,
-            };
-            check_all(&b, &format!("bf16 edge {below} T={temp}"));
+            check_all(&c.to_bf16(), &format!("bf16 edge {below} T={temp}"));
         }
     }
 }
@@ -511,17 +518,6 @@ proptest! {
             c.z[k] = v;
         }
         check_all(&c, "proptest f32");
-        let b = Case::<half::bf16> {
-            z: c.z.iter().map(|&x| half::bf16::from_f32(x)).collect(),
-            w: c.w.iter().map(|&x| half::bf16::from_f32(x)).collect(),
-            vocab: c.vocab,
-            targets: c.targets.clone(),
-            g_lp: c.g_lp.clone(),
-            g_h: c.g_h.clone(),
-            g_kl: c.g_kl.clone(),
-            temperature: c.temperature,
-            beta: c.beta,
-        };
-        check_all(&b, "proptest bf16");
+        check_all(&c.to_bf16(), "proptest bf16");
     }
 }

@@ -244,24 +244,36 @@ mod tests {
     /// and NaNs of both signs.
     #[test]
     fn exp_nonpos_clamped_equals_the_reference_on_the_clamped_range() {
-        let lo = D_MIN.to_bits();
-        let dense = (D_MIN + 1.5).to_bits();
-        let mut xs: Vec<f32> = (dense..=lo)
+        let nans = [f32::NAN, -f32::NAN, f32::from_bits(0xff80_0001)];
+        let checked = equals_exp_nonpos_clamped(D_MIN, 1.5, &nans, exp_nonpos_clamped);
+        assert!(checked > 35_000_000, "{checked}");
+    }
+
+    /// Compares `f` with the scalar `exp_nonpos_clamped` over every float of
+    /// `[lo, lo + dense]`, every 29th float of the rest of `[lo, 0]`, ±0 and `extra`; returns
+    /// the number of values compared.
+    fn equals_exp_nonpos_clamped(
+        lo: f32,
+        dense: f32,
+        extra: &[f32],
+        f: impl Fn(Portable) -> Portable,
+    ) -> usize {
+        let dense = (lo + dense).to_bits();
+        let mut xs: Vec<f32> = (dense..=lo.to_bits())
             .chain((0x8000_0000..dense).step_by(29))
             .map(f32::from_bits)
-            .chain([0.0, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0xff80_0001)])
+            .chain([0.0, -0.0])
+            .chain(extra.iter().copied())
             .collect();
         xs.resize(xs.len().div_ceil(16) * 16, -1.0);
-        let mut checked = 0usize;
         for c in xs.as_chunks::<16>().0 {
-            let got = exp_nonpos_clamped(Portable::load(c)).to_array();
+            let got = f(Portable::load(c)).to_array();
             for l in 0..16 {
                 let want = exp_ln::exp_nonpos_clamped(c[l]);
                 assert_eq!(got[l].to_bits(), want.to_bits(), "x = {:e}", c[l]);
-                checked += 1;
             }
         }
-        assert!(checked > 35_000_000, "{checked}");
+        xs.len()
     }
 
     /// `exp_moderate` = `exp` over every 61st float of [−80, 80] and the floats around the ends
@@ -292,23 +304,8 @@ mod tests {
     /// [−86, −85] (the smallest exponents), every 29th float of the rest, ±0.
     #[test]
     fn exp_nonpos_normal_equals_the_reference_on_its_domain() {
-        let lo = EXP_NORMAL_MIN.to_bits();
-        let dense = (EXP_NORMAL_MIN + 1.0).to_bits();
-        let mut xs: Vec<f32> = (dense..=lo)
-            .chain((0x8000_0000..dense).step_by(29))
-            .map(f32::from_bits)
-            .chain([0.0, -0.0])
-            .collect();
-        xs.resize(xs.len().div_ceil(16) * 16, -1.0);
-        let mut checked = 0usize;
-        for c in xs.as_chunks::<16>().0 {
-            let got = exp_nonpos_normal_n([Portable::load(c)])[0].to_array();
-            for l in 0..16 {
-                let want = exp_ln::exp_nonpos_clamped(c[l]);
-                assert_eq!(got[l].to_bits(), want.to_bits(), "x = {:e}", c[l]);
-                checked += 1;
-            }
-        }
+        let checked =
+            equals_exp_nonpos_clamped(EXP_NORMAL_MIN, 1.0, &[], |v| exp_nonpos_normal_n([v])[0]);
         assert!(checked > 35_000_000, "{checked}");
     }
 }
