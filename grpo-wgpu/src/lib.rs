@@ -12,7 +12,8 @@
 //!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
 //!   importance-corrected k3·ρ, straight-through k1+/k3+); token/sequence IS weights
 //!   (truncate, mask); aggregation of token losses (every grpo-core mode).
-//! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
+//! - [`GpuError`]: no adapter, missing feature, too large (bytes) or too many workgroups for one
+//!   dispatch, a device failure, or grpo-core's own validation error.
 //!
 //! Validation happens on the host before anything is written; data-dependent checks (non-finite
 //! logits) are reported by the shaders in status words and turned into the same

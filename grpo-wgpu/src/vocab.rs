@@ -272,7 +272,8 @@ impl<'c> VocabKernel<'c> {
     ///
     /// # Errors
     /// As [`VocabKernel::forward`]; [`GpuError::TooLarge`] when the logits or the gradient do
-    /// not fit one binding, or the rows one dispatch dimension (the benchmark runs one chunk).
+    /// not fit one binding, [`GpuError::TooManyWorkgroups`] when the rows (one workgroup each)
+    /// do not fit one dispatch dimension (the benchmark runs one chunk).
     #[doc(hidden)]
     pub fn resident<L: LogitStorage>(
         &self,
@@ -282,11 +283,12 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
         self.validate(logits, vocab, rows, 1.0)?;
-        if rows > self.ctx.max_groups() as usize {
-            return Err(GpuError::TooLarge {
-                what: "rows in one dispatch",
-                bytes: (rows * vocab * L::DTYPE.size()) as u64,
-                limit: u64::from(self.ctx.max_groups()) * (vocab * L::DTYPE.size()) as u64,
+        let per_dimension = self.ctx.max_groups();
+        if rows > per_dimension as usize {
+            return Err(GpuError::TooManyWorkgroups {
+                needed: rows as u64,
+                limit: u64::from(per_dimension),
+                per_dimension,
             });
         }
         let targets = vec![0u32; rows];

@@ -1428,8 +1428,8 @@ fn many_sequences(seqs: usize) -> Batch {
 /// down to 6 workgroups makes 8 k tokens take the same path (a [6, 6, 1] grid for 32 workgroups,
 /// the shaders linearising the index and guarding the 4 extra ones): every per-token and per-sequence entry point gives the
 /// uncapped context's bits, and PPO-clip stays within the tolerance of grpo-core. Then the
-/// limits themselves: a grid that cannot fit and a binding over the (forced) storage limit are
-/// `TooLarge`, and outputs that fit one binding each but not one staging buffer are read back
+/// limits themselves: a grid that cannot fit is `TooManyWorkgroups`, a binding over the (forced)
+/// storage limit `TooLarge`, and outputs that fit one binding each but not one staging buffer are read back
 /// through several.
 #[test]
 fn batches_beyond_the_workgroup_limit_use_a_2d_dispatch() {
@@ -1527,15 +1527,13 @@ fn batches_beyond_the_workgroup_limit_use_a_2d_dispatch() {
     capped.set_max_workgroups_per_dimension(1);
     let (mut v, mut g) = (vec![7f32; n], vec![7f32; n]);
     let e = split.ppo_clip(&cfg, &b.inputs(), &mut v, &mut g);
-    assert!(
-        matches!(
-            e,
-            Err(GpuError::TooLarge {
-                what: "workgroups",
-                ..
-            })
-        ),
-        "{e:?}"
+    assert_eq!(
+        e,
+        Err(GpuError::TooManyWorkgroups {
+            needed: 32,
+            limit: 1,
+            per_dimension: 1
+        })
     );
     assert!(v.iter().chain(&g).all(|&x| x == 7.0));
     capped.set_max_workgroups_per_dimension(u32::MAX);

@@ -584,8 +584,8 @@ fn hand_computed_values() {
 
 #[test]
 fn chunked_rows_give_the_same_bits() {
-    // A private context whose binding cap forces chunks of 1–3 rows (bf16 with an odd vocab puts
-    // chunk starts mid-word), against the same context uncapped.
+    // A private context whose binding cap (or workgroup cap) forces chunks of 1–3 rows (bf16 with
+    // an odd vocab puts chunk starts mid-word), against the same context uncapped.
     if gpu::context("chunked_rows_give_the_same_bits").is_none() {
         return;
     }
@@ -624,6 +624,7 @@ fn chunked_rows_give_the_same_bits() {
         (lse, lp, h, grad)
     };
     let whole = run(&k);
+    let whole_fwd = whole.clone();
     // The backward's gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
     ctx.set_binding_cap(2500);
     let chunked = run(&k);
@@ -642,6 +643,19 @@ fn chunked_rows_give_the_same_bits() {
     let chunked = jsd(&k);
     ctx.set_binding_cap(u64::MAX);
     assert_eq!(whole, chunked);
+    // At most 3 workgroups (rows) per dispatch: chunks of 3, 3 and 1 rows, the same bits; the
+    // benchmark hook, which runs every row in one dispatch, says how many workgroups it needed.
+    ctx.set_max_workgroups_per_dimension(3);
+    assert_eq!(run(&k), whole_fwd);
+    assert_eq!(
+        k.resident(&logits, vocab, false).err(),
+        Some(GpuError::TooManyWorkgroups {
+            needed: 7,
+            limit: 3,
+            per_dimension: 3
+        })
+    );
+    ctx.set_max_workgroups_per_dimension(u32::MAX);
     // A row larger than the cap (301·2 + 4 bytes > 500) is TooLarge, not a wrong answer.
     ctx.set_binding_cap(500);
     let mut lse = vec![0f32; rows];
