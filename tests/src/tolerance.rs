@@ -193,8 +193,16 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: 2e-6,
             rel: 0.0,
         },
-        // Only + − × and one ÷: the 4 ULP budget of the GPU issue.
-        (LossAlgebraic, _) => Tol::ulp(4),
+        // Only + − × and one ÷: the 4 ULP budget of the GPU issue. `abs` = the smallest normal
+        // f32: WGSL may flush a subnormal result (k1 = d, |d|, k2's gradient d at a subnormal
+        // d = lp − ref) to zero, as in LossExp. Measured on lavapipe, which keeps subnormals
+        // (GRPO_GPU_CASES=1000 per config: k1/abs/k2 × every preset and clamps 3/0.5, ≈ 12 000
+        // valid tokens with a subnormal d): 0 ULP, values and gradients.
+        (LossAlgebraic, _) => Tol {
+            ulp: 4,
+            abs: f32::MIN_POSITIVE as f64,
+            rel: 0.0,
+        },
         // Products/quotients of a few correctly rounded operations around exp: 8 ULP, *plus*
         // WGSL's exp allowance of 3 + 2|x| ULP for every exp the formula evaluates, which the
         // caller adds with `exp_ulps` (it depends on the token: |x| ≤ 20 after the verl clamp,
