@@ -76,7 +76,7 @@ impl VocabParams {
 }
 
 const FLAG_EMPTY_ROW: u32 = 1;
-const FLAG_TARGET_NEG_INF: u32 = 2;
+const FLAG_TARGET_NON_FINITE: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
 const FLAG_TEACHER_EMPTY: u32 = 8;
 const FLAG_SCALE_OVERFLOW: u32 = 16;
@@ -211,7 +211,10 @@ impl<'c> VocabKernel<'c> {
     /// Turns the per-row status words into grpo-core's error, in grpo-core's order: row by row,
     /// first NaN/+∞ (`NonFinite{"logits"}`), then for a row the shader found empty or
     /// overflowing, grpo-core's own row check on the host (`EmptySegment`, or
-    /// `NonFinite{"logits / temperature"}` at the first maximum), then, when `targets` is given, a −∞ target logit (`NonFinite{"logits[target]"}`).
+    /// `NonFinite{"logits / temperature"}` at the first maximum), then, when `targets` is given,
+    /// a target whose shift `(z_y − max z)/T` is not finite — a −∞ target logit, or one so far
+    /// below the maximum that the shift overflows (`NonFinite{"logits[target]"}`, grpo-core's
+    /// `validate::target`).
     fn check_status<L: LogitStorage>(
         status: &[u32],
         first_row: usize,
@@ -241,7 +244,7 @@ impl<'c> VocabKernel<'c> {
                 return Err(Error::EmptySegment { segment: row }.into());
             }
             if let Some(t) = targets
-                && w[1] & FLAG_TARGET_NEG_INF != 0
+                && w[1] & FLAG_TARGET_NON_FINITE != 0
             {
                 return Err(Error::NonFinite {
                     what: "logits[target]",
@@ -471,11 +474,14 @@ impl<'c> VocabKernel<'c> {
     /// [`KlDirection::Reverse`] (the shader computes the forward form with the rows' roles
     /// swapped). `rows = out.len()`; both slices `[rows, vocab]`, row-major, the same storage
     /// type. −∞ logits (masked entries) are allowed; columns where both rows are −∞ contribute 0.
-    /// One dispatch, one read of each row (online max/sum of both rows and the running
-    /// `Σ e^{x_p − m_p}(x_p − x_q)` in a single pass).
+    /// One dispatch, two reads of each row: the online max/sum of both rows, then grpo-core's
+    /// `KL = (ln S_q − ln S_p) + Σ_v e^{dp_v}(dp_v − dq_v)/S_p` with every shift `d = x − max x`
+    /// taken to the row's final maximum and floored at grpo-core's `LOG_RATIO_FLOOR` (−2^64), so
+    /// rows of logits near ±f32::MAX (whose shifts overflow) give grpo-core's value and the row
+    /// maxima never cancel in the sum.
     ///
-    /// Rows the shader flags (a NaN or +∞, an empty row, a support violation, a non-finite
-    /// result such as a maximum whose `z/T` overflows) are handed to grpo-core on the host: it
+    /// Rows the shader flags (a NaN or +∞, an empty row, a support violation, a finite logit
+    /// whose `z/T` overflows, a non-finite result) are handed to grpo-core on the host: it
     /// returns the exact error, or — for the one anomaly grpo-core accepts, a non-maximal logit
     /// whose `z/T` overflows to −∞ (probability 0) — the row's value, computed by grpo-core.
     ///
@@ -534,7 +540,7 @@ impl<'c> VocabKernel<'c> {
             for r in 0..c.rows {
                 let w = &status[r * 4..r * 4 + 4];
                 let value = st[r * 4 + 3];
-                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE;
+                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE | FLAG_SCALE_OVERFLOW;
                 vals[c.first + r] = if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite()
                 {
                     Self::kl_on_host(student, teacher, vocab, c.first + r, temperature, direction)?
