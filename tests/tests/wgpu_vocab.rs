@@ -1555,3 +1555,193 @@ fn extreme_logits_of_opposite_signs_match_grpo_core() {
         fails.join("\n")
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Async variants.
+
+/// Drives a future to completion with a no-op waker (the readback futures poll the device
+/// themselves), so the test depends on no executor.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Polls two futures alternately until both are ready: two operations in flight on one
+/// context at once.
+fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while ra.is_none() || rb.is_none() {
+        if ra.is_none()
+            && let std::task::Poll::Ready(v) = a.as_mut().poll(&mut cx)
+        {
+            ra = Some(v);
+        }
+        if rb.is_none()
+            && let std::task::Poll::Ready(v) = b.as_mut().poll(&mut cx)
+        {
+            rb = Some(v);
+        }
+        std::thread::yield_now();
+    }
+    (ra.unwrap(), rb.unwrap())
+}
+
+fn f32_bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// forward_async, backward_async, kl_async and jsd_async give the blocking methods' bits and
+/// errors (outputs untouched on `Err`), for f32 and bf16 rows split into several chunks (so the
+/// async path awaits several readbacks), and two of them can be in flight at once.
+fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
+    let (rows, vocab) = (5usize, 301usize);
+    let logits: Vec<L> = (0..rows * vocab)
+        .map(|i| conv(((i * 37 % 101) as f32) * 0.11 - 5.0))
+        .collect();
+    let teacher: Vec<L> = (0..rows * vocab)
+        .map(|i| conv(((i * 53 % 89) as f32) * 0.09 - 4.0))
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 13 % vocab as u32).collect();
+    let (g_lp, g_h) = (vec![0.75f32; rows], vec![-0.5f32; rows]);
+    let temp = 0.9;
+
+    let forward = |asynchronous: bool| {
+        let (mut lse, mut lp, mut h) = (vec![7f32; rows], vec![7f32; rows], vec![7f32; rows]);
+        let out = ForwardOut {
+            lse: Some(&mut lse),
+            logp: Some(&mut lp),
+            entropy: Some(&mut h),
+        };
+        let r = if asynchronous {
+            block_on(k.forward_async(&logits, vocab, &targets, temp, out))
+        } else {
+            k.forward(&logits, vocab, &targets, temp, out)
+        };
+        r.unwrap();
+        (f32_bits(&lse), f32_bits(&lp), f32_bits(&h))
+    };
+    assert_eq!(forward(true), forward(false));
+
+    let backward = |asynchronous: bool| {
+        let mut grad = vec![7f32; rows * vocab];
+        let r = if asynchronous {
+            block_on(k.backward_async(&logits, vocab, &targets, temp, &g_lp, &g_h, &mut grad))
+        } else {
+            k.backward(&logits, vocab, &targets, temp, &g_lp, &g_h, &mut grad)
+        };
+        r.unwrap();
+        f32_bits(&grad)
+    };
+    let grad = backward(false);
+    assert_eq!(backward(true), grad);
+    assert!(grad.iter().any(|&b| f32::from_bits(b) != 0.0));
+
+    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
+        k.kl(&logits, &teacher, vocab, temp, dir, &mut a).unwrap();
+        block_on(k.kl_async(&logits, &teacher, vocab, temp, dir, &mut b)).unwrap();
+        assert_eq!(f32_bits(&a), f32_bits(&b), "{dir:?}");
+        assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
+    }
+    let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
+    k.jsd(&logits, &teacher, vocab, 0.3, temp, &mut a).unwrap();
+    block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut b)).unwrap();
+    assert_eq!(f32_bits(&a), f32_bits(&b));
+    assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
+
+    // Two operations in flight at once on the same context.
+    let (mut kl, mut js) = (vec![7f32; rows], vec![7f32; rows]);
+    let (rk, rj) = join(
+        k.kl_async(
+            &logits,
+            &teacher,
+            vocab,
+            temp,
+            KlDirection::Forward,
+            &mut kl,
+        ),
+        k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut js),
+    );
+    rk.unwrap();
+    rj.unwrap();
+    let mut want = vec![7f32; rows];
+    k.kl(
+        &logits,
+        &teacher,
+        vocab,
+        temp,
+        KlDirection::Forward,
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(f32_bits(&kl), f32_bits(&want));
+    assert_eq!(f32_bits(&js), f32_bits(&a));
+
+    // Errors: a NaN in row 3 (found by the shader, turned into grpo-core's error on the host
+    // after the readback) and a bad temperature (host validation): the blocking error, nothing
+    // written.
+    let mut bad = logits.clone();
+    bad[3 * vocab + 7] = conv(f32::NAN);
+    let nan = Err(GpuError::Core(Error::NonFinite {
+        what: "logits",
+        index: 3 * vocab + 7,
+    }));
+    let mut lse = vec![7f32; rows];
+    let out = ForwardOut {
+        lse: Some(&mut lse),
+        ..Default::default()
+    };
+    assert_eq!(block_on(k.forward_async(&bad, vocab, &[], temp, out)), nan);
+    assert_eq!(lse, vec![7f32; rows]);
+    let mut grad = vec![7f32; rows * vocab];
+    let got = block_on(k.backward_async(&bad, vocab, &targets, temp, &g_lp, &g_h, &mut grad));
+    assert_eq!(got, nan);
+    assert_eq!(grad, vec![7f32; rows * vocab]);
+    let mut out = vec![7f32; rows];
+    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        let want = k.kl(&bad, &teacher, vocab, temp, dir, &mut out);
+        assert!(want.is_err());
+        let got = block_on(k.kl_async(&bad, &teacher, vocab, temp, dir, &mut out));
+        assert_eq!(got, want);
+    }
+    let want = k.jsd(&teacher, &bad, vocab, 0.3, temp, &mut out);
+    assert_eq!(
+        want,
+        Err(GpuError::Core(Error::NonFinite {
+            what: "teacher",
+            index: 3 * vocab + 7
+        }))
+    );
+    let got = block_on(k.jsd_async(&teacher, &bad, vocab, 0.3, temp, &mut out));
+    assert_eq!(got, want);
+    let got = block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, 0.0, &mut out));
+    assert_eq!(got, k.jsd(&logits, &teacher, vocab, 0.3, 0.0, &mut out));
+    assert!(got.is_err());
+    assert_eq!(out, vec![7f32; rows]);
+}
+
+#[test]
+fn async_variants_equal_blocking() {
+    if gpu::context("async_variants_equal_blocking").is_none() {
+        return;
+    }
+    // A private context: its binding cap must not reach the tests running in parallel. At 2000
+    // bytes a chunk holds 3 rows of bf16 logits and 1 row of f32 logits or gradient (301·4 + 4
+    // bytes), so the async calls await up to 5 readbacks each.
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    let k = VocabKernel::new(&ctx);
+    for cap in [u64::MAX, 2000] {
+        ctx.set_binding_cap(cap);
+        check_async(&k, |x| x);
+        check_async(&k, half::bf16::from_f32);
+    }
+    ctx.set_binding_cap(u64::MAX);
+}
