@@ -9,15 +9,35 @@
 //
 // Status per row, 4 words (host turns it into grpo_core::Error after readback, in grpo-core's
 // order, before any caller buffer is written): word 0 = first column holding NaN or +∞ (NO_INDEX
-// if none); word 1 = flags (1: every logit is −∞; 2: the target's logit is −∞; 4: KL is +∞
-// because the teacher is −∞ where the student has mass); word 2 = first column whose z/T
-// overflows to +∞ (NO_INDEX if none); word 3 unused. `jsd` uses its own layout (see there).
+// if none); word 1 = flags (1: every logit is −∞; 2: the target's shift (z_y − max z)/T is not
+// finite — a −∞ target logit, or one so far below the maximum that the shift overflows, which
+// grpo-core's `validate::target` rejects; 4: KL is +∞ because the teacher is −∞ where the
+// student has mass); word 2 = first column whose z/T overflows to +∞ (NO_INDEX if none); word 3
+// unused. `kl` and `jsd` use their own layouts (see there).
+//
+// Overflowing shifts. Logits near ±f32::MAX of opposite signs (or a large 1/T) make a shift
+// x − m overflow to −∞. grpo-core floors every shift at D_MIN = −88 before its exponential and
+// at LOG_RATIO_FLOOR where it enters a log-ratio (canon.rs), so such a column has probability 0
+// and a bounded log-ratio; the shaders do the same, testing the bits of a shift before using it
+// (WGSL lets an implementation assume that no infinity reaches arithmetic), so 0·(−∞) never
+// turns a sum into NaN.
 
 
 const WG: u32 = 256u;
 const FLAG_EMPTY_ROW: u32 = 1u;
-const FLAG_TARGET_NEG_INF: u32 = 2u;
+const FLAG_TARGET_NON_FINITE: u32 = 2u;
 const FLAG_KL_INFINITE: u32 = 4u;
+// grpo-core's D_MIN: floor of a shift or log-probability before exp (e^−88 is below the smallest
+// normal f32, so a floored column contributes nothing measurable).
+const LOGP_MIN: f32 = -88.0;
+// grpo-core's LOG_RATIO_FLOOR = −2^64: floor of a shift where it enters a log-ratio (KL terms);
+// it keeps −∞ − (−∞) and overflowed shifts finite and bounds every term.
+const LOG_RATIO_FLOOR: f32 = -18446744073709551616.0;
+
+// A shift x − m (≤ 0, or −∞ once it overflowed) floored at `floor`, tested on its bits.
+fn floor_shift(d: f32, floor: f32) -> f32 {
+    return select(floor, rmax(floor, d), is_finite_bits(d));
+}
 
 struct VocabParams {
     // Rows in this dispatch (one chunk of the caller's batch).
@@ -67,19 +87,20 @@ fn online_push(a: Online, x: f32) -> Online {
     }
     if x > a.m {
         // New maximum: the old maximum and its sum become ordinary terms scaled by
-        // c = e^{m_old − x} ≤ 1, and t shifts to the new m.
-        let d = a.m - x;
+        // c = e^{m_old − x} ≤ 1, and t shifts to the new m. The shift is floored at D_MIN as in
+        // grpo-core (LseState::merge): it overflows for maxima of opposite signs near f32::MAX.
+        let d = floor_shift(a.m - x, LOGP_MIN);
         let c = exp(d);
         return Online(x, fma(c, a.s, c), c * fma(d, a.s + 1.0, a.t));
     }
-    let d = x - a.m;
+    let d = floor_shift(x - a.m, LOGP_MIN);
     let e = exp(d);
     return Online(a.m, a.s + e, fma(e, d, a.t));
 }
 
-// Merge `lo` into `hi` where hi.m ≥ lo.m and both are non-empty.
+// Merge `lo` into `hi` where hi.m ≥ lo.m and both are non-empty (shift floored as above).
 fn online_absorb(hi: Online, lo: Online) -> Online {
-    let d = lo.m - hi.m;
+    let d = floor_shift(lo.m - hi.m, LOGP_MIN);
     let c = exp(d);
     return Online(hi.m, hi.s + fma(c, lo.s, c), fma(c, fma(d, lo.s + 1.0, lo.t), hi.t));
 }
@@ -100,15 +121,19 @@ fn online_merge(a: Online, b: Online) -> Online {
 var<workgroup> wm: array<f32, WG>;
 var<workgroup> ws: array<f32, WG>;
 var<workgroup> wt: array<f32, WG>;
+var<workgroup> wz: array<f32, WG>;
 var<workgroup> wbad: atomic<u32>;
 var<workgroup> wover: atomic<u32>;
 
-// Fixed pairwise tree over the 256 lane states. Called from uniform control flow by every
-// invocation (it contains barriers); every invocation gets the merged state.
-fn workgroup_reduce(lid: u32, st: Online) -> Online {
+// Fixed pairwise tree over the 256 lane states, and alongside it the maximum of the lanes' raw
+// (unscaled) logits `z` (read `wz[0]` after the call; NEG_BIG where unused). Called from uniform
+// control flow by every invocation (it contains barriers); every invocation gets the merged
+// state.
+fn workgroup_reduce(lid: u32, st: Online, z: f32) -> Online {
     wm[lid] = st.m;
     ws[lid] = st.s;
     wt[lid] = st.t;
+    wz[lid] = z;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
         if lid < stride {
@@ -117,16 +142,25 @@ fn workgroup_reduce(lid: u32, st: Online) -> Online {
             wm[lid] = r.m;
             ws[lid] = r.s;
             wt[lid] = r.t;
+            wz[lid] = rmax(wz[lid], wz[lid + stride]);
         }
         workgroupBarrier();
     }
     return Online(wm[0], ws[0], wt[0]);
 }
 
+// A lane's part of a row: its online state of the scaled logits x = z/T and the largest raw
+// logit z it saw (grpo-core's `validate::target` and log-probabilities shift the raw logits).
+struct Scan {
+    st: Online,
+    z: f32,
+}
+
 // Pass over one row: the lane's online state; non-finite (NaN, +∞) columns lower `wbad`;
 // −∞ columns are masked vocabulary entries and contribute exactly nothing.
-fn scan_row(row_ok: bool, row: u32, lid: u32) -> Online {
+fn scan_row(row_ok: bool, row: u32, lid: u32) -> Scan {
     var st = online_empty();
+    var zmax = NEG_BIG;
     if row_ok {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
@@ -138,6 +172,7 @@ fn scan_row(row_ok: bool, row: u32, lid: u32) -> Online {
                 atomicMin(&wbad, v);
                 continue;
             }
+            zmax = rmax(zmax, z);
             let x = z * params.inv_temp;
             if !is_finite_bits(x) {
                 // z/T overflowed: +∞ is an error (grpo-core reports it), −∞ contributes nothing.
@@ -149,7 +184,7 @@ fn scan_row(row_ok: bool, row: u32, lid: u32) -> Online {
             st = online_push(st, x);
         }
     }
-    return st;
+    return Scan(st, zmax);
 }
 
 struct RowStats {
@@ -160,7 +195,8 @@ struct RowStats {
     flags: u32,
 }
 
-fn row_stats(row: u32, r: Online) -> RowStats {
+// `zmax` is the row's largest raw logit (r.m = zmax/T rounded).
+fn row_stats(row: u32, r: Online, zmax: f32) -> RowStats {
     // 1 + s ≥ 1 for a non-empty row; the empty state (s = −1) is mapped to 1 to avoid ln 0.
     let s1 = rmax(r.s + 1.0, 1.0);
     let ln_s = log(s1);
@@ -172,12 +208,18 @@ fn row_stats(row: u32, r: Online) -> RowStats {
     }
     let y = targets[row];
     let zy = load_logit(params.base + row * params.vocab + y);
-    if is_neg_inf_bits(zy) {
-        out.flags = out.flags | FLAG_TARGET_NEG_INF;
+    // grpo-core's target check and log-probability: the shift (z_y − max z)/T of the raw
+    // logits must be finite (a −∞ target, or one so far below the maximum that the shift
+    // overflows, is an error); logp = shift − ln(1 + s). z_y − max z is exact when z_y is near
+    // the maximum (Sterbenz), so logp keeps its relative accuracy even when lse is large.
+    var dy = 0.0;
+    if !is_neg_inf_bits(zy) {
+        dy = (zy - zmax) * params.inv_temp;
+    }
+    if is_neg_inf_bits(zy) || !is_finite_bits(dy) {
+        out.flags = out.flags | FLAG_TARGET_NON_FINITE;
     } else {
-        // (z_y/T − m) is exact when z_y/T is near m (Sterbenz), so logp keeps its relative
-        // accuracy even when lse is large.
-        out.logp = (zy * params.inv_temp - r.m) - ln_s;
+        out.logp = dy - ln_s;
     }
     return out;
 }
@@ -193,12 +235,13 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
         atomicStore(&wover, NO_INDEX);
     }
     workgroupBarrier();
-    let st = scan_row(row_ok, row, lid);
-    let r = workgroup_reduce(lid, st);
+    let sc = scan_row(row_ok, row, lid);
+    let r = workgroup_reduce(lid, sc.st, sc.z);
+    let zmax = wz[0];
     let bad = atomicLoad(&wbad);
     let over = atomicLoad(&wover);
     if row_ok && lid == 0u {
-        let o = row_stats(row, r);
+        let o = row_stats(row, r, zmax);
         stats[row * 4u] = o.lse;
         stats[row * 4u + 1u] = o.logp;
         stats[row * 4u + 2u] = o.entropy;
@@ -224,12 +267,13 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
         atomicStore(&wover, NO_INDEX);
     }
     workgroupBarrier();
-    let st = scan_row(row_ok, row, lid);
-    let r = workgroup_reduce(lid, st);
+    let sc = scan_row(row_ok, row, lid);
+    let r = workgroup_reduce(lid, sc.st, sc.z);
+    let zmax = wz[0];
     let bad = atomicLoad(&wbad);
     let over = atomicLoad(&wover);
     if row_ok {
-        let o = row_stats(row, r);
+        let o = row_stats(row, r, zmax);
         let g_lp = upstream[row * 2u];
         let g_h = upstream[row * 2u + 1u];
         let y = targets[row];
@@ -237,10 +281,15 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
         let out0 = row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
             let z = load_logit(start + v);
-            let x = z * params.inv_temp;
             var g = 0.0;
-            if !is_neg_inf_bits(z) && is_finite_bits(x) {
-                let lp = (x - r.m) - o.ln_s;
+            // grpo-core's grad_step: log p = (z − max z)/T − ln s floored at D_MIN; a shift that
+            // overflows (p = 0 there too) leaves the gradient 0, as a masked logit does.
+            var dz = 0.0;
+            if !is_neg_inf_bits(z) {
+                dz = (z - zmax) * params.inv_temp;
+            }
+            if !is_neg_inf_bits(z) && is_finite_bits(dz) {
+                let lp = rmax(dz - o.ln_s, LOGP_MIN);
                 let p = exp(lp);
                 g = -g_lp * p - g_h * p * (lp + o.entropy);
                 if v == y {
@@ -262,11 +311,20 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-// KL(p‖q) between softmax(student/T) and softmax(teacher/T), one pass over both rows:
-// KL = Σ p (x_p − x_q) − lse_p + lse_q, with u = Σ e^{x_p − m_p}(x_p − x_q) carried online.
-var<workgroup> wu: array<f32, WG>;
-var<workgroup> wmq: array<f32, WG>;
-var<workgroup> wsq: array<f32, WG>;
+// KL(p‖q) between p = softmax(student/T) and q = softmax(teacher/T) [grpo-core's kl_rows], in
+// grpo-core's form KL = (ln S_q − ln S_p) + u/S_p with u = Σ_v e^{dp_v}·(⌊dp_v⌋ − ⌊dq_v⌋), where
+// dp_v = x_p − m_p and dq_v = x_q − m_q are the shifts of the scaled logits to their row maxima,
+// S = Σ e^{d} the row sums and ⌊·⌋ the floor at LOG_RATIO_FLOOR (canon.rs: pair_step, finish_kl).
+// The shifts are relative to the *final* maxima, so the row maxima never enter the value (in a
+// single pass they would: Σ p·(x_p − x_q) and m_q − m_p cancel, losing everything to the size of
+// logits near ±f32::MAX, or ulp(|x|) for merely large ones). Two passes over both rows, as JSD:
+// the online (max, sum) state of each row, then the terms.
+//
+// Status per row, 4 words: word 0 = first column where either row holds NaN or +∞ (NO_INDEX if
+// none); word 1 = flags (FLAG_EMPTY_ROW: a row has no usable logit; FLAG_KL_INFINITE: the teacher
+// is −∞ where the student has mass; FLAG_SCALE_OVERFLOW: a finite logit of either row has a
+// non-finite z/T); words 2, 3 unused. Any of these (or a non-finite value) sends the row to
+// grpo-core on the host, which gives the exact error or the value. stats = (lse_p, lse_q, 0, KL).
 var<workgroup> wflags: atomic<u32>;
 
 @compute @workgroup_size(256)
@@ -279,11 +337,9 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         atomicStore(&wflags, 0u);
     }
     workgroupBarrier();
-    // Student state (m_p, s_p, u) with s_p excluding the maximum's 1 (−1 = empty), like Online.
-    var mp = NEG_BIG;
-    var sp = -1.0;
-    var u = 0.0;
-    var q = online_empty();
+    // Pass 1: online state of each row.
+    var sp = online_empty();
+    var sq = online_empty();
     if row_ok {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
@@ -295,65 +351,52 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
                 atomicMin(&wbad, v);
                 continue;
             }
-            if !q_masked {
-                q = online_push(q, zq * params.inv_temp);
-            }
-            if p_masked {
-                continue;
-            }
-            if q_masked {
+            if q_masked && !p_masked {
                 atomicOr(&wflags, FLAG_KL_INFINITE);
-                continue;
             }
-            let xp = zp * params.inv_temp;
-            let diff = xp - zq * params.inv_temp;
-            if sp < 0.0 {
-                mp = xp;
-                sp = 0.0;
-                u = diff;
-            } else if xp > mp {
-                let c = exp(mp - xp);
-                sp = fma(c, sp, c);
-                u = fma(u, c, diff);
-                mp = xp;
-            } else {
-                let e = exp(xp - mp);
-                sp = sp + e;
-                u = fma(e, diff, u);
-            }
+            sp = pair_push(sp, zp);
+            sq = pair_push(sq, zq);
         }
     }
-    // Student state rides in (wm, ws, wu); teacher state in (wmq, wsq).
-    wm[lid] = mp;
-    ws[lid] = sp;
-    wu[lid] = u;
-    wmq[lid] = q.m;
-    wsq[lid] = q.s;
+    let rp = workgroup_reduce(lid, sp, NEG_BIG);
+    // Every invocation has read the student's result from slot 0 before the teacher's tree
+    // overwrites it.
+    workgroupBarrier();
+    let rq = workgroup_reduce(lid, sq, NEG_BIG);
+    let sp1 = rmax(rp.s + 1.0, 1.0);
+    let sq1 = rmax(rq.s + 1.0, 1.0);
+    let usable = rp.s >= 0.0 && rq.s >= 0.0;
+    // Pass 2: the lane's part of u (same strided columns as pass 1). Columns where the student
+    // has no mass (masked, overflowed, or e^{dp} below e^{D_MIN}) add nothing.
+    var acc = 0.0;
+    if row_ok && usable {
+        let start = params.base + row * params.vocab;
+        for (var v = lid; v < params.vocab; v += WG) {
+            let xp = load_logit(start + v) * params.inv_temp;
+            let xq = load_teacher(start + v) * params.inv_temp;
+            if !is_finite_bits(xp) {
+                continue;
+            }
+            let dp = xp - rp.m;
+            if !(floor_shift(dp, LOGP_MIN) > LOGP_MIN) {
+                continue;
+            }
+            // A non-finite x_q (masked, or overflowed) is flagged above; its shift floors.
+            var dq = LOG_RATIO_FLOOR;
+            if is_finite_bits(xq) {
+                dq = floor_shift(xq - rq.m, LOG_RATIO_FLOOR);
+            }
+            acc = fma(exp(dp), dp - dq, acc);
+        }
+    }
+    // Fixed pairwise tree over the lane sums (in `wt`; every invocation read slot 0 of the
+    // teacher's tree before this overwrites it).
+    workgroupBarrier();
+    wt[lid] = acc;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
         if lid < stride {
-            let o = lid + stride;
-            // Student: merge (m, s, u) — u rescales like s.
-            if ws[o] >= 0.0 {
-                if ws[lid] < 0.0 {
-                    wm[lid] = wm[o];
-                    ws[lid] = ws[o];
-                    wu[lid] = wu[o];
-                } else if wm[o] > wm[lid] {
-                    let c = exp(wm[lid] - wm[o]);
-                    ws[lid] = ws[o] + fma(c, ws[lid], c);
-                    wu[lid] = fma(wu[lid], c, wu[o]);
-                    wm[lid] = wm[o];
-                } else {
-                    let c = exp(wm[o] - wm[lid]);
-                    ws[lid] = ws[lid] + fma(c, ws[o], c);
-                    wu[lid] = fma(wu[o], c, wu[lid]);
-                }
-            }
-            let mq = online_merge(Online(wmq[lid], wsq[lid], 0.0),
-                                  Online(wmq[o], wsq[o], 0.0));
-            wmq[lid] = mq.m;
-            wsq[lid] = mq.s;
+            wt[lid] = wt[lid] + wt[lid + stride];
         }
         workgroupBarrier();
     }
@@ -362,15 +405,13 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
     if row_ok && lid == 0u {
         var flags = flags_in;
         var value = 0.0;
-        let sp1 = rmax(ws[0] + 1.0, 1.0);
-        let sq1 = rmax(wsq[0] + 1.0, 1.0);
-        if ws[0] < 0.0 || wsq[0] < 0.0 {
+        if !usable {
             flags = flags | FLAG_EMPTY_ROW;
         } else {
-            value = wu[0] / sp1 - log(sp1) + log(sq1) + (wmq[0] - wm[0]);
+            value = (log(sq1) - log(sp1)) + wt[0] / sp1;
         }
-        stats[row * 4u] = wm[0] + log(sp1);
-        stats[row * 4u + 1u] = wmq[0] + log(sq1);
+        stats[row * 4u] = rp.m + log(sp1);
+        stats[row * 4u + 1u] = rq.m + log(sq1);
         stats[row * 4u + 2u] = 0.0;
         stats[row * 4u + 3u] = value;
         status[row * 4u] = bad;
@@ -378,6 +419,21 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         status[row * 4u + 2u] = NO_INDEX;
         status[row * 4u + 3u] = 0u;
     }
+}
+
+// Adds one logit to a row's online state (kl, jsd): NaN/+∞ are skipped (the caller records
+// them), a finite logit whose z/T overflows sets FLAG_SCALE_OVERFLOW in `wflags`, −∞ (masked)
+// contributes nothing.
+fn pair_push(st: Online, z: f32) -> Online {
+    if is_neg_inf_bits(z) || !is_finite_bits(z) {
+        return st;
+    }
+    let x = z * params.inv_temp;
+    if !is_finite_bits(x) {
+        atomicOr(&wflags, FLAG_SCALE_OVERFLOW);
+        return st;
+    }
+    return online_push(st, x);
 }
 
 // Generalised Jensen–Shannon divergence JSD_β [arXiv 2306.13649; MATH.md §5; grpo-core's
@@ -396,27 +452,11 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
 // 0, JSD_β).
 const FLAG_TEACHER_EMPTY: u32 = 8u;
 const FLAG_SCALE_OVERFLOW: u32 = 16u;
-// grpo-core's D_MIN: floor of a log-probability (e^−88 is below the smallest normal f32).
-const LOGP_MIN: f32 = -88.0;
 // Smallest normal f32: floor of the mixture's scaled weight before its log (only a subnormal β
 // can reach it, and then the term it multiplies is below 1e-36).
 const MIN_NORMAL: f32 = 1.17549435e-38;
 
 var<workgroup> wbad_q: atomic<u32>;
-
-// Adds one logit to a row's online state; NaN/+∞ lower `bad` (returned), a finite logit whose
-// z/T overflows sets FLAG_SCALE_OVERFLOW in `wflags`, −∞ (masked) contributes nothing.
-fn jsd_push(st: Online, z: f32) -> Online {
-    if is_neg_inf_bits(z) || !is_finite_bits(z) {
-        return st;
-    }
-    let x = z * params.inv_temp;
-    if !is_finite_bits(x) {
-        atomicOr(&wflags, FLAG_SCALE_OVERFLOW);
-        return st;
-    }
-    return online_push(st, x);
-}
 
 // log p_v = (z/T − m) − ln(1 + s), floored at LOGP_MIN (the difference is tested before use: it
 // can overflow for logits near ±f32::MAX of opposite signs).
@@ -476,15 +516,15 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
             if !is_neg_inf_bits(zq) && !is_finite_bits(zq) {
                 atomicMin(&wbad_q, v);
             }
-            sp = jsd_push(sp, zp);
-            sq = jsd_push(sq, zq);
+            sp = pair_push(sp, zp);
+            sq = pair_push(sq, zq);
         }
     }
-    let rp = workgroup_reduce(lid, sp);
+    let rp = workgroup_reduce(lid, sp, NEG_BIG);
     // Every invocation has read the student's result from slot 0 before the teacher's tree
     // overwrites it.
     workgroupBarrier();
-    let rq = workgroup_reduce(lid, sq);
+    let rq = workgroup_reduce(lid, sq, NEG_BIG);
     let ln_sp = log(rmax(rp.s + 1.0, 1.0));
     let ln_sq = log(rmax(rq.s + 1.0, 1.0));
     let usable = rp.s >= 0.0 && rq.s >= 0.0;

@@ -11,8 +11,10 @@
 //!   written once (the kernel reads each row twice; the second read is not counted).
 //! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
 //!   `rows` = sequences of 1024 tokens, `vocab` = tokens per sequence, `tokens_per_s`; bytes =
-//!   20 per token (lp, old, adv read; value, gradient written) — the same count as the CPU rows,
-//!   though the GPU kernel also reads and rewrites a 4-byte mask/event word per token.
+//!   28 per token, what the kernel moves: lp, old, adv and the 4-byte mask word read, value,
+//!   gradient and the mask word (rewritten with the token's clip/clamp events) written. The CPU
+//!   rows of `grpo-bench loss` count 20 (no mask word), so compare their `tokens_per_s`, not
+//!   their `gbps`.
 //!
 //! `backend` is wgpu's backend (`vulkan`, `metal`, `dx12`, …), `threads` is 0, `adapter` the
 //! adapter's name. Every kernel runs on inputs uploaded once (grpo-wgpu's `#[doc(hidden)]`
@@ -277,7 +279,7 @@ impl Bench<'_> {
         let work = grpo_wgpu::LossKernel::new(self.ctx)
             .resident_ppo_clip(&PpoClipConfig::default(), &inp)
             .map_err(|e| format!("ppo_clip: {e}"))?;
-        let bytes = n as u64 * 20;
+        let bytes = n as u64 * PPO_CLIP_BYTES_PER_TOKEN;
         let (ms, roof_bytes, roof_ms) = self.time(&work, bytes)?;
         let row = Row {
             kernel: "ppo_clip",
@@ -297,6 +299,14 @@ impl Bench<'_> {
         Ok(())
     }
 }
+
+/// Bytes `loss.wgsl`'s `per_token` entry point moves for one valid token of the PPO-clip
+/// benchmark (every token of its padded batch is valid): it reads the mask word `flags[i]`, then
+/// `lp[i]`, `old[i]` and `adv[i]` (4 × 4 B), and writes `value[i]`, `grad[i]` and `flags[i]`
+/// again, now holding the valid bit and the token's events (3 × 4 B). The rewritten word keeps
+/// the valid bit, so every timed iteration does the same work. (A masked token would move 12 B:
+/// the mask word read, value and gradient written as 0.)
+const PPO_CLIP_BYTES_PER_TOKEN: u64 = 4 * 4 + 3 * 4;
 
 /// Deterministic logits in [−8, 8).
 fn logits<L>(n: usize, conv: fn(f32) -> L) -> Vec<L> {
@@ -393,6 +403,15 @@ mod tests {
              \"gbps\":0.52,\"roofline_gbps\":2.10,\"ratio\":0.250,\"rows_per_s\":8000,\
              \"adapter\":\"llvmpipe (LLVM 15.0.7, 256 bits)\"}"
         );
+    }
+
+    #[test]
+    fn ppo_clip_counts_the_mask_word_both_ways() {
+        // lp, old, adv (12 B) + value, gradient (8 B), as the CPU rows count, plus the 4-byte
+        // mask word read and rewritten: 28 B per token, 28 MiB for the 1 M tokens of a
+        // software adapter's default run.
+        assert_eq!(PPO_CLIP_BYTES_PER_TOKEN, 20 + 2 * 4);
+        assert_eq!((1u64 << 20) * PPO_CLIP_BYTES_PER_TOKEN, 29_360_128);
     }
 
     #[test]

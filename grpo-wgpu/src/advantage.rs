@@ -50,6 +50,10 @@ const SCALE_BATCH: u32 = 1;
 const SCALE_NONE: u32 = 2;
 
 /// The advantage estimators (`shaders/advantage.wgsl`) on one [`GpuContext`].
+///
+/// Every operation returns grpo-core's error for an invalid input; besides those, a batch beyond
+/// the device's limits is [`crate::GpuError::TooLarge`] or [`crate::GpuError::TooManyWorkgroups`]
+/// (more groups than one 2-D dispatch holds), and a device failure [`crate::GpuError::Device`].
 #[derive(Debug, Clone, Copy)]
 pub struct AdvantageKernel<'c> {
     ctx: &'c GpuContext,

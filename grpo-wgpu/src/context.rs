@@ -237,11 +237,11 @@ impl GpuContext {
     /// usual 65535 × 256) still runs in one dispatch. `[0, 1, 1]` (skipped) for no items.
     ///
     /// # Errors
-    /// [`GpuError::TooLarge`] (`what: "workgroups"`, counted in workgroups rather than bytes)
-    /// when even the square grid is too small, or when the grid's invocation indices would
-    /// overflow the shaders' `u32`.
+    /// [`GpuError::TooManyWorkgroups`] when even the square grid is too small, or when the
+    /// grid's invocation indices would overflow the shaders' `u32`.
     pub(crate) fn grid(&self, items: usize, size: u32) -> Result<[u32; 3]> {
-        let max = u64::from(self.max_groups());
+        let per_dimension = self.max_groups();
+        let max = u64::from(per_dimension);
         let groups = (items as u64).div_ceil(u64::from(size));
         if groups == 0 {
             return Ok([0, 1, 1]);
@@ -253,12 +253,12 @@ impl GpuContext {
             || items as u64 > u64::from(u32::MAX)
             || x * y * u64::from(size) > u64::from(u32::MAX) + 1
         {
-            return Err(GpuError::TooLarge {
-                what: "workgroups",
-                bytes: groups,
+            return Err(GpuError::TooManyWorkgroups {
+                needed: groups,
                 limit: max
                     .saturating_mul(max)
                     .min((u64::from(u32::MAX) + 1) / u64::from(size)),
+                per_dimension,
             });
         }
         Ok([x as u32, y as u32, 1])

@@ -21,7 +21,8 @@ pub enum GpuError {
         feature: &'static str,
     },
     /// An input is too large for the device even after chunking (e.g. one logit row larger than
-    /// the largest storage binding).
+    /// the largest storage binding). Counted in bytes; a dispatch with too many workgroups is
+    /// [`GpuError::TooManyWorkgroups`].
     TooLarge {
         /// The argument.
         what: &'static str,
@@ -29,6 +30,19 @@ pub enum GpuError {
         bytes: u64,
         /// The device limit in bytes.
         limit: u64,
+    },
+    /// One dispatch would need more workgroups than the device can run: the one-thread-per-item
+    /// kernels lay their workgroups out as a 2-D grid of at most `per_dimension` ×
+    /// `per_dimension` (the device's `max_compute_workgroups_per_dimension`), further bounded by
+    /// 2³² invocations so that the shaders' `u32` invocation index cannot wrap; `limit` is the
+    /// resulting maximum. Counted in workgroups, not bytes.
+    TooManyWorkgroups {
+        /// Workgroups the dispatch needs.
+        needed: u64,
+        /// The most workgroups one dispatch of this entry point can have on this device.
+        limit: u64,
+        /// The device's (or the test hook's) `max_compute_workgroups_per_dimension`.
+        per_dimension: u32,
     },
     /// The input is invalid: exactly what grpo-core returns for it.
     Core(grpo_core::Error),
@@ -49,6 +63,15 @@ impl fmt::Display for GpuError {
             GpuError::TooLarge { what, bytes, limit } => write!(
                 f,
                 "`{what}` needs {bytes} bytes in one buffer binding; the device allows {limit}"
+            ),
+            GpuError::TooManyWorkgroups {
+                needed,
+                limit,
+                per_dimension,
+            } => write!(
+                f,
+                "one dispatch needs {needed} workgroups; the device runs at most {limit} \
+                 ({per_dimension} per dimension)"
             ),
             GpuError::Core(e) => write!(f, "{e}"),
             GpuError::Device { message } => write!(f, "GPU device error: {message}"),
@@ -125,6 +148,15 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "`logits row` needs 10 bytes in one buffer binding; the device allows 8"
+        );
+        assert_eq!(
+            GpuError::TooManyWorkgroups {
+                needed: 32,
+                limit: 1,
+                per_dimension: 1
+            }
+            .to_string(),
+            "one dispatch needs 32 workgroups; the device runs at most 1 (1 per dimension)"
         );
         assert_eq!(
             GpuError::MissingFeature {

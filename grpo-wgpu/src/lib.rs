@@ -6,7 +6,8 @@
 //!
 //! - [`GpuContext`]: device, queue, cached pipelines, pooled buffers; blocking and async use.
 //! - [`VocabKernel`]: log-sum-exp, token log-prob, entropy, KL, JSD_β, fused backward over logit
-//!   rows (f32, f16, bf16 storage).
+//!   rows (f32, f16, bf16 storage); `forward`, `backward`, `kl` and `jsd` also as `_async`
+//!   methods that await the readback (same bits, same errors).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
 //!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
@@ -14,7 +15,8 @@
 //!   (truncate, mask); verl's rollout rejection masks (k1/k2/k3 per token or per sequence sum,
 //!   mean, max) and TRL's off-policy sequence mask; aggregation of token losses (every grpo-core
 //!   mode).
-//! - [`GpuError`]: no adapter, missing feature, too large, or grpo-core's own validation error.
+//! - [`GpuError`]: no adapter, missing feature, too large (bytes) or too many workgroups for one
+//!   dispatch, a device failure, or grpo-core's own validation error.
 //!
 //! Validation happens on the host before anything is written; data-dependent checks (non-finite
 //! logits) are reported by the shaders in status words and turned into the same

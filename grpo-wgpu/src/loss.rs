@@ -89,6 +89,11 @@ const EV_CAPPED: u32 = 16;
 const EV_OUT_CLAMPED: u32 = 32;
 
 /// The loss kernels (`shaders/loss.wgsl`) on one [`GpuContext`].
+///
+/// Every operation returns grpo-core's error for an invalid input; besides those, a batch beyond
+/// the device's limits is [`crate::GpuError::TooLarge`] (a buffer over the storage-binding
+/// limit) or [`crate::GpuError::TooManyWorkgroups`] (more workgroups than one 2-D dispatch
+/// holds), and a device failure [`crate::GpuError::Device`]. Outputs are untouched on `Err`.
 #[derive(Debug, Clone, Copy)]
 pub struct LossKernel<'c> {
     ctx: &'c GpuContext,
@@ -409,7 +414,8 @@ impl<'c> LossKernel<'c> {
     /// adv and the mask word and writes value, gradient and the flags word of every token.
     ///
     /// # Errors
-    /// grpo-core's for the same input; [`crate::GpuError::TooLarge`] over the device limits.
+    /// grpo-core's for the same input; [`crate::GpuError::TooLarge`] or
+    /// [`crate::GpuError::TooManyWorkgroups`] over the device limits.
     #[doc(hidden)]
     pub fn resident_ppo_clip(
         &self,
@@ -596,7 +602,8 @@ impl<'c> LossKernel<'c> {
     /// `reference` (then `old` with `K3Is`), `value`, `grad`; layout errors of
     /// [`Tokens::validate`]; `NonFinite { what: "lp" | "reference" | "old" }` at the first
     /// NaN/±∞ valid position of each in that order (`old` only with `K3Is`).
-    /// [`crate::GpuError::TooLarge`] beyond the device's limits.
+    /// [`crate::GpuError::TooLarge`] or [`crate::GpuError::TooManyWorkgroups`] beyond the
+    /// device's limits.
     pub fn kl_penalty(
         &self,
         cfg: &KlPenaltyConfig<f32>,

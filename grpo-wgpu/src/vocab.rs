@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
 use grpo_core::vocab::KlDirection;
 
-use crate::context::{Arg, GpuContext, Resident};
+use crate::context::{Arg, GpuContext, Readback, Resident};
 use crate::error::{GpuError, Result, check_len, ensure};
 use crate::shaders::{LogitDtype, ShaderId};
 
@@ -76,7 +76,7 @@ impl VocabParams {
 }
 
 const FLAG_EMPTY_ROW: u32 = 1;
-const FLAG_TARGET_NEG_INF: u32 = 2;
+const FLAG_TARGET_NON_FINITE: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
 const FLAG_TEACHER_EMPTY: u32 = 8;
 const FLAG_SCALE_OVERFLOW: u32 = 16;
@@ -110,6 +110,26 @@ pub struct VocabKernel<'c> {
 struct RowChunk {
     first: usize,
     rows: usize,
+}
+
+/// How an operation waits for its readbacks: the blocking methods wait on the device
+/// ([`Readback::wait`]: `device.poll` until the submission is done, no spinning); their `_async`
+/// twins await the [`Readback`] future, which any executor can drive. Everything else — the
+/// validation, the dispatches, the host checks and what is written — is the same code, so the
+/// two give the same bits and the same errors.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    Block,
+    Await,
+}
+
+impl Wait {
+    async fn readback(self, rb: Readback<'_>) -> Result<Vec<Vec<u8>>> {
+        match self {
+            Wait::Block => rb.wait(),
+            Wait::Await => rb.await,
+        }
+    }
 }
 
 impl<'c> VocabKernel<'c> {
@@ -211,7 +231,10 @@ impl<'c> VocabKernel<'c> {
     /// Turns the per-row status words into grpo-core's error, in grpo-core's order: row by row,
     /// first NaN/+∞ (`NonFinite{"logits"}`), then for a row the shader found empty or
     /// overflowing, grpo-core's own row check on the host (`EmptySegment`, or
-    /// `NonFinite{"logits / temperature"}` at the first maximum), then, when `targets` is given, a −∞ target logit (`NonFinite{"logits[target]"}`).
+    /// `NonFinite{"logits / temperature"}` at the first maximum), then, when `targets` is given,
+    /// a target whose shift `(z_y − max z)/T` is not finite — a −∞ target logit, or one so far
+    /// below the maximum that the shift overflows (`NonFinite{"logits[target]"}`, grpo-core's
+    /// `validate::target`).
     fn check_status<L: LogitStorage>(
         status: &[u32],
         first_row: usize,
@@ -241,7 +264,7 @@ impl<'c> VocabKernel<'c> {
                 return Err(Error::EmptySegment { segment: row }.into());
             }
             if let Some(t) = targets
-                && w[1] & FLAG_TARGET_NEG_INF != 0
+                && w[1] & FLAG_TARGET_NON_FINITE != 0
             {
                 return Err(Error::NonFinite {
                     what: "logits[target]",
@@ -272,7 +295,8 @@ impl<'c> VocabKernel<'c> {
     ///
     /// # Errors
     /// As [`VocabKernel::forward`]; [`GpuError::TooLarge`] when the logits or the gradient do
-    /// not fit one binding, or the rows one dispatch dimension (the benchmark runs one chunk).
+    /// not fit one binding, [`GpuError::TooManyWorkgroups`] when the rows (one workgroup each)
+    /// do not fit one dispatch dimension (the benchmark runs one chunk).
     #[doc(hidden)]
     pub fn resident<L: LogitStorage>(
         &self,
@@ -282,11 +306,12 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
         self.validate(logits, vocab, rows, 1.0)?;
-        if rows > self.ctx.max_groups() as usize {
-            return Err(GpuError::TooLarge {
-                what: "rows in one dispatch",
-                bytes: (rows * vocab * L::DTYPE.size()) as u64,
-                limit: u64::from(self.ctx.max_groups()) * (vocab * L::DTYPE.size()) as u64,
+        let per_dimension = self.ctx.max_groups();
+        if rows > per_dimension as usize {
+            return Err(GpuError::TooManyWorkgroups {
+                needed: rows as u64,
+                limit: u64::from(per_dimension),
+                per_dimension,
             });
         }
         let targets = vec![0u32; rows];
@@ -326,10 +351,28 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: ForwardOut<'_>,
     ) -> Result<()> {
-        pollster::block_on(self.forward_async(logits, vocab, targets, temperature, out))
+        let f = self.forward_with(logits, vocab, targets, temperature, out, Wait::Block);
+        pollster::block_on(f)
     }
 
-    /// Async [`VocabKernel::forward`]: awaits the readback instead of blocking.
+    /// Async [`VocabKernel::forward`]: awaits the readback instead of blocking (same results,
+    /// same errors; outputs untouched on `Err`).
+    ///
+    /// ```
+    /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Row [0, ln 3]: lse = ln 4, logp(1) = ln ¾, H = 0.5623351.
+    /// let (mut lse, mut lp, mut h) = ([0.0f32], [0.0f32], [0.0f32]);
+    /// let out = ForwardOut { lse: Some(&mut lse), logp: Some(&mut lp), entropy: Some(&mut h) };
+    /// let (k, z) = (VocabKernel::new(&ctx), [0.0f32, 3f32.ln()]);
+    /// let fut = k.forward_async(&z, 2, &[1], 1.0, out);
+    /// // Any executor drives the future; pollster blocks on it here.
+    /// pollster::block_on(fut)?;
+    /// assert!((lse[0] - 4f32.ln()).abs() < 2e-6 && (lp[0] - 0.75f32.ln()).abs() < 2e-6);
+    /// assert!((h[0] - 0.5623351).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// As [`VocabKernel::forward`].
@@ -340,6 +383,19 @@ impl<'c> VocabKernel<'c> {
         targets: &[u32],
         temperature: f32,
         out: ForwardOut<'_>,
+    ) -> Result<()> {
+        self.forward_with(logits, vocab, targets, temperature, out, Wait::Await)
+            .await
+    }
+
+    async fn forward_with<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        targets: &[u32],
+        temperature: f32,
+        out: ForwardOut<'_>,
+        wait: Wait,
     ) -> Result<()> {
         let ForwardOut { lse, logp, entropy } = out;
         let rows = [lse.as_deref(), logp.as_deref(), entropy.as_deref()]
@@ -371,23 +427,21 @@ impl<'c> VocabKernel<'c> {
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let (bytes, base) = Self::upload(logits, &c, vocab);
             let params = VocabParams::new(c.rows, vocab, base, tau);
-            let res = self
-                .ctx
-                .submit(
-                    ShaderId::Vocab(L::DTYPE),
-                    &[
-                        (0, Arg::In(bytes)),
-                        (
-                            1,
-                            Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
-                        ),
-                        (2, Arg::Out((c.rows * 16) as u64)),
-                        (3, Arg::Out((c.rows * 16) as u64)),
-                        (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                    ],
-                    &[("forward", [c.rows as u32, 1, 1])],
-                )?
-                .await?;
+            let rb = self.ctx.submit(
+                ShaderId::Vocab(L::DTYPE),
+                &[
+                    (0, Arg::In(bytes)),
+                    (
+                        1,
+                        Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
+                    ),
+                    (2, Arg::Out((c.rows * 16) as u64)),
+                    (3, Arg::Out((c.rows * 16) as u64)),
+                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+                ],
+                &[("forward", [c.rows as u32, 1, 1])],
+            )?;
+            let res = wait.readback(rb).await?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
             let t = logp.is_some().then_some(targets);
             Self::check_status(&status[..c.rows * 4], c.first, vocab, tau, logits, t)?;
@@ -469,11 +523,14 @@ impl<'c> VocabKernel<'c> {
     /// [`KlDirection::Reverse`] (the shader computes the forward form with the rows' roles
     /// swapped). `rows = out.len()`; both slices `[rows, vocab]`, row-major, the same storage
     /// type. −∞ logits (masked entries) are allowed; columns where both rows are −∞ contribute 0.
-    /// One dispatch, one read of each row (online max/sum of both rows and the running
-    /// `Σ e^{x_p − m_p}(x_p − x_q)` in a single pass).
+    /// One dispatch, two reads of each row: the online max/sum of both rows, then grpo-core's
+    /// `KL = (ln S_q − ln S_p) + Σ_v e^{dp_v}(dp_v − dq_v)/S_p` with every shift `d = x − max x`
+    /// taken to the row's final maximum and floored at grpo-core's `LOG_RATIO_FLOOR` (−2^64), so
+    /// rows of logits near ±f32::MAX (whose shifts overflow) give grpo-core's value and the row
+    /// maxima never cancel in the sum.
     ///
-    /// Rows the shader flags (a NaN or +∞, an empty row, a support violation, a non-finite
-    /// result such as a maximum whose `z/T` overflows) are handed to grpo-core on the host: it
+    /// Rows the shader flags (a NaN or +∞, an empty row, a support violation, a finite logit
+    /// whose `z/T` overflows, a non-finite result) are handed to grpo-core on the host: it
     /// returns the exact error, or — for the one anomaly grpo-core accepts, a non-maximal logit
     /// whose `z/T` overflows to −∞ (probability 0) — the row's value, computed by grpo-core.
     ///
@@ -515,6 +572,70 @@ impl<'c> VocabKernel<'c> {
         direction: KlDirection,
         out: &mut [f32],
     ) -> Result<()> {
+        let f = self.kl_with(
+            student,
+            teacher,
+            vocab,
+            temperature,
+            direction,
+            out,
+            Wait::Block,
+        );
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::kl`]: awaits the readbacks instead of blocking (same results, same
+    /// errors; `out` untouched on `Err`).
+    ///
+    /// ```
+    /// use grpo_core::vocab::KlDirection;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // p = [½, ½], q = [¼, ¾]: KL(p‖q) = 0.1438410.
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let mut f = [0.0f32];
+    /// let k = VocabKernel::new(&ctx);
+    /// let fut = k.kl_async(&z, &w, 2, 1.0, KlDirection::Forward, &mut f);
+    /// // Any executor drives the future; pollster blocks on it here.
+    /// pollster::block_on(fut)?;
+    /// assert!((f[0] - 0.1438410).abs() < 3e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::kl`].
+    pub async fn kl_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        direction: KlDirection,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.kl_with(
+            student,
+            teacher,
+            vocab,
+            temperature,
+            direction,
+            out,
+            Wait::Await,
+        )
+        .await
+    }
+
+    async fn kl_with<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        direction: KlDirection,
+        out: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
         let rows = out.len();
         let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
         Self::check_shape("student", student.len(), vocab, rows)?;
@@ -528,11 +649,13 @@ impl<'c> VocabKernel<'c> {
         let mut vals = vec![0f32; rows];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let params = VocabParams::new(c.rows, vocab, 0, tau);
-            let (st, status) = self.run_pair("kl", first, second, &c, vocab, params)?;
+            let (st, status) = self
+                .run_pair("kl", first, second, &c, vocab, params, wait)
+                .await?;
             for r in 0..c.rows {
                 let w = &status[r * 4..r * 4 + 4];
                 let value = st[r * 4 + 3];
-                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE;
+                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE | FLAG_SCALE_OVERFLOW;
                 vals[c.first + r] = if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite()
                 {
                     Self::kl_on_host(student, teacher, vocab, c.first + r, temperature, direction)?
@@ -619,6 +742,53 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: &mut [f32],
     ) -> Result<()> {
+        let f = self.jsd_with(student, teacher, vocab, beta, temperature, out, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::jsd`]: awaits the readbacks instead of blocking (same results, same
+    /// errors; `out` untouched on `Err`).
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // p = [½, ½], q = [¼, ¾], m = [3/8, 5/8]: JSD_½ = 0.0338221.
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let mut out = [0.0f32];
+    /// let k = VocabKernel::new(&ctx);
+    /// let fut = k.jsd_async(&z, &w, 2, 0.5, 1.0, &mut out);
+    /// // Any executor drives the future; pollster blocks on it here.
+    /// pollster::block_on(fut)?;
+    /// assert!((out[0] - 0.0338221).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd`].
+    pub async fn jsd_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.jsd_with(student, teacher, vocab, beta, temperature, out, Wait::Await)
+            .await
+    }
+
+    async fn jsd_with<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
         let rows = out.len();
         // grpo-core's own checks of T and β, in its order and with its messages: its batched JSD
         // on an empty batch validates exactly those (and a vocab of 1 with no rows) and nothing
@@ -638,7 +808,9 @@ impl<'c> VocabKernel<'c> {
                 neg_ln_one_minus_beta: -omb.ln(),
                 ..VocabParams::new(c.rows, vocab, 0, tau)
             };
-            let (st, status) = self.run_pair("jsd", student, teacher, &c, vocab, params)?;
+            let (st, status) = self
+                .run_pair("jsd", student, teacher, &c, vocab, params, wait)
+                .await?;
             for r in 0..c.rows {
                 let w = &status[r * 4..r * 4 + 4];
                 let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
@@ -655,7 +827,7 @@ impl<'c> VocabKernel<'c> {
     /// One dispatch of a row-pair entry point (`kl`, `jsd`) over chunk `c`: `first`'s rows in
     /// binding 0, `second`'s in binding 5, `params` with its `base` set here. Returns the
     /// chunk's stats and status words (4 per row each).
-    fn run_pair<L: LogitStorage>(
+    async fn run_pair<L: LogitStorage>(
         &self,
         entry: &'static str,
         first: &[L],
@@ -663,11 +835,12 @@ impl<'c> VocabKernel<'c> {
         c: &RowChunk,
         vocab: usize,
         params: VocabParams,
+        wait: Wait,
     ) -> Result<(Vec<f32>, Vec<u32>)> {
         let (bytes, base) = Self::upload(first, c, vocab);
         let (tbytes, _) = Self::upload(second, c, vocab);
         let params = VocabParams { base, ..params };
-        let res = self.ctx.run(
+        let rb = self.ctx.submit(
             ShaderId::Vocab(L::DTYPE),
             &[
                 (0, Arg::In(bytes)),
@@ -678,6 +851,7 @@ impl<'c> VocabKernel<'c> {
             ],
             &[(entry, [c.rows as u32, 1, 1])],
         )?;
+        let res = wait.readback(rb).await?;
         let st: &[f32] = bytemuck::cast_slice(&res[0]);
         let status: &[u32] = bytemuck::cast_slice(&res[1]);
         Ok((st[..c.rows * 4].to_vec(), status[..c.rows * 4].to_vec()))
@@ -721,6 +895,72 @@ impl<'c> VocabKernel<'c> {
         g_entropy: &[f32],
         grad: &mut [f32],
     ) -> Result<()> {
+        pollster::block_on(self.backward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            g_logp,
+            g_entropy,
+            grad,
+            Wait::Block,
+        ))
+    }
+
+    /// Async [`VocabKernel::backward`]: awaits the readbacks instead of blocking (same gradient
+    /// bits, same errors; `grad` untouched on `Err`).
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Row [0, 0] (p = [½, ½]), target 0, ∂loss/∂logp = 1, no entropy term, T = 1:
+    /// // grad = (1 − ½, −½).
+    /// let mut grad = [0.0f32; 2];
+    /// let k = VocabKernel::new(&ctx);
+    /// let fut = k.backward_async(&[0.0f32, 0.0], 2, &[0], 1.0, &[1.0], &[0.0], &mut grad);
+    /// // Any executor drives the future; pollster blocks on it here.
+    /// pollster::block_on(fut)?;
+    /// assert!((grad[0] - 0.5).abs() < 1e-6 && (grad[1] + 0.5).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward`].
+    pub async fn backward_async<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        targets: &[u32],
+        temperature: f32,
+        g_logp: &[f32],
+        g_entropy: &[f32],
+        grad: &mut [f32],
+    ) -> Result<()> {
+        self.backward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            g_logp,
+            g_entropy,
+            grad,
+            Wait::Await,
+        )
+        .await
+    }
+
+    async fn backward_with<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        targets: &[u32],
+        temperature: f32,
+        g_logp: &[f32],
+        g_entropy: &[f32],
+        grad: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
         let rows = targets.len();
         let tau = self.validate(logits, vocab, rows, temperature)?;
         check_len("g_logp", rows, g_logp.len())?;
@@ -741,7 +981,7 @@ impl<'c> VocabKernel<'c> {
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
             let (bytes, base) = Self::upload(logits, &c, vocab);
             let params = VocabParams::new(c.rows, vocab, base, tau);
-            let mut res = self.ctx.run(
+            let rb = self.ctx.submit(
                 ShaderId::Vocab(L::DTYPE),
                 &[
                     (0, Arg::In(bytes)),
@@ -762,6 +1002,7 @@ impl<'c> VocabKernel<'c> {
                 ],
                 &[("backward", [c.rows as u32, 1, 1])],
             )?;
+            let mut res = wait.readback(rb).await?;
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
             Self::check_status(
                 &status[..c.rows * 4],

@@ -1086,7 +1086,7 @@ fn many_sequences(seqs: usize) -> (Vec<f32>, Vec<f32>, Vec<usize>, Vec<bool>) {
 
 /// The masks' per-sequence dispatches past the workgroup limit: with the per-dimension limit
 /// forced down to 6 workgroups, 2000 sequences take a [6, 2, 1] grid; the results are the
-/// uncapped context's and grpo-core's. A limit of 1 cannot hold the grid: `TooLarge`, `keep`
+/// uncapped context's and grpo-core's. A limit of 1 cannot hold the grid: `TooManyWorkgroups`, `keep`
 /// untouched.
 #[test]
 fn masks_beyond_the_workgroup_limit_use_a_2d_dispatch() {
@@ -1153,9 +1153,10 @@ fn masks_beyond_the_workgroup_limit_use_a_2d_dispatch() {
     assert!(
         matches!(
             e,
-            Err(GpuError::TooLarge {
-                what: "workgroups",
-                ..
+            Err(GpuError::TooManyWorkgroups {
+                needed: 8,
+                limit: 1,
+                per_dimension: 1
             })
         ),
         "{e:?}"
@@ -1166,9 +1167,10 @@ fn masks_beyond_the_workgroup_limit_use_a_2d_dispatch() {
     assert!(
         matches!(
             e,
-            Err(GpuError::TooLarge {
-                what: "workgroups",
-                ..
+            Err(GpuError::TooManyWorkgroups {
+                needed: 8,
+                limit: 1,
+                per_dimension: 1
             })
         ),
         "{e:?}"

@@ -10,30 +10,37 @@ use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-/// f64 reference of one row: (lse, logp(y), H, p).
-fn reference(row: &[f64], y: usize, t: f64) -> (f64, f64, f64, Vec<f64>) {
+/// f64 log-softmax of one row at temperature `t`: (lse, log p). Each log-probability is taken
+/// relative to the row maximum, `(x − m) − ln s`, so rows of logits near ±f32::MAX keep f64's
+/// precision (`x − lse` would lose it to the size of `lse`).
+fn log_softmax(row: &[f64], t: f64) -> (f64, Vec<f64>) {
     let x: Vec<f64> = row.iter().map(|&z| z / t).collect();
     let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let s: f64 = x.iter().map(|&v| (v - m).exp()).sum();
-    let lse = m + s.ln();
-    let p: Vec<f64> = x.iter().map(|&v| (v - lse).exp()).collect();
-    let h = lse
-        - x.iter()
-            .zip(&p)
-            .filter(|(_, p)| **p > 0.0)
-            .map(|(v, p)| p * v)
-            .sum::<f64>();
-    (lse, x[y] - lse, h, p)
+    let ln_s = x.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+    (m + ln_s, x.iter().map(|&v| (v - m) - ln_s).collect())
+}
+
+/// f64 reference of one row: (lse, logp(y), H, p), with `H = −Σ p log p`.
+fn reference(row: &[f64], y: usize, t: f64) -> (f64, f64, f64, Vec<f64>) {
+    let (lse, lp) = log_softmax(row, t);
+    let p: Vec<f64> = lp.iter().map(|&l| l.exp()).collect();
+    let h = -lp
+        .iter()
+        .zip(&p)
+        .filter(|(_, p)| **p > 0.0)
+        .map(|(l, p)| p * l)
+        .sum::<f64>();
+    (lse, lp[y], h, p)
 }
 
 fn kl_reference(a: &[f64], b: &[f64], t: f64) -> f64 {
-    let (la, _, _, pa) = reference(a, 0, t);
-    let (lb, _, _, _) = reference(b, 0, t);
-    a.iter()
-        .zip(b)
-        .zip(&pa)
-        .filter(|(_, p)| **p > 0.0)
-        .map(|((za, zb), p)| p * ((za / t - la) - (zb / t - lb)))
+    let (_, la) = log_softmax(a, t);
+    let (_, lb) = log_softmax(b, t);
+    la.iter()
+        .zip(&lb)
+        .map(|(&la, &lb)| (la.exp(), la - lb))
+        .filter(|(p, _)| *p > 0.0)
+        .map(|(p, d)| p * d)
         .sum()
 }
 
@@ -584,8 +591,8 @@ fn hand_computed_values() {
 
 #[test]
 fn chunked_rows_give_the_same_bits() {
-    // A private context whose binding cap forces chunks of 1–3 rows (bf16 with an odd vocab puts
-    // chunk starts mid-word), against the same context uncapped.
+    // A private context whose binding cap (or workgroup cap) forces chunks of 1–3 rows (bf16 with
+    // an odd vocab puts chunk starts mid-word), against the same context uncapped.
     if gpu::context("chunked_rows_give_the_same_bits").is_none() {
         return;
     }
@@ -624,6 +631,7 @@ fn chunked_rows_give_the_same_bits() {
         (lse, lp, h, grad)
     };
     let whole = run(&k);
+    let whole_fwd = whole.clone();
     // The backward's gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
     ctx.set_binding_cap(2500);
     let chunked = run(&k);
@@ -642,6 +650,19 @@ fn chunked_rows_give_the_same_bits() {
     let chunked = jsd(&k);
     ctx.set_binding_cap(u64::MAX);
     assert_eq!(whole, chunked);
+    // At most 3 workgroups (rows) per dispatch: chunks of 3, 3 and 1 rows, the same bits; the
+    // benchmark hook, which runs every row in one dispatch, says how many workgroups it needed.
+    ctx.set_max_workgroups_per_dimension(3);
+    assert_eq!(run(&k), whole_fwd);
+    assert_eq!(
+        k.resident(&logits, vocab, false).err(),
+        Some(GpuError::TooManyWorkgroups {
+            needed: 7,
+            limit: 3,
+            per_dimension: 3
+        })
+    );
+    ctx.set_max_workgroups_per_dimension(u32::MAX);
     // A row larger than the cap (301·2 + 4 bytes > 500) is TooLarge, not a wrong answer.
     ctx.set_binding_cap(500);
     let mut lse = vec![0f32; rows];
@@ -933,11 +954,11 @@ fn jsd_f16_matches_grpo_core() {
 }
 
 #[test]
-fn jsd_long_rows_match_grpo_core() {
+fn jsd_and_kl_long_rows_match_grpo_core() {
     // Rows of Qwen's 151936 columns (≈ 594 per invocation) and of MATH.md §5's largest 262144:
-    // a row against a slightly perturbed copy (small JSD), and a trained-model-like row with a
-    // peak against an unrelated row.
-    let Some(ctx) = gpu::context("jsd_long_rows_match_grpo_core") else {
+    // a row against a slightly perturbed copy (small JSD and KL), and a trained-model-like row
+    // with a peak against an unrelated row; KL in both directions.
+    let Some(ctx) = gpu::context("jsd_and_kl_long_rows_match_grpo_core") else {
         return;
     };
     let k = VocabKernel::new(ctx);
@@ -987,6 +1008,41 @@ fn jsd_long_rows(k: &VocabKernel<'_>, vocab: usize) {
         eprintln!(
             "jsd V={vocab} β={beta} T={temp}: gpu {got:?}, grpo-core {want:?}, f64 {exact:?}"
         );
+    }
+    for temp in [1.0f32, 0.7] {
+        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+            // Row 1's student is −∞ at column 5 and its teacher is not: KL(q‖p) is +∞ there, an
+            // error; reverse KL is compared on row 0 alone.
+            let rows = if dir == KlDirection::Forward { 2 } else { 1 };
+            let (s, t) = (&student[..rows * vocab], &teacher[..rows * vocab]);
+            let mut want = [0f32; 2];
+            grpo_core::vocab::kl_rows(s, t, vocab, temp, dir, &mut want[..rows]).unwrap();
+            let mut got = [0f32; 2];
+            k.kl(s, t, vocab, temp, dir, &mut got[..rows]).unwrap();
+            let mut all = [7f32; 2];
+            assert_eq!(
+                k.kl(&student, &teacher, vocab, temp, dir, &mut all)
+                    .is_err(),
+                dir == KlDirection::Reverse
+            );
+            for r in 0..rows {
+                assert!(
+                    tolerance(Op::Kl, Dtype::F32).accepts(got[r], want[r] as f64),
+                    "kl {dir:?} T={temp} row {r}: gpu {} vs grpo-core {}",
+                    got[r],
+                    want[r]
+                );
+            }
+            let row = |x: &[f32]| -> Vec<f64> { x[..vocab].iter().map(|&z| z as f64).collect() };
+            let (a, b) = (row(&student), row(&teacher));
+            let exact = match dir {
+                KlDirection::Forward => kl_reference(&a, &b, temp as f64),
+                KlDirection::Reverse => kl_reference(&b, &a, temp as f64),
+            };
+            eprintln!(
+                "kl V={vocab} T={temp} {dir:?}: gpu {got:?}, grpo-core {want:?}, f64 (row 0) {exact}"
+            );
+        }
     }
 }
 
@@ -1184,4 +1240,508 @@ fn kl_errors_and_edge_rows_match_grpo_core() {
         }))
     );
     assert_eq!(out, [7f32; 2]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logits near ±f32::MAX: the shift of a logit to its row maximum (z − m, or z/T − m/T)
+// overflows to −∞ in f32. grpo-core defines those rows (canon.rs: every shift is floored at
+// D_MIN = −88 before exp, and at LOG_RATIO_FLOOR in a log-ratio; `validate::target` rejects a
+// target whose (z_y − max)/T overflows); the GPU must give the same errors and values.
+
+/// Rows (logits, T) whose shifts overflow: opposite signs in different lanes (the workgroup
+/// tree merges them), in one lane of a row longer than the 256-lane stride (a new maximum
+/// after an overflowing term, and an overflowing term after the maximum), temperatures that
+/// move the overflow (T = 2: only z − m overflows, as grpo-core computes it; T = 0.5: only
+/// z/T − m/T, as the shader computes it), and tiny/huge T where only the target check sees it.
+fn extreme_rows() -> Vec<(Vec<f32>, f32)> {
+    let big = 3e38f32;
+    let mut long_a = vec![0.25f32; 300];
+    (long_a[0], long_a[256]) = (-big, big);
+    (long_a[1], long_a[257]) = (big, -big);
+    long_a[7] = f32::NEG_INFINITY;
+    let mut long_b: Vec<f32> = (0..600)
+        .map(|i| ((i * 37 % 101) as f32) * 0.1 - 5.0)
+        .collect();
+    (long_b[3], long_b[259], long_b[515]) = (f32::MAX, -f32::MAX, f32::MAX);
+    vec![
+        (vec![big, -big, 0.0, 1.0], 1.0),
+        (vec![-big, big, 0.5, -2.0], 1.0),
+        (vec![f32::MAX, -f32::MAX, -1.0, f32::NEG_INFINITY], 1.0),
+        (vec![big, -big, 0.0, 1.0], 2.0),
+        (vec![1e38, -1e38, 5.0, 0.0], 0.5),
+        (vec![big, -big, 0.0, 1.0], 1e10),
+        (vec![1.0, -1e10, 0.0, 0.5], 1e-30),
+        (vec![-3.3e38, -3e38, -3.2e38, -1e38], 1.0),
+        (long_a, 1.0),
+        (long_b, 0.7),
+    ]
+}
+
+/// The target columns checked in a row: every one of a short row, a few of a long one.
+fn extreme_targets(vocab: usize) -> Vec<u32> {
+    if vocab <= 8 {
+        (0..vocab as u32).collect()
+    } else {
+        vec![0, 1, 2, 3, 256, 257, 259, 515]
+            .into_iter()
+            .filter(|&y| (y as usize) < vocab)
+            .collect()
+    }
+}
+
+/// f64 gradient of g_lp·logp(y) + g_h·H (MATH.md §5) and the absolute slack of `VocabGrad`
+/// scaled as `backward_matches_f64_reference` does, with log p floored at grpo-core's D_MIN
+/// (a probability below e^−88 is 0 in grpo-core and contributes nothing to either term).
+fn grad_reference(row: &[f64], y: usize, t: f64, a: f64, b: f64) -> (Vec<f64>, f64) {
+    let (_, lp) = log_softmax(row, t);
+    let (_, _, h, p) = reference(row, y, t);
+    let min_logp = lp
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|l| l.max(-88.0))
+        .fold(0.0, f64::min);
+    let scale = (a.abs() + b.abs() * (1.0 + h + min_logp.abs())) / t;
+    let want = (0..row.len())
+        .map(|v| {
+            let mut g = -a * p[v]
+                - if p[v] > 0.0 {
+                    b * p[v] * (lp[v] + h)
+                } else {
+                    0.0
+                };
+            if v == y {
+                g += a;
+            }
+            g / t
+        })
+        .collect();
+    (want, scale)
+}
+
+/// Records a mismatch instead of stopping at the first one (the test reports them all).
+macro_rules! check {
+    ($fails:expr, $ok:expr, $($msg:tt)*) => {
+        if !$ok {
+            $fails.push(format!($($msg)*));
+        }
+    };
+}
+
+/// Checks one row at every target of [`extreme_targets`]; each mismatch is added to `fails`.
+fn check_extreme_row<L: LogitStorage + grpo_core::vocab::Logit>(
+    k: &VocabKernel<'_>,
+    row: &[L],
+    temp: f32,
+    dtype: Dtype,
+    fails: &mut Vec<String>,
+) {
+    let vocab = row.len();
+    let wide: Vec<f64> = row.iter().map(|&z| LogitStorage::widen(z) as f64).collect();
+    for y in extreme_targets(vocab) {
+        let what = format!("{dtype:?} V={vocab} T={temp} y={y}");
+        // Forward: grpo-core's error, or the f64 reference within the table.
+        let (mut clp, mut ch) = ([7f32], [7f32]);
+        let core =
+            grpo_core::vocab::logprob_entropy_rows(row, vocab, &[y], temp, &mut clp, Some(&mut ch));
+        let (mut lse, mut lp, mut h) = ([7f32], [7f32], [7f32]);
+        let got = k.forward(
+            row,
+            vocab,
+            &[y],
+            temp,
+            ForwardOut {
+                lse: Some(&mut lse),
+                logp: Some(&mut lp),
+                entropy: Some(&mut h),
+            },
+        );
+        if let Err(e) = core {
+            let want = Err(GpuError::Core(e));
+            check!(
+                fails,
+                got == want,
+                "forward {what}: {got:?}, grpo-core {want:?}"
+            );
+            check!(
+                fails,
+                (lse, lp, h) == ([7f32], [7f32], [7f32]),
+                "forward wrote on error: {what}"
+            );
+            continue;
+        }
+        if let Err(e) = got {
+            fails.push(format!("forward {what}: {e}, grpo-core Ok"));
+            continue;
+        }
+        let (rl, rp, rh, _) = reference(&wide, y as usize, temp as f64);
+        check!(
+            fails,
+            tolerance(Op::Lse, dtype).accepts(lse[0], rl),
+            "lse {} vs f64 {rl}: {what}",
+            lse[0]
+        );
+        check!(
+            fails,
+            tolerance(Op::Logp, dtype).accepts(lp[0], rp),
+            "logp {} vs f64 {rp} (grpo-core {}): {what}",
+            lp[0],
+            clp[0]
+        );
+        check!(
+            fails,
+            tolerance(Op::Entropy, dtype).accepts(h[0], rh),
+            "H {} vs f64 {rh} (grpo-core {}): {what}",
+            h[0],
+            ch[0]
+        );
+        // Backward (grpo-core takes T ≥ 1e-6 for gradients; the rows above stay there or far
+        // below, where only the forward is checked).
+        if temp < grpo_core::vocab::MIN_GRAD_TEMPERATURE {
+            continue;
+        }
+        let (a, b) = (0.75f32, -1.25f32);
+        let mut grad = vec![7f32; vocab];
+        if let Err(e) = k.backward(row, vocab, &[y], temp, &[a], &[b], &mut grad) {
+            fails.push(format!("backward {what}: {e}, grpo-core Ok"));
+            continue;
+        }
+        let (want, scale) = grad_reference(&wide, y as usize, temp as f64, a as f64, b as f64);
+        let tol = tolerance(Op::VocabGrad, dtype);
+        let tol = tol.with_abs(tol.abs * scale);
+        for v in 0..vocab {
+            check!(
+                fails,
+                tol.accepts(grad[v], want[v]),
+                "grad[{v}] {} vs f64 {}: {what}",
+                grad[v],
+                want[v]
+            );
+        }
+    }
+}
+
+/// Forward, backward and kl on rows whose shifts overflow f32 give grpo-core's errors, or its
+/// values within the table's tolerance — never NaN, and never a −∞ grpo-core does not produce.
+/// (JSD, which already floored its shifts, is checked on the same pairs.)
+#[test]
+fn extreme_logits_of_opposite_signs_match_grpo_core() {
+    let Some(ctx) = gpu::context("extreme_logits_of_opposite_signs_match_grpo_core") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let mut fails = Vec::new();
+    for (row, temp) in extreme_rows() {
+        check_extreme_row(&k, &row, temp, Dtype::F32, &mut fails);
+        // bf16 holds ±3e38 too (f16 does not: its largest value is 65504).
+        let b: Vec<half::bf16> = row.iter().map(|&z| half::bf16::from_f32(z)).collect();
+        check_extreme_row(&k, &b, temp, Dtype::Bf16, &mut fails);
+    }
+    // The short T = 1 rows as one batch: grpo-core's first error (or all values).
+    let batch: Vec<(Vec<f32>, f32)> = extreme_rows()
+        .into_iter()
+        .filter(|(r, t)| r.len() == 4 && *t == 1.0)
+        .collect();
+    let logits: Vec<f32> = batch.iter().flat_map(|(r, _)| r.clone()).collect();
+    let rows = batch.len();
+    for targets in [vec![0u32; rows], (0..rows as u32).map(|r| r % 4).collect()] {
+        let (mut clp, mut ch) = (vec![7f32; rows], vec![7f32; rows]);
+        let core = grpo_core::vocab::logprob_entropy_rows(
+            &logits,
+            4,
+            &targets,
+            1.0,
+            &mut clp,
+            Some(&mut ch),
+        );
+        let (mut lp, mut h) = (vec![7f32; rows], vec![7f32; rows]);
+        let got = k.forward(
+            &logits,
+            4,
+            &targets,
+            1.0,
+            ForwardOut {
+                logp: Some(&mut lp),
+                entropy: Some(&mut h),
+                lse: None,
+            },
+        );
+        let want = core.map_err(GpuError::Core);
+        check!(
+            fails,
+            got == want,
+            "batch {targets:?}: {got:?}, grpo-core {want:?}"
+        );
+        if want.is_ok() && got.is_ok() {
+            for r in 0..rows {
+                let ok = tolerance(Op::Logp, Dtype::F32).accepts(lp[r], clp[r] as f64)
+                    && tolerance(Op::Entropy, Dtype::F32).accepts(h[r], ch[r] as f64);
+                check!(
+                    fails,
+                    ok,
+                    "batch row {r}: logp {} H {} vs grpo-core {} {}",
+                    lp[r],
+                    h[r],
+                    clp[r],
+                    ch[r]
+                );
+            }
+        }
+    }
+
+    // KL and JSD between such rows and ordinary ones, both ways (and same-sign huge rows,
+    // where two maxima differ by ~1e37): grpo-core's error or value.
+    let big = 3e38f32;
+    #[rustfmt::skip]
+    let pairs: Vec<(Vec<f32>, Vec<f32>, f32)> = vec![
+        (vec![big, -big, 0.0, 1.0], vec![0.0, 0.0, 0.0, 0.0], 1.0),
+        (vec![0.0, 0.5, 0.0, 1.0], vec![big, -big, 0.0, 1.0], 1.0),
+        (vec![big, -big, 0.0, 1.0], vec![-big, big, 1.0, 0.0], 1.0),
+        (vec![1e38, -1e38, 5.0, 0.0], vec![0.0, 1.0, 2.0, 3.0], 0.5),
+        (vec![big, 2.9e38, -big, 0.0], vec![0.0, 0.0, 1.0, 0.0], 1.0),
+        (vec![-3.3e38, -3e38, -3.2e38, -1e38], vec![1.0, 2.0, 0.0, -1.0], 1.0),
+        (vec![big, -big, 0.0, 1.0], vec![0.5, 0.0, 1.0, 0.0], 1e10),
+    ];
+    for (z, w, temp) in pairs {
+        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+            let what = format!("{z:?} {w:?} T={temp} {dir:?}");
+            let mut want = [7f32];
+            let core = grpo_core::vocab::kl_rows(&z, &w, 4, temp, dir, &mut want);
+            let mut out = [7f32];
+            let got = k.kl(&z, &w, 4, temp, dir, &mut out);
+            match (core, got) {
+                (Err(e), got) => {
+                    let want = Err(GpuError::Core(e));
+                    check!(fails, got == want, "kl {what}: {got:?}, grpo-core {want:?}");
+                    check!(fails, out == [7f32], "kl wrote on error: {what}");
+                }
+                (Ok(()), Err(e)) => fails.push(format!("kl {what}: {e}, grpo-core Ok")),
+                (Ok(()), Ok(())) => check!(
+                    fails,
+                    tolerance(Op::Kl, Dtype::F32).accepts(out[0], want[0] as f64),
+                    "kl {} vs grpo-core {}: {what}",
+                    out[0],
+                    want[0]
+                ),
+            }
+        }
+        let what = format!("{z:?} {w:?} T={temp}");
+        let mut want = [7f32];
+        let core = grpo_core::vocab::jsd_rows(&z, &w, 4, 0.3, temp, &mut want);
+        let mut out = [7f32];
+        let got = k.jsd(&z, &w, 4, 0.3, temp, &mut out);
+        match (core, got) {
+            (Err(e), got) => {
+                let want = Err(GpuError::Core(e));
+                check!(
+                    fails,
+                    got == want,
+                    "jsd {what}: {got:?}, grpo-core {want:?}"
+                );
+            }
+            (Ok(()), Err(e)) => fails.push(format!("jsd {what}: {e}, grpo-core Ok")),
+            (Ok(()), Ok(())) => check!(
+                fails,
+                tolerance(Op::Jsd, Dtype::F32).accepts(out[0], want[0] as f64),
+                "jsd {} vs grpo-core {}: {what}",
+                out[0],
+                want[0]
+            ),
+        }
+    }
+    assert!(
+        fails.is_empty(),
+        "{} mismatches:\n{}",
+        fails.len(),
+        fails.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Async variants.
+
+/// Drives a future to completion with a no-op waker (the readback futures poll the device
+/// themselves), so the test depends on no executor.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Polls two futures alternately until both are ready: two operations in flight on one
+/// context at once.
+fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    while ra.is_none() || rb.is_none() {
+        if ra.is_none()
+            && let std::task::Poll::Ready(v) = a.as_mut().poll(&mut cx)
+        {
+            ra = Some(v);
+        }
+        if rb.is_none()
+            && let std::task::Poll::Ready(v) = b.as_mut().poll(&mut cx)
+        {
+            rb = Some(v);
+        }
+        std::thread::yield_now();
+    }
+    (ra.unwrap(), rb.unwrap())
+}
+
+fn f32_bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// forward_async, backward_async, kl_async and jsd_async give the blocking methods' bits and
+/// errors (outputs untouched on `Err`), for f32 and bf16 rows split into several chunks (so the
+/// async path awaits several readbacks), and two of them can be in flight at once.
+fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
+    let (rows, vocab) = (5usize, 301usize);
+    let logits: Vec<L> = (0..rows * vocab)
+        .map(|i| conv(((i * 37 % 101) as f32) * 0.11 - 5.0))
+        .collect();
+    let teacher: Vec<L> = (0..rows * vocab)
+        .map(|i| conv(((i * 53 % 89) as f32) * 0.09 - 4.0))
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 13 % vocab as u32).collect();
+    let (g_lp, g_h) = (vec![0.75f32; rows], vec![-0.5f32; rows]);
+    let temp = 0.9;
+
+    let forward = |asynchronous: bool| {
+        let (mut lse, mut lp, mut h) = (vec![7f32; rows], vec![7f32; rows], vec![7f32; rows]);
+        let out = ForwardOut {
+            lse: Some(&mut lse),
+            logp: Some(&mut lp),
+            entropy: Some(&mut h),
+        };
+        let r = if asynchronous {
+            block_on(k.forward_async(&logits, vocab, &targets, temp, out))
+        } else {
+            k.forward(&logits, vocab, &targets, temp, out)
+        };
+        r.unwrap();
+        (f32_bits(&lse), f32_bits(&lp), f32_bits(&h))
+    };
+    assert_eq!(forward(true), forward(false));
+
+    let backward = |asynchronous: bool| {
+        let mut grad = vec![7f32; rows * vocab];
+        let r = if asynchronous {
+            block_on(k.backward_async(&logits, vocab, &targets, temp, &g_lp, &g_h, &mut grad))
+        } else {
+            k.backward(&logits, vocab, &targets, temp, &g_lp, &g_h, &mut grad)
+        };
+        r.unwrap();
+        f32_bits(&grad)
+    };
+    let grad = backward(false);
+    assert_eq!(backward(true), grad);
+    assert!(grad.iter().any(|&b| f32::from_bits(b) != 0.0));
+
+    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
+        k.kl(&logits, &teacher, vocab, temp, dir, &mut a).unwrap();
+        block_on(k.kl_async(&logits, &teacher, vocab, temp, dir, &mut b)).unwrap();
+        assert_eq!(f32_bits(&a), f32_bits(&b), "{dir:?}");
+        assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
+    }
+    let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
+    k.jsd(&logits, &teacher, vocab, 0.3, temp, &mut a).unwrap();
+    block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut b)).unwrap();
+    assert_eq!(f32_bits(&a), f32_bits(&b));
+    assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
+
+    // Two operations in flight at once on the same context.
+    let (mut kl, mut js) = (vec![7f32; rows], vec![7f32; rows]);
+    let (rk, rj) = join(
+        k.kl_async(
+            &logits,
+            &teacher,
+            vocab,
+            temp,
+            KlDirection::Forward,
+            &mut kl,
+        ),
+        k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut js),
+    );
+    rk.unwrap();
+    rj.unwrap();
+    let mut want = vec![7f32; rows];
+    k.kl(
+        &logits,
+        &teacher,
+        vocab,
+        temp,
+        KlDirection::Forward,
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(f32_bits(&kl), f32_bits(&want));
+    assert_eq!(f32_bits(&js), f32_bits(&a));
+
+    // Errors: a NaN in row 3 (found by the shader, turned into grpo-core's error on the host
+    // after the readback) and a bad temperature (host validation): the blocking error, nothing
+    // written.
+    let mut bad = logits.clone();
+    bad[3 * vocab + 7] = conv(f32::NAN);
+    let nan = Err(GpuError::Core(Error::NonFinite {
+        what: "logits",
+        index: 3 * vocab + 7,
+    }));
+    let mut lse = vec![7f32; rows];
+    let out = ForwardOut {
+        lse: Some(&mut lse),
+        ..Default::default()
+    };
+    assert_eq!(block_on(k.forward_async(&bad, vocab, &[], temp, out)), nan);
+    assert_eq!(lse, vec![7f32; rows]);
+    let mut grad = vec![7f32; rows * vocab];
+    let got = block_on(k.backward_async(&bad, vocab, &targets, temp, &g_lp, &g_h, &mut grad));
+    assert_eq!(got, nan);
+    assert_eq!(grad, vec![7f32; rows * vocab]);
+    let mut out = vec![7f32; rows];
+    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        let want = k.kl(&bad, &teacher, vocab, temp, dir, &mut out);
+        assert!(want.is_err());
+        let got = block_on(k.kl_async(&bad, &teacher, vocab, temp, dir, &mut out));
+        assert_eq!(got, want);
+    }
+    let want = k.jsd(&teacher, &bad, vocab, 0.3, temp, &mut out);
+    assert_eq!(
+        want,
+        Err(GpuError::Core(Error::NonFinite {
+            what: "teacher",
+            index: 3 * vocab + 7
+        }))
+    );
+    let got = block_on(k.jsd_async(&teacher, &bad, vocab, 0.3, temp, &mut out));
+    assert_eq!(got, want);
+    let got = block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, 0.0, &mut out));
+    assert_eq!(got, k.jsd(&logits, &teacher, vocab, 0.3, 0.0, &mut out));
+    assert!(got.is_err());
+    assert_eq!(out, vec![7f32; rows]);
+}
+
+#[test]
+fn async_variants_equal_blocking() {
+    if gpu::context("async_variants_equal_blocking").is_none() {
+        return;
+    }
+    // A private context: its binding cap must not reach the tests running in parallel. At 2000
+    // bytes a chunk holds 3 rows of bf16 logits and 1 row of f32 logits or gradient (301·4 + 4
+    // bytes), so the async calls await up to 5 readbacks each.
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    let k = VocabKernel::new(&ctx);
+    for cap in [u64::MAX, 2000] {
+        ctx.set_binding_cap(cap);
+        check_async(&k, |x| x);
+        check_async(&k, half::bf16::from_f32);
+    }
+    ctx.set_binding_cap(u64::MAX);
 }
