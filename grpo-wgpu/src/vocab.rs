@@ -882,9 +882,12 @@ impl<'c> VocabKernel<'c> {
     /// statistics in the same dispatch (two reads of each row, one write).
     ///
     /// # Errors
-    /// As [`VocabKernel::forward`]; `g_logp`, `g_entropy` and `targets` have one element per
-    /// row, `grad` as many as `logits`; upstream gradients must be finite
-    /// (`NonFinite { what: "g_logp" | "g_entropy" }`).
+    /// As [`VocabKernel::forward`]; `temperature ≥ 1e-6` (grpo-core's
+    /// `MIN_GRAD_TEMPERATURE`: gradients scale with 1/T); `g_logp`, `g_entropy` and `targets`
+    /// have one element per row, `grad` as many as `logits`; upstream gradients must be finite
+    /// (`NonFinite { what: "g_logp" | "g_entropy" }`) and at most 1e9 in magnitude
+    /// (`InvalidParam`) — grpo-core's `backward_rows` checks, with the weights named after
+    /// this method's parameters rather than grpo-core's `grad_logp`/`grad_entropy`.
     pub fn backward<L: LogitStorage>(
         &self,
         logits: &[L],
@@ -963,15 +966,17 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<()> {
         let rows = targets.len();
         let tau = self.validate(logits, vocab, rows, temperature)?;
-        check_len("g_logp", rows, g_logp.len())?;
-        check_len("g_entropy", rows, g_entropy.len())?;
-        check_len("grad", rows * vocab, grad.len())?;
+        // grpo-core's `backward_rows` checks, in its order (the weights named after this
+        // method's parameters): gradients scale with 1/T, weights are finite and ≤ 1e9.
+        ensure(
+            temperature >= grpo_core::vocab::MIN_GRAD_TEMPERATURE,
+            "temperature",
+            "must be >= 1e-6 for gradients (they scale with 1/T)",
+        )?;
+        grpo_core::vocab::validate::weights("g_logp", g_logp, rows)?;
         Self::check_targets(targets, vocab)?;
-        for (what, g) in [("g_logp", g_logp), ("g_entropy", g_entropy)] {
-            if let Some(index) = g.iter().position(|x| !x.is_finite()) {
-                return Err(Error::NonFinite { what, index }.into());
-            }
-        }
+        grpo_core::vocab::validate::weights("g_entropy", g_entropy, rows)?;
+        check_len("grad", rows * vocab, grad.len())?;
         let upstream: Vec<f32> = g_logp
             .iter()
             .zip(g_entropy)

@@ -453,7 +453,8 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     );
     assert_eq!(out, [sentinel; 3]);
     // Row 1's maximum overflows to −∞ once divided by T = 1e-10 (every z/T is −∞): grpo-core
-    // reports the overflow at the row's first maximum, not an empty row — forward and backward.
+    // reports the overflow at the row's first maximum, not an empty row (forward; at T = 1e-6
+    // with larger logits for the backward, whose T ≥ 1e-6 check comes first at 1e-10).
     let mut logits = vec![0.5f32; 12];
     logits[4..8].copy_from_slice(&[-2e30, -1e30, -1e30, -3e30]);
     let overflow = Err(GpuError::Core(Error::NonFinite {
@@ -468,12 +469,26 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     assert_eq!(k.entropy(&logits, 4, 1e-10, &mut out), overflow);
     assert_eq!(out, [sentinel; 3]);
     let mut grad = vec![sentinel; 12];
+    let terms = grpo_core::vocab::GradTerms::<'_, u32> {
+        logp: Some((&[0, 0, 0], &[1.0; 3])),
+        entropy: Some(&[0.0; 3]),
+        kl: None,
+    };
+    let mut logits6 = logits.clone();
+    logits6[4..8].copy_from_slice(&[-2e33, -1e33, -1e33, -3e33]);
+    for (z, t) in [(&logits, 1e-10f32), (&logits6, 1e-6)] {
+        let mut core_grad = vec![sentinel; 12];
+        let want = grpo_core::vocab::backward_rows(z, 4, t, &terms, &mut core_grad);
+        let got = k.backward(z, 4, &[0, 0, 0], t, &[1.0; 3], &[0.0; 3], &mut grad);
+        assert_eq!(got, want.map_err(GpuError::Core), "T = {t}");
+        assert!(got.is_err());
+    }
     assert_eq!(
         k.backward(
-            &logits,
+            &logits6,
             4,
             &[0, 0, 0],
-            1e-10,
+            1e-6,
             &[1.0; 3],
             &[0.0; 3],
             &mut grad
@@ -523,7 +538,55 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
             index: 1
         }))
     );
+    // grpo-core's other backward checks: |weight| ≤ 1e9, T ≥ 1e-6 for gradients.
+    let big = k.backward(
+        &logits,
+        4,
+        &[0, 1, 2],
+        1.0,
+        &[1.0; 3],
+        &[0.0, 0.0, -2e9],
+        &mut grad,
+    );
+    let mut core_grad = [sentinel; 12];
+    let terms = grpo_core::vocab::GradTerms::<'_, u32> {
+        logp: Some((&[0, 1, 2], &[1.0; 3])),
+        entropy: Some(&[0.0, 0.0, -2e9]),
+        kl: None,
+    };
+    let want = grpo_core::vocab::backward_rows(&logits, 4, 1.0, &terms, &mut core_grad);
+    assert!(
+        matches!(
+            (&big, &want),
+            (
+                Err(GpuError::Core(Error::InvalidParam { name: "g_entropy", reason: a })),
+                Err(Error::InvalidParam { name: "grad_entropy", reason: b }),
+            ) if a == b
+        ),
+        "{big:?} vs {want:?}"
+    );
+    let cold = k.backward(
+        &logits,
+        4,
+        &[0, 1, 2],
+        1e-7,
+        &[1.0; 3],
+        &[0.0; 3],
+        &mut grad,
+    );
+    let want = grpo_core::vocab::backward_rows(&logits, 4, 1e-7, &terms, &mut core_grad);
+    assert!(
+        matches!(
+            (&cold, &want),
+            (
+                Err(GpuError::Core(Error::InvalidParam { name: "temperature", reason: a })),
+                Err(Error::InvalidParam { name: "temperature", reason: b }),
+            ) if a == b
+        ),
+        "{cold:?} vs {want:?}"
+    );
     assert_eq!(grad, [sentinel; 12]);
+    assert_eq!(core_grad, [sentinel; 12]);
 }
 
 #[test]
