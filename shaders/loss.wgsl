@@ -217,14 +217,16 @@ fn is_kl(kind: u32) -> bool {
     return (kind >= KIND_K1 && kind <= KIND_K3) || (kind >= KIND_K3_IS && kind <= KIND_K3_ST);
 }
 
-// KL-to-reference penalty (divergence::kl_penalty::eval_flagged), d = lp − ref, x = lp − old
+// KL-to-reference penalty (divergence::kl_penalty::eval_flagged) of lp_v and ref_v:
+// d = lp − ref, x = lp − old
 // (read only by k3·ρ):
 //   k1 d | abs |d| | k2 d²/2 | k3 e^{−d} + d − 1 | k3·ρ with ρ = e^x, ∂ = ρ·(1 − e^{−d} + k3)
 //   | k1+ value d, gradient d | k3+ value k3, gradient d.
 // d (and x) are limited to the input clamp and the overflow guard (EV_CLAMPED, gradient 0 there);
 // k3·ρ zeroes only the limited factor's term; the straight-through forms take the gradient of
 // the separate k2 term, d limited by the polynomial guard alone, which no clamp touches.
-fn kl_token(d_raw: f32, x_raw: f32) -> Out {
+fn kl_token(lp_v: f32, ref_v: f32, x_raw: f32) -> Out {
+    let d_raw = lp_v - ref_v;
     let kind = params.kind;
     let straight = kind == KIND_K1_ST || kind == KIND_K3_ST;
     var guard = bitcast<f32>(POLY_GUARD_BITS);
@@ -241,7 +243,10 @@ fn kl_token(d_raw: f32, x_raw: f32) -> Out {
     if kind == KIND_K1 {
         o = Out(d, 1.0, 0u);
     } else if kind == KIND_ABS {
-        o = Out(abs(d), select(select(0.0, -1.0, d < 0.0), 1.0, d > 0.0), 0u);
+        // sign(lp − ref) from the comparison, not from d: WGSL may flush a subnormal
+        // difference to 0, and grpo-core's gradient is ±1 there (gradual underflow makes
+        // lp − ref ≠ 0 whenever lp ≠ ref).
+        o = Out(abs(d), select(select(0.0, -1.0, lp_v < ref_v), 1.0, lp_v > ref_v), 0u);
     } else if kind == KIND_K2 {
         o = Out(d * d * 0.5, d, 0u);
     } else if kind == KIND_K1_ST {
@@ -319,7 +324,7 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>,
     let kind = params.kind;
     var o = Out(0.0, 0.0, 0u);
     if is_kl(kind) {
-        o = kl_token(lp[i] - old[i], lp[i] - adv[i]);
+        o = kl_token(lp[i], old[i], lp[i] - adv[i]);
     } else if kind == KIND_REINFORCE {
         var w = 1.0;
         if (params.flags & FLAG_WEIGHTS) != 0u {
