@@ -31,7 +31,7 @@ CARGO_FLAGS="${CARGO_FLAGS:-}"
 t0=$(date +%s)
 
 status=0
-gpu_tests=(wgpu_shaders wgpu_vocab wgpu_advantage wgpu_loss wgpu_masks)
+gpu_tests=(wgpu_shaders wgpu_vocab wgpu_advantage wgpu_reduce wgpu_loss wgpu_masks)
 # One cargo invocation builds the bench binary and the GPU test targets with one feature
 # resolution (a separate `cargo test -p grpo-tests` resolves `half`'s features differently and
 # would rebuild naga and wgpu); the test executables it reports are then run directly.

@@ -745,12 +745,7 @@ impl<'c> LossKernel<'c> {
         // per-token weights in `value`, the B products then the scalar in `grad`.
         self.ctx
             .check_items("tokens and sequence spans", n + 2 * b)?;
-        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
-        for i in 0..b {
-            let s = tokens.span(i);
-            words.push(s.start as u32);
-            words.push(s.end as u32);
-        }
+        let words = mask_and_spans(&tokens, n);
         let p = LossParams {
             n: n as u32,
             seqs: b as u32,
@@ -796,12 +791,7 @@ impl<'c> LossKernel<'c> {
         let b = tokens.num_sequences();
         self.ctx
             .check_items("tokens and sequence spans", n + 2 * b)?;
-        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
-        for i in 0..b {
-            let s = tokens.span(i);
-            words.push(s.start as u32);
-            words.push(s.end as u32);
-        }
+        let words = mask_and_spans(tokens, n);
         let p = LossParams {
             seqs: b as u32,
             ..params
@@ -1111,12 +1101,7 @@ impl<'c> LossKernel<'c> {
         let b = tokens.num_sequences();
         self.ctx
             .check_items("tokens and sequence spans", n + 2 * b)?;
-        let mut words: Vec<u32> = (0..n).map(|t| tokens.is_valid(t) as u32).collect();
-        for i in 0..b {
-            let s = tokens.span(i);
-            words.push(s.start as u32);
-            words.push(s.end as u32);
-        }
+        let words = mask_and_spans(tokens, n);
         let (flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
         let p = LossParams {
             n: n as u32,
