@@ -221,9 +221,10 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 /// (independent), their accumulation in index order (chunk i before chunk i + 1, as the lanes
 /// require). `SCALED = false` skips the `·τ` (exact for τ = 1).
 ///
-/// (Tried and measured slower, 2026-12-03: taking the *next* block's maximum inside this loop
-/// instead of in its own pass — 14.0–14.5 ms against 11.3 ms for 1024 × 32768 f32 on one
-/// thread; the separate pass over prefetched lines is cheaper than loads interleaved with the
+/// (Tried twice and measured slower, 2026-12-03: taking the *next* block's maximum inside this
+/// loop instead of in its own pass — 1024 × 32768 f32 on one thread, 14.0–14.5 against 11.3 ms
+/// on a loaded machine and 14.3 against 12.1 ms median on a quiet one; equal with the data in
+/// cache. The separate pass over prefetched lines is cheaper than loads interleaved with the
 /// step.)
 ///
 /// `NORMAL = true` uses [`exp_nonpos_normal_n`] and returns whether every argument was in its
