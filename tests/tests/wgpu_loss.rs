@@ -3,6 +3,7 @@
 //! unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::divergence::kl_penalty::kl_penalty;
+use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
 use grpo_core::is_correction::{IsConfig, IsFilter, IsLevel, is_weights};
 use grpo_core::loss::{
@@ -418,29 +419,14 @@ fn kl_penalties_match_grpo_core() {
                     let n = b.lp.len();
                     // Sometimes `old`, which these estimators ignore (its length is checked).
                     let old = (n % 2 == 1).then_some(&b.old[..]);
-                    let (mut cv, mut cg) = (vec![7f32; n], vec![7f32; n]);
-                    let dc = kl_penalty(
-                        &cfg,
-                        &b.lp,
-                        &b.reference,
-                        old,
-                        &b.tokens(),
-                        &mut cv,
-                        &mut cg,
-                    )
-                    .unwrap();
-                    let (mut gv, mut gg) = (vec![7f32; n], vec![7f32; n]);
-                    let dg = k
-                        .kl_penalty(
-                            &cfg,
-                            &b.lp,
-                            &b.reference,
-                            old,
-                            &b.tokens(),
-                            &mut gv,
-                            &mut gg,
-                        )
-                        .unwrap();
+                    let KlRun {
+                        cv,
+                        cg,
+                        dc,
+                        gv,
+                        gg,
+                        dg,
+                    } = run_kl(&k, &cfg, &b, old);
                     let mut borderline = 0;
                     let mut max_dv = 0f64;
                     for t in 0..n {
@@ -510,17 +496,7 @@ fn kl_penalties_match_grpo_core() {
                         // The same values in the same running mean: the same bits.
                         prop_assert_eq!(dg.mean.to_bits(), dc.mean.to_bits());
                     } else {
-                        // A running mean of values each within `max_dv`: within max_dv plus one
-                        // rounding per update at the scale of the largest value.
-                        let vmax = cv.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-                        let slack = max_dv + 4.0 * eps * vmax * dc.tokens as f64;
-                        prop_assert!(
-                            (dg.mean as f64 - dc.mean as f64).abs() <= slack,
-                            "mean gpu {} core {} (slack {})",
-                            dg.mean,
-                            dc.mean,
-                            slack
-                        );
+                        mean_within(&dc, &dg, &cv, max_dv, eps)?;
                     }
                     Ok(())
                 })
@@ -538,6 +514,60 @@ fn kl_penalties_match_grpo_core() {
         max_alg.get(),
         max_exp.get()
     );
+}
+
+/// grpo-core's and the GPU's KL penalty of one batch (outputs pre-filled with 7).
+struct KlRun {
+    cv: Vec<f32>,
+    cg: Vec<f32>,
+    dc: TokenDiagnostics<f32>,
+    gv: Vec<f32>,
+    gg: Vec<f32>,
+    dg: TokenDiagnostics<f32>,
+}
+
+fn run_kl(
+    k: &LossKernel<'_>,
+    cfg: &KlPenaltyConfig<f32>,
+    b: &KlBatch,
+    old: Option<&[f32]>,
+) -> KlRun {
+    let n = b.lp.len();
+    let (mut cv, mut cg) = (vec![7f32; n], vec![7f32; n]);
+    let dc = kl_penalty(cfg, &b.lp, &b.reference, old, &b.tokens(), &mut cv, &mut cg).unwrap();
+    let (mut gv, mut gg) = (vec![7f32; n], vec![7f32; n]);
+    let dg = k
+        .kl_penalty(cfg, &b.lp, &b.reference, old, &b.tokens(), &mut gv, &mut gg)
+        .unwrap();
+    KlRun {
+        cv,
+        cg,
+        dc,
+        gv,
+        gg,
+        dg,
+    }
+}
+
+/// The GPU's running mean of KL values each within `max_dv` of grpo-core's: within `max_dv`
+/// plus one rounding (`eps`) per update at the scale of the largest value.
+fn mean_within(
+    dc: &TokenDiagnostics<f32>,
+    dg: &TokenDiagnostics<f32>,
+    cv: &[f32],
+    max_dv: f64,
+    eps: f64,
+) -> Result<(), TestCaseError> {
+    let vmax = cv.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+    let slack = max_dv + 4.0 * eps * vmax * dc.tokens as f64;
+    prop_assert!(
+        (dg.mean as f64 - dc.mean as f64).abs() <= slack,
+        "mean gpu {} core {} (slack {})",
+        dg.mean,
+        dc.mean,
+        slack
+    );
+    Ok(())
 }
 
 /// Inputs of a KL penalty: lp, the reference and the old log-probs, NaN garbage in masked
@@ -680,29 +710,14 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                     let n = b.lp.len();
                     // Sometimes `old` for the estimators that ignore it (its values unread).
                     let old = (est == KlEstimator::K3Is || n % 2 == 1).then_some(&b.old[..]);
-                    let (mut cv, mut cg) = (vec![7f32; n], vec![7f32; n]);
-                    let dc = kl_penalty(
-                        &cfg,
-                        &b.lp,
-                        &b.reference,
-                        old,
-                        &b.tokens(),
-                        &mut cv,
-                        &mut cg,
-                    )
-                    .unwrap();
-                    let (mut gv, mut gg) = (vec![7f32; n], vec![7f32; n]);
-                    let dg = k
-                        .kl_penalty(
-                            &cfg,
-                            &b.lp,
-                            &b.reference,
-                            old,
-                            &b.tokens(),
-                            &mut gv,
-                            &mut gg,
-                        )
-                        .unwrap();
+                    let KlRun {
+                        cv,
+                        cg,
+                        dc,
+                        gv,
+                        gg,
+                        dg,
+                    } = run_kl(&k, &cfg, &b, old);
                     let mut borderline = 0;
                     let mut max_dv = 0f64;
                     for t in 0..n {
@@ -794,17 +809,7 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                     prop_assert_eq!(dc.tokens, dg.tokens);
                     prop_assert_eq!(dc.input_clamped, dg.input_clamped);
                     prop_assert!(dc.output_clamped.abs_diff(dg.output_clamped) <= borderline);
-                    // A running mean of values each within `max_dv`: within max_dv plus one
-                    // rounding per update at the scale of the largest value.
-                    let vmax = cv.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
-                    let slack = max_dv + 4.0 * eps * vmax * dc.tokens as f64;
-                    prop_assert!(
-                        (dg.mean as f64 - dc.mean as f64).abs() <= slack,
-                        "mean gpu {} core {} (slack {})",
-                        dg.mean,
-                        dc.mean,
-                        slack
-                    );
+                    mean_within(&dc, &dg, &cv, max_dv, eps)?;
                     Ok(())
                 })
                 .unwrap();
