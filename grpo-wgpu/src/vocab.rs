@@ -637,33 +637,32 @@ impl<'c> VocabKernel<'c> {
         wait: Wait,
     ) -> Result<()> {
         let rows = out.len();
-        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
-        Self::check_shape("student", student.len(), vocab, rows)?;
-        Self::check_shape("teacher", teacher.len(), vocab, rows)?;
-        self.check_limits::<L>(vocab)?;
+        let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
         // The shader computes KL(first‖second).
         let (first, second) = match direction {
             KlDirection::Forward => (student, teacher),
             KlDirection::Reverse => (teacher, student),
         };
-        let mut vals = vec![0f32; rows];
-        for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let params = VocabParams::new(c.rows, vocab, 0, tau);
-            let (st, status) = self
-                .run_pair("kl", first, second, &c, vocab, params, wait)
-                .await?;
-            for r in 0..c.rows {
-                let w = &status[r * 4..r * 4 + 4];
-                let value = st[r * 4 + 3];
-                let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE | FLAG_SCALE_OVERFLOW;
-                vals[c.first + r] = if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite()
-                {
-                    Self::kl_on_host(student, teacher, vocab, c.first + r, temperature, direction)?
-                } else {
-                    value
-                };
-            }
-        }
+        let params = VocabParams::new(0, vocab, 0, tau);
+        let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE | FLAG_SCALE_OVERFLOW;
+        let vals = self
+            .pair_rows(
+                "kl",
+                first,
+                second,
+                vocab,
+                rows,
+                params,
+                wait,
+                |row, w, value| {
+                    if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite() {
+                        Self::kl_on_host(student, teacher, vocab, row, temperature, direction)
+                    } else {
+                        Ok(value)
+                    }
+                },
+            )
+            .await?;
         out.copy_from_slice(&vals);
         Ok(())
     }
@@ -794,67 +793,97 @@ impl<'c> VocabKernel<'c> {
         // on an empty batch validates exactly those (and a vocab of 1 with no rows) and nothing
         // else.
         grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
-        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
-        Self::check_shape("student", student.len(), vocab, rows)?;
-        Self::check_shape("teacher", teacher.len(), vocab, rows)?;
-        self.check_limits::<L>(vocab)?;
+        let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
         let omb = 1.0 - beta;
-        let mut vals = vec![0f32; rows];
-        for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let params = VocabParams {
-                beta,
-                one_minus_beta: omb,
-                neg_ln_beta: -beta.ln(),
-                neg_ln_one_minus_beta: -omb.ln(),
-                ..VocabParams::new(c.rows, vocab, 0, tau)
-            };
-            let (st, status) = self
-                .run_pair("jsd", student, teacher, &c, vocab, params, wait)
-                .await?;
-            for r in 0..c.rows {
-                let w = &status[r * 4..r * 4 + 4];
-                let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
-                if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
-                    Self::check_pair(student, teacher, vocab, c.first + r, tau)?;
-                }
-                vals[c.first + r] = st[r * 4 + 3];
-            }
-        }
+        let params = VocabParams {
+            beta,
+            one_minus_beta: omb,
+            neg_ln_beta: -beta.ln(),
+            neg_ln_one_minus_beta: -omb.ln(),
+            ..VocabParams::new(0, vocab, 0, tau)
+        };
+        let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
+        let vals = self
+            .pair_rows(
+                "jsd",
+                student,
+                teacher,
+                vocab,
+                rows,
+                params,
+                wait,
+                |row, w, value| {
+                    if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
+                        Self::check_pair(student, teacher, vocab, row, tau)?;
+                    }
+                    Ok(value)
+                },
+            )
+            .await?;
         out.copy_from_slice(&vals);
         Ok(())
     }
 
-    /// One dispatch of a row-pair entry point (`kl`, `jsd`) over chunk `c`: `first`'s rows in
-    /// binding 0, `second`'s in binding 5, `params` with its `base` set here. Returns the
-    /// chunk's stats and status words (4 per row each).
-    async fn run_pair<L: LogitStorage>(
+    /// The host checks of a row-pair call (grpo-core's order): T, both shapes, this backend's
+    /// limits. Returns τ.
+    fn validate_pair<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        rows: usize,
+        temperature: f32,
+    ) -> Result<f32> {
+        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
+        Self::check_shape("student", student.len(), vocab, rows)?;
+        Self::check_shape("teacher", teacher.len(), vocab, rows)?;
+        self.check_limits::<L>(vocab)?;
+        Ok(tau)
+    }
+
+    /// A row-pair entry point (`kl`, `jsd`) over every row, one dispatch per chunk: `first`'s
+    /// rows in binding 0, `second`'s in binding 5, `params` with `rows` and `base` set per
+    /// chunk. `finish(row, status words, value)` turns each row's shader result (its 4 status
+    /// words and stats slot 3) into the output value or grpo-core's error.
+    async fn pair_rows<L: LogitStorage>(
         &self,
         entry: &'static str,
         first: &[L],
         second: &[L],
-        c: &RowChunk,
         vocab: usize,
+        rows: usize,
         params: VocabParams,
         wait: Wait,
-    ) -> Result<(Vec<f32>, Vec<u32>)> {
-        let (bytes, base) = Self::upload(first, c, vocab);
-        let (tbytes, _) = Self::upload(second, c, vocab);
-        let params = VocabParams { base, ..params };
-        let rb = self.ctx.submit(
-            ShaderId::Vocab(L::DTYPE),
-            &[
-                (0, Arg::In(bytes)),
-                (5, Arg::In(tbytes)),
-                (2, Arg::Out((c.rows * 16) as u64)),
-                (3, Arg::Out((c.rows * 16) as u64)),
-                (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-            ],
-            &[(entry, [c.rows as u32, 1, 1])],
-        )?;
-        let res = wait.readback(rb).await?;
-        let st: &[f32] = bytemuck::cast_slice(&res[0]);
-        let status: &[u32] = bytemuck::cast_slice(&res[1]);
-        Ok((st[..c.rows * 4].to_vec(), status[..c.rows * 4].to_vec()))
+        mut finish: impl FnMut(usize, &[u32], f32) -> Result<f32>,
+    ) -> Result<Vec<f32>> {
+        let mut vals = vec![0f32; rows];
+        for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
+            let (bytes, base) = Self::upload(first, &c, vocab);
+            let (tbytes, _) = Self::upload(second, &c, vocab);
+            let params = VocabParams {
+                rows: c.rows as u32,
+                base,
+                ..params
+            };
+            let rb = self.ctx.submit(
+                ShaderId::Vocab(L::DTYPE),
+                &[
+                    (0, Arg::In(bytes)),
+                    (5, Arg::In(tbytes)),
+                    (2, Arg::Out((c.rows * 16) as u64)),
+                    (3, Arg::Out((c.rows * 16) as u64)),
+                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+                ],
+                &[(entry, [c.rows as u32, 1, 1])],
+            )?;
+            let res = wait.readback(rb).await?;
+            let st: &[f32] = bytemuck::cast_slice(&res[0]);
+            let status: &[u32] = bytemuck::cast_slice(&res[1]);
+            for r in 0..c.rows {
+                vals[c.first + r] = finish(c.first + r, &status[r * 4..r * 4 + 4], st[r * 4 + 3])?;
+            }
+        }
+        Ok(vals)
     }
 
     /// grpo-core's row checks (`validate::row`, student then teacher) of a row pair the shader
