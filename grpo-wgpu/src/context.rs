@@ -59,6 +59,7 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
 
 /// One argument of a dispatch: bytes to upload, an output to read back, or the uniform block.
 #[doc(hidden)]
+#[derive(Clone, Copy)]
 pub enum Arg<'a> {
     /// Read-only input.
     In(&'a [u8]),

@@ -75,6 +75,17 @@ impl VocabParams {
     }
 }
 
+/// What [`VocabKernel::dispatch_rows`] runs: an entry point over `logits` (`vocab` per row)
+/// with one target per row (`checked`: the targets the status check validates, if any).
+struct RowDispatch<'a, L> {
+    entry: &'static str,
+    logits: &'a [L],
+    targets: &'a [u32],
+    checked: Option<&'a [u32]>,
+    vocab: usize,
+    tau: f32,
+}
+
 const FLAG_EMPTY_ROW: u32 = 1;
 const FLAG_TARGET_NON_FINITE: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
@@ -424,27 +435,16 @@ impl<'c> VocabKernel<'c> {
             &zeros[..]
         };
         let mut stats = vec![0f32; rows * 4];
+        let dispatch = RowDispatch {
+            entry: "forward",
+            logits,
+            targets,
+            checked: logp.is_some().then_some(targets),
+            vocab,
+            tau,
+        };
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let (bytes, base) = Self::upload(logits, &c, vocab);
-            let params = VocabParams::new(c.rows, vocab, base, tau);
-            let rb = self.ctx.submit(
-                ShaderId::Vocab(L::DTYPE),
-                &[
-                    (0, Arg::In(bytes)),
-                    (
-                        1,
-                        Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
-                    ),
-                    (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 16) as u64)),
-                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                ],
-                &[("forward", [c.rows as u32, 1, 1])],
-            )?;
-            let res = wait.readback(rb).await?;
-            let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            let t = logp.is_some().then_some(targets);
-            Self::check_status(&status[..c.rows * 4], c.first, vocab, tau, logits, t)?;
+            let res = self.dispatch_rows(&dispatch, &c, &[], wait).await?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             stats[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&st[..c.rows * 4]);
         }
@@ -824,6 +824,46 @@ impl<'c> VocabKernel<'c> {
         Ok(())
     }
 
+    /// One dispatch of a per-row entry point (`forward`, `backward`) over chunk `c`: the
+    /// chunk's logits in binding 0, its targets in 1, stats and status out in 2 and 3, the
+    /// parameters in 4, then `extra`. The status words are checked ([`Self::check_status`],
+    /// with `checked` targets) before the read-back buffers are returned.
+    async fn dispatch_rows<L: LogitStorage>(
+        &self,
+        d: &RowDispatch<'_, L>,
+        c: &RowChunk,
+        extra: &[(u32, Arg<'_>)],
+        wait: Wait,
+    ) -> Result<Vec<Vec<u8>>> {
+        let (bytes, base) = Self::upload(d.logits, c, d.vocab);
+        let params = VocabParams::new(c.rows, d.vocab, base, d.tau);
+        let targets = &d.targets[c.first..c.first + c.rows];
+        let mut args = vec![
+            (0, Arg::In(bytes)),
+            (1, Arg::In(bytemuck::cast_slice(targets))),
+            (2, Arg::Out((c.rows * 16) as u64)),
+            (3, Arg::Out((c.rows * 16) as u64)),
+            (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+        ];
+        args.extend_from_slice(extra);
+        let rb = self.ctx.submit(
+            ShaderId::Vocab(L::DTYPE),
+            &args,
+            &[(d.entry, [c.rows as u32, 1, 1])],
+        )?;
+        let res = wait.readback(rb).await?;
+        let status: &[u32] = bytemuck::cast_slice(&res[1]);
+        Self::check_status(
+            &status[..c.rows * 4],
+            c.first,
+            d.vocab,
+            d.tau,
+            d.logits,
+            d.checked,
+        )?;
+        Ok(res)
+    }
+
     /// The host checks of a row-pair call (grpo-core's order): T, both shapes, this backend's
     /// limits. Returns τ.
     fn validate_pair<L: LogitStorage>(
@@ -1012,40 +1052,21 @@ impl<'c> VocabKernel<'c> {
             .flat_map(|(&a, &b)| [a, b])
             .collect();
         let mut chunks_out: Vec<(usize, Vec<u8>)> = Vec::new();
+        let dispatch = RowDispatch {
+            entry: "backward",
+            logits,
+            targets,
+            checked: Some(targets),
+            vocab,
+            tau,
+        };
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
-            let (bytes, base) = Self::upload(logits, &c, vocab);
-            let params = VocabParams::new(c.rows, vocab, base, tau);
-            let rb = self.ctx.submit(
-                ShaderId::Vocab(L::DTYPE),
-                &[
-                    (0, Arg::In(bytes)),
-                    (
-                        1,
-                        Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
-                    ),
-                    (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 16) as u64)),
-                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                    (6, Arg::Out((c.rows * vocab * 4) as u64)),
-                    (
-                        7,
-                        Arg::In(bytemuck::cast_slice(
-                            &upstream[c.first * 2..(c.first + c.rows) * 2],
-                        )),
-                    ),
-                ],
-                &[("backward", [c.rows as u32, 1, 1])],
-            )?;
-            let mut res = wait.readback(rb).await?;
-            let status: &[u32] = bytemuck::cast_slice(&res[1]);
-            Self::check_status(
-                &status[..c.rows * 4],
-                c.first,
-                vocab,
-                tau,
-                logits,
-                Some(targets),
-            )?;
+            let upstream = &upstream[c.first * 2..(c.first + c.rows) * 2];
+            let extra = [
+                (6, Arg::Out((c.rows * vocab * 4) as u64)),
+                (7, Arg::In(bytemuck::cast_slice(upstream))),
+            ];
+            let mut res = self.dispatch_rows(&dispatch, &c, &extra, wait).await?;
             chunks_out.push((c.first * vocab, std::mem::take(&mut res[2])));
         }
         for (start, bytes) in chunks_out {
