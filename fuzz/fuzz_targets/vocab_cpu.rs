@@ -37,6 +37,19 @@ fn bits(x: &[f32]) -> Vec<u32> {
         .collect()
 }
 
+/// Bit patterns of a 16-bit row (NaN compared as "both NaN", as in [`bits`]).
+fn bits16<S: grpo_core::vocab::Logit>(x: &[S], to_bits: fn(S) -> u16) -> Vec<u32> {
+    x.iter()
+        .map(|&v| {
+            if v.to_f32().is_nan() {
+                u32::MAX
+            } else {
+                u32::from(to_bits(v))
+            }
+        })
+        .collect()
+}
+
 fuzz_target!(|inp: Input| {
     let vocab = usize::from(inp.vocab % 72);
     let rows = usize::from(inp.rows % 4);
@@ -76,8 +89,36 @@ fuzz_target!(|inp: Input| {
         grpo_core::vocab::jsd_rows(&z, &w, vocab, beta, t, &mut j0),
         grpo_core::vocab::backward_rows(&z, vocab, t, &terms, &mut g0),
     );
+    // In place in 16-bit storage: the gradients rounded to the logits' own type (vector
+    // roundings in grpo-cpu, `half`'s scalar ones in grpo-core).
+    let zb: Vec<half::bf16> = z.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let zh: Vec<half::f16> = z.iter().map(|&v| half::f16::from_f32(v)).collect();
+    let (mut b0, mut f0) = (zb.clone(), zh.clone());
+    let rb0 = grpo_core::vocab::backward_rows_in_place(&mut b0, vocab, t, &terms);
+    let rf0 = grpo_core::vocab::backward_rows_in_place(&mut f0, vocab, t, &terms);
     for b in Backend::available() {
         let cpu = Cpu::new(b).unwrap();
+        let (mut bb, mut ff) = (zb.clone(), zh.clone());
+        assert_eq!(
+            cpu.backward_rows_in_place(&mut bb, vocab, t, &terms),
+            rb0,
+            "{b:?}"
+        );
+        assert_eq!(
+            cpu.backward_rows_in_place(&mut ff, vocab, t, &terms),
+            rf0,
+            "{b:?}"
+        );
+        assert_eq!(
+            bits16(&bb, half::bf16::to_bits),
+            bits16(&b0, half::bf16::to_bits),
+            "{b:?}"
+        );
+        assert_eq!(
+            bits16(&ff, half::f16::to_bits),
+            bits16(&f0, half::f16::to_bits),
+            "{b:?}"
+        );
         let (mut l, mut h, mut p, mut k, mut j) =
             (sentinel(), sentinel(), sentinel(), sentinel(), sentinel());
         let mut gr = vec![-3.5f32; n];

@@ -38,6 +38,22 @@ pub trait F32x16: Copy {
     fn load_f16(src: &[half::f16; 16]) -> Self;
     /// Stores the lanes to 16 consecutive `f32`.
     fn store(self, dst: &mut [f32; 16]);
+    /// Stores the low 16 bits of each lane's bit pattern as the bits of 16 consecutive `bf16`
+    /// (a narrowing store). Every lane's pattern must be at most `0xFFFF` read as `u32`; for
+    /// larger ones the stored bits are unspecified. The rounding to bf16 is done by the
+    /// caller in lane integer operations, identical on every ISA (`vcvtneps2bf16` would flush
+    /// subnormals).
+    fn store_bf16_bits(self, dst: &mut [half::bf16; 16]);
+    /// Stores the lanes rounded to 16 consecutive `f16` exactly as `half::f16::from_f32` does:
+    /// IEEE round to nearest, ties to even, subnormal results rounded (not flushed), overflow
+    /// to ±∞, a NaN quieted with its sign and high payload bits kept. The default converts
+    /// lane by lane; x86 overrides it with `vcvtps2ph`.
+    #[inline(always)]
+    fn store_f16(self, dst: &mut [half::f16; 16]) {
+        for (d, x) in dst.iter_mut().zip(self.to_array()) {
+            *d = half::f16::from_f32(x);
+        }
+    }
     /// Stores like [`store`](F32x16::store), bypassing the caches where the ISA can and `dst`
     /// is aligned enough (a write-only stream: saves the read-for-ownership of the line). The
     /// entry functions of `arch/` fence after the kernel, so the data is visible to other

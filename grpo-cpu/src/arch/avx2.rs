@@ -143,6 +143,33 @@ impl F32x16 for Avx2 {
         }
     }
     #[inline(always)]
+    fn store_bf16_bits(self, dst: &mut [half::bf16; 16]) {
+        // SAFETY: as in `both!`; 32 writable bytes (`half::bf16` is a `repr(transparent)` u16).
+        // Every lane is at most 0xFFFF (the method's contract), so the unsigned saturating
+        // pack is a truncation; it interleaves 128-bit halves ([a0–3, b0–3, a4–7, b4–7]),
+        // which the 64-bit permute puts back in lane order.
+        unsafe {
+            let packed =
+                _mm256_packus_epi32(_mm256_castps_si256(self.0), _mm256_castps_si256(self.1));
+            let h = _mm256_permute4x64_epi64::<0b11_01_10_00>(packed);
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), h)
+        }
+    }
+    #[inline(always)]
+    fn store_f16(self, dst: &mut [half::f16; 16]) {
+        let p = dst.as_mut_ptr().cast::<__m128i>();
+        // SAFETY: as in `both!` (F16C is detected); 32 writable bytes, p + 1 (16 bytes) stays
+        // inside. `vcvtps2ph` with an explicit round-to-nearest-even immediate rounds as IEEE
+        // (and `half`) does, whatever MXCSR's rounding mode.
+        unsafe {
+            _mm_storeu_si128(p, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0));
+            _mm_storeu_si128(
+                p.add(1),
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.1),
+            );
+        }
+    }
+    #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
         let p = dst.as_mut_ptr();
         if p.addr().is_multiple_of(32) {

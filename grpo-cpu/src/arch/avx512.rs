@@ -82,6 +82,25 @@ impl F32x16 for Avx512 {
         unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), self.0) }
     }
     #[inline(always)]
+    fn store_bf16_bits(self, dst: &mut [half::bf16; 16]) {
+        // SAFETY: see the impl comment (32 writable bytes behind the exclusive reference;
+        // `half::bf16` is a `repr(transparent)` u16). `vpmovdw` keeps each lane's low 16 bits.
+        unsafe {
+            let h = _mm512_cvtepi32_epi16(_mm512_castps_si512(self.0));
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), h)
+        }
+    }
+    #[inline(always)]
+    fn store_f16(self, dst: &mut [half::f16; 16]) {
+        // SAFETY: see the impl comment (32 writable bytes; `half::f16` is a `repr(transparent)`
+        // u16). `vcvtps2ph` with an explicit round-to-nearest-even immediate rounds as IEEE
+        // (and `half`) does, whatever MXCSR's rounding mode.
+        unsafe {
+            let h = _mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(self.0);
+            _mm256_storeu_si256(dst.as_mut_ptr().cast(), h)
+        }
+    }
+    #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
         let p = dst.as_mut_ptr();
         if p.addr().is_multiple_of(64) {

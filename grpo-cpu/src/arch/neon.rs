@@ -146,6 +146,17 @@ impl F32x16 for Neon {
         }
     }
     #[inline(always)]
+    fn store_bf16_bits(self, dst: &mut [half::bf16; 16]) {
+        let p = dst.as_mut_ptr().cast::<u16>();
+        // SAFETY: as in `each!`; 16 writable u16 behind the exclusive reference (`half::bf16`
+        // is a `repr(transparent)` u16). `vmovn_u32` keeps each lane's low 16 bits.
+        unsafe {
+            let n = arr4!(|i| vmovn_u32(vreinterpretq_u32_f32(self.0[i])));
+            vst1q_u16(p, vcombine_u16(n[0], n[1]));
+            vst1q_u16(p.add(8), vcombine_u16(n[2], n[3]));
+        }
+    }
+    #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
         self.store(dst);
     }

@@ -86,6 +86,13 @@ impl F32x16 for Portable {
         *dst = self.0;
     }
     #[inline(always)]
+    fn store_bf16_bits(self, dst: &mut [half::bf16; 16]) {
+        for (d, x) in dst.iter_mut().zip(self.0) {
+            // Truncation to the low 16 bits, as the SIMD narrowing stores do.
+            *d = half::bf16::from_bits(x.to_bits() as u16);
+        }
+    }
+    #[inline(always)]
     fn prefetch(_p: *const u8) {}
 
     #[inline(always)]
