@@ -14,6 +14,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "jsd",
     "backward",
     "backward_in_place",
+    "backward_kl",
 ];
 
 /// The default shapes `(rows, vocab)`: a 32k-vocabulary batch and a Qwen-sized vocabulary.
@@ -117,7 +118,10 @@ fn logits(seed: u64, n: usize) -> Vec<f32> {
 fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String> {
     let n = c.rows * c.vocab;
     let z: Vec<S> = logits(1, n).into_iter().map(&conv).collect();
-    let needs_teacher = c.kernels.iter().any(|k| matches!(*k, "kl" | "jsd"));
+    let needs_teacher = c
+        .kernels
+        .iter()
+        .any(|k| matches!(*k, "kl" | "jsd" | "backward_kl"));
     let w: Vec<S> = if needs_teacher {
         logits(2, n).into_iter().map(&conv).collect()
     } else {
@@ -138,15 +142,21 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let (read, write) = match kernel {
             "kl" | "jsd" => (2 * n * size, 0),
             "backward" => (n * size, n * 4),
+            // Distillation: student and teacher read, the student's gradient written.
+            "backward_kl" => (2 * n * size, n * 4),
             "backward_in_place" => (n * size, n * size),
             _ => (n * size, 0),
         };
-        let terms: GradTerms<'_, u32> = GradTerms {
+        // `backward_kl` adds a forward KL(p‖q) term towards the teacher row.
+        let terms: GradTerms<'_, u32, S> = GradTerms {
             logp: Some((&targets, &ones)),
             entropy: Some(&halves),
-            kl: None,
+            kl: (kernel == "backward_kl").then_some(KlTerm {
+                teacher: &w,
+                grad: &halves,
+                direction: KlDirection::Forward,
+            }),
         };
-        let _: Option<KlTerm<'_, f32>> = None;
         let mut fail: Option<String> = None;
         let (kernel_ms, roof_ms, roof_bytes);
         if write == 0 {
@@ -189,13 +199,13 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             let src = vec![1.0f32; half_elems];
             let mut dst = vec![0.0f32; half_elems];
             roof_bytes = half_elems * 8;
-            if kernel == "backward" {
-                grad = vec![0.0f32; n];
-            } else {
+            if kernel == "backward_in_place" {
                 inplace = z.clone();
+            } else {
+                grad = vec![0.0f32; n];
             }
             let mut f = || {
-                let r = if kernel == "backward" {
+                let r = if kernel != "backward_in_place" {
                     c.cpu
                         .backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad)
                 } else {

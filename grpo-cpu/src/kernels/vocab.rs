@@ -760,121 +760,159 @@ pub(crate) fn pair_row<V: F32x16, S: Load, U: Load>(
     (st.unwrap_or(EMPTY_PAIR), b.flags)
 }
 
-/// The lane form of `canon::grad_step` for 16 non-target elements (`o` starts at 0), or, with
-/// `o = g_lp`, for the target element in every lane.
+/// `(x − max)·τ + neg_ln_sum` — a log-softmax of `canon::grad_step` — with `SCALED = false`
+/// for τ = 1, where `(x − max)·1 + c` is the single rounding `(x − max) + c`: an add instead of
+/// an FMA, which frees the FMA ports the gradient loops are bound by.
 #[inline(always)]
-fn grad_step<V: F32x16>(z: V, w: V, o: V, c: &GradCoef, kl: KlGrad) -> V {
-    let tau = V::splat(c.tau);
-    let sign = V::splat(-0.0);
-    let lp = z
-        .sub(V::splat(c.p.max))
-        .mul_add(tau, V::splat(c.p.neg_ln_sum));
-    let lpc = V::splat(D_MIN).max(lp);
-    let p = exp_nonpos_clamped(lpc);
-    let mut k = V::splat(c.g_h).mul_add(lpc.add(V::splat(c.h)), V::splat(c.g_lp));
+fn log_softmax_lanes<V: F32x16, const SCALED: bool>(x: V, max: V, neg_ln_sum: V, tau: V) -> V {
+    let d = x.sub(max);
+    if SCALED {
+        d.mul_add(tau, neg_ln_sum)
+    } else {
+        d.add(neg_ln_sum)
+    }
+}
+
+/// The lane form of `canon::grad_step` for `N` vectors at once, operation by operation across
+/// all `N` (same bits per lane; interleaved dependency chains, see `exp_nonpos_clamped_n`).
+/// `z` are student logits, `w` the teacher's (ignored for `KlGrad::None`), `o` the additive
+/// start: 0 for non-target elements, `g_lp` for the target in every lane. `SCALED = false` is
+/// for τ = 1 (the log-softmaxes above, and the final `·τ` skipped — exact).
+///
+/// One step for every KL mode: the KL terms used to run one vector at a time through a
+/// separate step. Interleaving them measured no faster (`grpo-bench vocab --kernel
+/// backward_kl`, f32, 2 threads, alternating binaries: 47.8 / 59.6 → 46.6 / 56.6 ms median at
+/// 2048 × 32768 / 512 × 151936, within the noise): a KL backward is dominated by its two
+/// passes over two rows — the pair statistics (teacher log-sum-exp and KL value) and then the
+/// gradient.
+#[inline(always)]
+fn grad_steps<V: F32x16, const N: usize, const SCALED: bool>(
+    z: [V; N],
+    w: [V; N],
+    o: [V; N],
+    c: &GradCoef,
+    kl: KlGrad,
+) -> [V; N] {
+    let (tau, dmin) = (V::splat(c.tau), V::splat(D_MIN));
+    let (pmax, pnls) = (V::splat(c.p.max), V::splat(c.p.neg_ln_sum));
+    let (mut lp, mut lpc) = (z, z);
+    for i in 0..N {
+        lp[i] = log_softmax_lanes::<V, SCALED>(z[i], pmax, pnls, tau);
+        lpc[i] = dmin.max(lp[i]);
+    }
+    let p = exp_nonpos_clamped_n(lpc);
+    let (g_h, h, g_lp) = (V::splat(c.g_h), V::splat(c.h), V::splat(c.g_lp));
+    let mut k = z;
+    for i in 0..N {
+        k[i] = g_h.mul_add(lpc[i].add(h), g_lp);
+    }
     let mut o = o;
-    match kl {
-        KlGrad::None => {}
-        KlGrad::Forward => {
-            let lq = w
-                .sub(V::splat(c.q.max))
-                .mul_add(tau, V::splat(c.q.neg_ln_sum));
-            let neg_max = V::splat(LOG_RATIO_FLOOR);
-            let g = neg_max.max(lp).sub(neg_max.max(lq));
-            k = V::splat(-c.g_kl).mul_add(g.sub(V::splat(c.kl)), k);
+    if kl != KlGrad::None {
+        let (qmax, qnls) = (V::splat(c.q.max), V::splat(c.q.neg_ln_sum));
+        let neg_g_kl = V::splat(-c.g_kl);
+        let mut lq = w;
+        for i in 0..N {
+            lq[i] = log_softmax_lanes::<V, SCALED>(w[i], qmax, qnls, tau);
         }
-        KlGrad::Reverse => {
-            let lq = w
-                .sub(V::splat(c.q.max))
-                .mul_add(tau, V::splat(c.q.neg_ln_sum));
-            let q = exp_nonpos_clamped(V::splat(D_MIN).max(lq));
-            k = k.sub(V::splat(c.g_kl));
-            o = V::splat(-c.g_kl).mul_add(q, o);
-        }
-    }
-    p.xor(sign).mul_add(k, o).mul(tau)
-}
-
-/// [`grad_step`] without a KL term for `N` non-target vectors, operation by operation across
-/// all `N` (same bits; interleaved chains, see `exp_nonpos_clamped_n`). `SCALED = false` is
-/// for τ = 1: `(z − m)·1 + c` is the single rounding `(z − m) + c` (an add instead of an FMA,
-/// which frees the FMA ports this loop is bound by) and the final `·τ` is skipped — exact.
-#[inline(always)]
-fn grad_step_n<V: F32x16, const N: usize, const SCALED: bool>(z: [V; N], c: &GradCoef) -> [V; N] {
-    let tau = V::splat(c.tau);
-    let (pmax, nls, h, g_h, g_lp) = (
-        V::splat(c.p.max),
-        V::splat(c.p.neg_ln_sum),
-        V::splat(c.h),
-        V::splat(c.g_h),
-        V::splat(c.g_lp),
-    );
-    let mut lpc = z;
-    for i in 0..N {
-        let d = z[i].sub(pmax);
-        let lp = if SCALED {
-            d.mul_add(tau, nls)
+        if kl == KlGrad::Forward {
+            let (floor, kl_value) = (V::splat(LOG_RATIO_FLOOR), V::splat(c.kl));
+            for i in 0..N {
+                let g = floor.max(lp[i]).sub(floor.max(lq[i]));
+                k[i] = neg_g_kl.mul_add(g.sub(kl_value), k[i]);
+            }
         } else {
-            d.add(nls)
-        };
-        lpc[i] = V::splat(D_MIN).max(lp);
+            for x in &mut lq {
+                *x = dmin.max(*x);
+            }
+            let q = exp_nonpos_clamped_n(lq);
+            let g_kl = V::splat(c.g_kl);
+            for i in 0..N {
+                k[i] = k[i].sub(g_kl);
+                o[i] = neg_g_kl.mul_add(q[i], o[i]);
+            }
+        }
     }
-    let mut p = exp_nonpos_clamped_n(lpc);
     let sign = V::splat(-0.0);
-    let zero = V::splat(0.0);
+    let mut g = p;
     for i in 0..N {
-        let k = g_h.mul_add(lpc[i].add(h), g_lp);
-        let g = p[i].xor(sign).mul_add(k, zero);
-        p[i] = if SCALED { g.mul(tau) } else { g };
+        let x = p[i].xor(sign).mul_add(k[i], o[i]);
+        g[i] = if SCALED { x.mul(tau) } else { x };
     }
-    p
+    g
 }
 
-/// The KL-free gradient of the chunks `z` into `out` (streaming stores), `UNROLL` chunks at
-/// a time.
+/// `N` chunks of a row loaded as lanes, with the cache lines `PREFETCH_BYTES` ahead requested
+/// (`i` = index of the first chunk in the row).
 #[inline(always)]
-fn grad_chunks_into<V: F32x16, S: Load, const SCALED: bool>(
+fn load_chunks<V: F32x16, S: Load, const N: usize>(c: &[[S; 16]], i: usize) -> [V; N] {
+    let mut x = [V::splat(0.0); N];
+    for k in 0..N {
+        prefetch_ahead::<V, S>(&c[k], i + k);
+        x[k] = S::load::<V>(&c[k]);
+    }
+    x
+}
+
+/// The gradient of `N` chunks starting at chunk `i` of `z` (and of the teacher `w`, read only
+/// when `kl` is not `None`), non-target elements.
+#[inline(always)]
+fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     z: &[[S; 16]],
+    w: &[[U; 16]],
+    i: usize,
+    c: &GradCoef,
+    kl: KlGrad,
+) -> [V; N] {
+    let x = load_chunks::<V, S, N>(&z[i..i + N], i);
+    let t = if kl == KlGrad::None {
+        x
+    } else {
+        load_chunks::<V, U, N>(&w[i..i + N], i)
+    };
+    grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
+}
+
+/// The gradient of the chunks `z` into `out` (streaming stores), `UNROLL` chunks at a time;
+/// `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`.
+#[inline(always)]
+fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
+    z: &[[S; 16]],
+    w: &[[U; 16]],
     out: &mut [[f32; 16]],
     c: &GradCoef,
+    kl: KlGrad,
 ) {
-    let mut zq = z.chunks_exact(UNROLL);
-    let mut oq = out.chunks_exact_mut(UNROLL);
-    for (j, (zv, o)) in (&mut zq).zip(&mut oq).enumerate() {
-        for k in 0..UNROLL {
-            prefetch_ahead::<V, S>(&zv[k], j * UNROLL + k);
-        }
-        let mut x = [V::splat(0.0); UNROLL];
-        for k in 0..UNROLL {
-            x[k] = S::load::<V>(&zv[k]);
-        }
-        let g = grad_step_n::<V, UNROLL, SCALED>(x, c);
+    let whole = z.len() / UNROLL * UNROLL;
+    for (j, o) in out[..whole].chunks_exact_mut(UNROLL).enumerate() {
+        let g = grad_chunks::<V, S, U, UNROLL, SCALED>(z, w, j * UNROLL, c, kl);
         for k in 0..UNROLL {
             g[k].store_stream(&mut o[k]);
         }
     }
-    for (zv, o) in zq.remainder().iter().zip(oq.into_remainder()) {
-        grad_step_n::<V, 1, SCALED>([S::load::<V>(zv)], c)[0].store_stream(o);
+    for i in whole..z.len() {
+        grad_chunks::<V, S, U, 1, SCALED>(z, w, i, c, kl)[0].store_stream(&mut out[i]);
     }
 }
 
-/// The KL-free gradient of the chunks `z` written over them, `UNROLL` chunks at a time.
+/// The gradient of the chunks `z` written over them, `UNROLL` chunks at a time (`w` as in
+/// [`grad_chunks_into`]).
 #[inline(always)]
-fn grad_chunks_in_place<V: F32x16, S: Load, const SCALED: bool>(z: &mut [[S; 16]], c: &GradCoef) {
-    let mut zq = z.chunks_exact_mut(UNROLL);
-    for zv in &mut zq {
-        let mut x = [V::splat(0.0); UNROLL];
+fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
+    z: &mut [[S; 16]],
+    w: &[[U; 16]],
+    c: &GradCoef,
+    kl: KlGrad,
+) {
+    let whole = z.len() / UNROLL * UNROLL;
+    for j in (0..whole).step_by(UNROLL) {
+        let g = grad_chunks::<V, S, U, UNROLL, SCALED>(z, w, j, c, kl);
         for k in 0..UNROLL {
-            x[k] = S::load::<V>(&zv[k]);
-        }
-        let g = grad_step_n::<V, UNROLL, SCALED>(x, c);
-        for k in 0..UNROLL {
-            S::store_grad(g[k], &mut zv[k]);
+            S::store_grad(g[k], &mut z[j + k]);
         }
     }
-    for zv in zq.into_remainder() {
-        let g = grad_step_n::<V, 1, SCALED>([S::load::<V>(zv)], c)[0];
-        S::store_grad(g, zv);
+    for i in whole..z.len() {
+        let g = grad_chunks::<V, S, U, 1, SCALED>(z, w, i, c, kl)[0];
+        S::store_grad(g, &mut z[i]);
     }
 }
 
@@ -882,7 +920,14 @@ fn grad_chunks_in_place<V: F32x16, S: Load, const SCALED: bool>(z: &mut [[S; 16]
 #[inline(always)]
 fn grad1<V: F32x16>(z: f32, w: f32, target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
     let o = V::splat(if target { c.g_lp } else { 0.0 });
-    grad_step(V::splat(z), V::splat(w), o, c, kl).to_array()[0]
+    grad_steps::<V, 1, true>([V::splat(z)], [V::splat(w)], [o], c, kl)[0].to_array()[0]
+}
+
+/// The KL mode the chunk loops run: `kl`, or `None` when there is no teacher of the row's
+/// length (the callers validate that there is one whenever `kl` is not `None`).
+#[inline(always)]
+fn chunk_kl(kl: KlGrad, teacher_len: usize, n: usize) -> KlGrad {
+    if teacher_len < n { KlGrad::None } else { kl }
 }
 
 /// `canon::grad_step` for every element of a row except the target term (the caller patches
@@ -904,23 +949,19 @@ fn grad_into<V: F32x16, S: Load, U: Load>(
     for i in 0..head {
         out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
     }
-    let zero = V::splat(0.0);
     let (zc, _) = z[head..n].as_chunks::<16>();
     let (oc, _) = out[head..n].as_chunks_mut::<16>();
-    if kl == KlGrad::None || w.len() < n {
-        // τ = 1: see `grad_step_n`.
-        if c.tau == 1.0 {
-            grad_chunks_into::<V, S, false>(zc, oc, c);
-        } else {
-            grad_chunks_into::<V, S, true>(zc, oc, c);
-        }
+    let ck = chunk_kl(kl, w.len(), n);
+    let wc = if ck == KlGrad::None {
+        &[]
     } else {
-        let (wc, _) = w[head..n].as_chunks::<16>();
-        for ((zv, wv), o) in zc.iter().zip(wc).zip(oc.iter_mut()) {
-            V::prefetch(zv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
-            V::prefetch(wv.as_ptr().cast::<u8>().wrapping_add(PREFETCH_BYTES));
-            grad_step(S::load::<V>(zv), U::load::<V>(wv), zero, c, kl).store_stream(o);
-        }
+        w[head..n].as_chunks::<16>().0
+    };
+    // τ = 1: see `grad_steps`.
+    if c.tau == 1.0 {
+        grad_chunks_into::<V, S, U, false>(zc, wc, oc, c, ck);
+    } else {
+        grad_chunks_into::<V, S, U, true>(zc, wc, oc, c, ck);
     }
     for i in head + zc.len() * 16..n {
         out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
@@ -939,22 +980,19 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
 ) {
     let wv = |i: usize| w.get(i).map_or(0.0, |v| v.to_f32());
     let target = y.and_then(|y| Some((y, grad1::<V>(z.get(y)?.to_f32(), wv(y), true, c, kl))));
-    let zero = V::splat(0.0);
     let n = z.len();
+    let ck = chunk_kl(kl, w.len(), n);
     let (zc, zt) = z.as_chunks_mut::<16>();
     let done = zc.len() * 16;
-    if kl == KlGrad::None || w.len() < n {
-        if c.tau == 1.0 {
-            grad_chunks_in_place::<V, S, false>(zc, c);
-        } else {
-            grad_chunks_in_place::<V, S, true>(zc, c);
-        }
+    let wc = if ck == KlGrad::None {
+        &[]
     } else {
-        let (wc, _) = w.as_chunks::<16>();
-        for (zv, wv) in zc.iter_mut().zip(wc) {
-            let g = grad_step(S::load::<V>(zv), U::load::<V>(wv), zero, c, kl);
-            S::store_grad(g, zv);
-        }
+        w[..done].as_chunks::<16>().0
+    };
+    if c.tau == 1.0 {
+        grad_chunks_in_place::<V, S, U, false>(zc, wc, c, ck);
+    } else {
+        grad_chunks_in_place::<V, S, U, true>(zc, wc, c, ck);
     }
     for (i, x) in zt.iter_mut().enumerate() {
         *x = S::from_f32(grad1::<V>(x.to_f32(), wv(done + i), false, c, kl));
