@@ -9,6 +9,9 @@
 //!   `dtype` = the logits' storage; bytes = the logits read once.
 //! - `backward`: the fused backward per dtype; bytes = the logits read once + the f32 gradient
 //!   written once (the kernel reads each row twice; the second read is not counted).
+//! - `kl`: KL(p‖q) between every student row and a teacher row per dtype; bytes = both rows
+//!   read once (the kernel reads each pair twice, its shifts taken to the final row maxima;
+//!   the second read is not counted).
 //! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
 //!   `rows` = sequences of 1024 tokens, `vocab` = tokens per sequence, `tokens_per_s`; bytes =
 //!   28 per token, what the kernel moves: lp, old, adv and the 4-byte mask word read, value,
@@ -32,7 +35,7 @@
 
 use grpo_core::Tokens;
 use grpo_core::loss::{PolicyInputs, PpoClipConfig};
-use grpo_wgpu::{GpuContext, GpuError, LogitStorage, Resident, VocabKernel};
+use grpo_wgpu::{GpuContext, GpuError, LogitStorage, Resident, ResidentVocab, VocabKernel};
 
 use crate::{Args, interleaved_medians};
 
@@ -237,13 +240,18 @@ impl Bench<'_> {
             );
         }
         let logits = logits(rows * o.vocab, conv);
+        // The teacher: the student's rows in reverse order (different rows, same values).
+        let teacher: Vec<L> = logits.iter().rev().copied().collect();
         let k = VocabKernel::new(self.ctx);
-        for (kernel, backward) in [("fused", false), ("backward", true)] {
+        let n = (rows * o.vocab) as u64;
+        for (kernel, what, bytes) in [
+            ("fused", ResidentVocab::Forward, n * elem),
+            ("backward", ResidentVocab::Backward, n * elem + n * 4),
+            ("kl", ResidentVocab::Kl { teacher: &teacher }, 2 * n * elem),
+        ] {
             let work = k
-                .resident(&logits, o.vocab, backward)
+                .resident(&logits, o.vocab, what)
                 .map_err(|e| format!("{kernel} {dtype}: {e}"))?;
-            let n = (rows * o.vocab) as u64;
-            let bytes = n * elem + if backward { n * 4 } else { 0 };
             let (ms, roof_bytes, roof_ms) = self.time(&work, bytes)?;
             drop(work);
             let row = Row {

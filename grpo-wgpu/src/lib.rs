@@ -44,4 +44,4 @@ pub use context::{Arg, GpuContext, Resident};
 pub use error::{GpuError, Result};
 pub use loss::LossKernel;
 pub use shaders::{LogitDtype, ShaderId};
-pub use vocab::{ForwardOut, LogitStorage, VocabKernel};
+pub use vocab::{ForwardOut, LogitStorage, ResidentVocab, VocabKernel};

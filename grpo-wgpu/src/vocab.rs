@@ -75,6 +75,21 @@ impl VocabParams {
     }
 }
 
+/// What [`VocabKernel::resident`] runs (a benchmark hook).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub enum ResidentVocab<'a, L> {
+    /// The fused forward: lse, log-prob and entropy.
+    Forward,
+    /// The fused backward: f32 gradient out, upstream gradients 1 (log-prob) and 0.5 (entropy).
+    Backward,
+    /// KL(p‖q) of every row pair, the student being the logits.
+    Kl {
+        /// The teacher rows (as many as the logits).
+        teacher: &'a [L],
+    },
+}
+
 /// What [`VocabKernel::dispatch_rows`] runs: an entry point over `logits` (`vocab` per row)
 /// with one target per row (`checked`: the targets the status check validates, if any).
 struct RowDispatch<'a, L> {
@@ -299,24 +314,29 @@ impl<'c> VocabKernel<'c> {
         (bytemuck::cast_slice(&logits[lo..end]), base)
     }
 
-    /// Benchmark hook: the fused forward (`backward = false`: lse, log-prob, entropy) or the
-    /// fused backward (f32 gradient out, upstream gradients 1 and 0.5) over `rows × vocab`
-    /// logits uploaded once, as one dispatch over every row; each [`Resident::run`] times only
-    /// the kernel (no upload, no readback, no status check). Targets are 0.
+    /// Benchmark hook: `what` over `rows × vocab` logits uploaded once (T = 1), as one dispatch
+    /// over every row; each [`Resident::run`] times only the kernel (no upload, no readback, no
+    /// status check). Targets are 0.
     ///
     /// # Errors
-    /// As [`VocabKernel::forward`]; [`GpuError::TooLarge`] when the logits or the gradient do
-    /// not fit one binding, [`GpuError::TooManyWorkgroups`] when the rows (one workgroup each)
-    /// do not fit one dispatch dimension (the benchmark runs one chunk).
+    /// As [`VocabKernel::forward`] (and [`VocabKernel::kl`] for a teacher of another length);
+    /// [`GpuError::TooLarge`] when the logits or the gradient do not fit one binding,
+    /// [`GpuError::TooManyWorkgroups`] when the rows (one workgroup each) do not fit one
+    /// dispatch dimension (the benchmark runs one chunk).
     #[doc(hidden)]
     pub fn resident<L: LogitStorage>(
         &self,
         logits: &[L],
         vocab: usize,
-        backward: bool,
+        what: ResidentVocab<'_, L>,
     ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
-        self.validate(logits, vocab, rows, 1.0)?;
+        match what {
+            ResidentVocab::Kl { teacher } => {
+                self.validate_pair(logits, teacher, vocab, rows, 1.0)?
+            }
+            _ => self.validate(logits, vocab, rows, 1.0)?,
+        };
         let per_dimension = self.ctx.max_groups();
         if rows > per_dimension as usize {
             return Err(GpuError::TooManyWorkgroups {
@@ -335,11 +355,19 @@ impl<'c> VocabKernel<'c> {
             (3, Arg::Out((rows * 16) as u64)),
             (4, Arg::Uniform(bytemuck::bytes_of(&params))),
         ];
-        if backward {
-            args.push((6, Arg::Out((rows * vocab * 4) as u64)));
-            args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
-        }
-        let entry = if backward { "backward" } else { "forward" };
+        let entry = match what {
+            ResidentVocab::Forward => "forward",
+            ResidentVocab::Backward => {
+                args.push((6, Arg::Out((rows * vocab * 4) as u64)));
+                args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
+                "backward"
+            }
+            ResidentVocab::Kl { teacher } => {
+                // As `kl`: the teacher in binding 5 (the targets binding stays, unused).
+                args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
+                "kl"
+            }
+        };
         self.ctx.resident(
             ShaderId::Vocab(L::DTYPE),
             &args,

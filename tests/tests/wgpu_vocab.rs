@@ -6,7 +6,7 @@ use grpo_core::Error;
 use grpo_core::vocab::KlDirection;
 use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
-use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
+use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, ResidentVocab, VocabKernel};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -718,7 +718,16 @@ fn chunked_rows_give_the_same_bits() {
     ctx.set_max_workgroups_per_dimension(3);
     assert_eq!(run(&k), whole_fwd);
     assert_eq!(
-        k.resident(&logits, vocab, false).err(),
+        k.resident(&logits, vocab, ResidentVocab::Forward).err(),
+        Some(GpuError::TooManyWorkgroups {
+            needed: 7,
+            limit: 3,
+            per_dimension: 3
+        })
+    );
+    assert_eq!(
+        k.resident(&logits, vocab, ResidentVocab::Kl { teacher: &teacher })
+            .err(),
         Some(GpuError::TooManyWorkgroups {
             needed: 7,
             limit: 3,
@@ -726,6 +735,16 @@ fn chunked_rows_give_the_same_bits() {
         })
     );
     ctx.set_max_workgroups_per_dimension(u32::MAX);
+    // The KL hook validates its teacher as `kl` does.
+    let short = &teacher[1..];
+    let mut out = vec![0f32; rows];
+    let kl_err = k.kl(&logits, short, vocab, 1.0, KlDirection::Forward, &mut out);
+    assert!(kl_err.is_err());
+    assert_eq!(
+        k.resident(&logits, vocab, ResidentVocab::Kl { teacher: short })
+            .err(),
+        kl_err.err()
+    );
     // A row larger than the cap (301·2 + 4 bytes > 500) is TooLarge, not a wrong answer.
     ctx.set_binding_cap(500);
     let mut lse = vec![0f32; rows];
