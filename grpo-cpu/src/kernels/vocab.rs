@@ -25,6 +25,8 @@ use super::math::{
 use crate::lanes::F32x16;
 
 /// Chunks of 16 whose exponentials are computed together (see `exp_nonpos_clamped_n`).
+/// Measured (fused f32, 64 × 8192 in cache, one thread, median of 9 alternated runs, Zen 4):
+/// 2 → 0.160 ms, 4 → 0.157 ms, 8 → 0.167 ms.
 const UNROLL: usize = 4;
 
 /// How far ahead of the step pass the next cache lines are requested: 8 KiB (one f32 block).
