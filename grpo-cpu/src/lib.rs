@@ -3,6 +3,13 @@
 //! Fast CPU kernels for grpo-core's operations: SIMD backends (AVX-512, AVX2+FMA, NEON) and row
 //! parallelism, **bit-identical** to grpo-core for every ISA and thread count.
 //!
+//! The contract assumes the default floating-point environment on every thread that runs a
+//! kernel — the calling thread and the pool's: round to nearest even, no flush-to-zero, no
+//! denormals-are-zero (Rust's default). A host that changes it (for example PyTorch's
+//! `torch.set_flush_denormal(True)`, which sets FTZ/DAZ in the calling thread's MXCSR on x86,
+//! inherited by threads it creates later) can change results wherever a subnormal appears, and
+//! the rows a pool thread computes may then differ from the calling thread's.
+//!
 //! - [`Backend`]: the instruction set, detected once; [`Cpu`]: a backend plus a thread pool.
 //! - Vocabulary row operations as methods of [`Cpu`] (`stats_rows`, `logprob_entropy_rows`,
 //!   `kl_rows`, `jsd_rows`, `backward_rows`, `backward_rows_in_place`): grpo-core's
