@@ -93,5 +93,8 @@ mod tests {
             assert_eq!(Backend::avx512().is_some(), has);
             assert_eq!(Backend::neon(), None);
         }
+        // NEON is part of the AArch64 baseline (CI runs these tests under qemu-aarch64).
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(Backend::detect(), Backend::Neon);
     }
 }
