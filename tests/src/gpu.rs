@@ -1,9 +1,11 @@
 //! The shared GPU context of the GPU tests and the skip/require rule of DESIGN.md: without an
-//! adapter a GPU test prints why it skips and passes, unless `GRPO_REQUIRE_GPU=1`, where it fails.
+//! adapter a GPU test prints why it skips and passes, unless `GRPO_REQUIRE_GPU=1`, where it fails;
+//! and the proptest runner every GPU property test uses.
 
 use std::sync::OnceLock;
 
 use grpo_wgpu::GpuContext;
+use proptest::test_runner::{Config, TestRunner};
 
 static CTX: OnceLock<Result<GpuContext, String>> = OnceLock::new();
 
@@ -45,4 +47,19 @@ pub fn cases() -> u32 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(48)
+}
+
+/// The proptest runner of the GPU property tests: [`cases`] cases.
+pub fn runner() -> TestRunner {
+    runner_with_cases(cases())
+}
+
+/// A GPU proptest runner of `n` cases, without failure persistence (a failing case is printed
+/// with its inputs instead of written to a file).
+pub fn runner_with_cases(n: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases: n,
+        failure_persistence: None,
+        ..Config::default()
+    })
 }

@@ -14,15 +14,6 @@ use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, Tol, tolerance, ulp_distance};
 use grpo_wgpu::{AdvantageKernel, GpuError};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
-
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// Scores of one batch: binary, small integers, continuous, huge, or all equal.
 fn score() -> impl Strategy<Value = f32> {
@@ -186,7 +177,7 @@ fn zscore_family_matches_grpo_core() {
         } else {
             1
         };
-        runner()
+        gpu::runner()
             .run(&batch(min, nan), |b| {
                 let mut want = vec![0f32; b.scores.len()];
                 let core = zscore(&b.scores, b.groups(), &cfg, &mut want);
@@ -221,7 +212,7 @@ fn dial_gamma_matches_grpo_core() {
         return;
     };
     let k = AdvantageKernel::new(ctx);
-    runner()
+    gpu::runner()
         .run(&(batch(1, false), 0.0f64..=1.0), |(b, gamma)| {
             let cfg = ZScoreConfig::default().with_gamma(gamma);
             let mut want = vec![0f32; b.scores.len()];
@@ -247,7 +238,7 @@ fn rloo_matches_grpo_core() {
     let k = AdvantageKernel::new(ctx);
     for p in [Preset::Paper, Preset::Verl, Preset::Trl, Preset::OpenRlhf] {
         let cfg = RlooConfig::from_preset(p);
-        runner()
+        gpu::runner()
             .run(&batch(1, cfg.nan == NanPolicy::Exclude), |b| {
                 let mut want = vec![0f32; b.scores.len()];
                 let core = rloo(&b.scores, b.groups(), &cfg, &mut want);
@@ -286,7 +277,7 @@ fn gopo_and_g2rpo_match_grpo_core() {
             ties,
             nan: NanPolicy::Exclude,
         };
-        runner()
+        gpu::runner()
             .run(&batch(2, true), |b| {
                 let n = b.scores.len();
                 let mut want = vec![0f32; n];
@@ -306,7 +297,7 @@ fn gopo_and_g2rpo_match_grpo_core() {
     let cfg = G2rpoConfig {
         nan: NanPolicy::Exclude,
     };
-    runner()
+    gpu::runner()
         .run(&batch(1, true), |b| {
             let n = b.scores.len();
             let mut want = vec![0f32; n];
@@ -351,7 +342,7 @@ fn gdpo_matches_grpo_core() {
         )
     });
     let cfg = GdpoConfig::from_preset(Preset::Trl);
-    runner()
+    gpu::runner()
         .run(&strat, |(b, kk, rewards, weights)| {
             let n = b.scores.len();
             let mut want = vec![0f32; n];

@@ -15,15 +15,6 @@ use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, tolerance, ulp_distance};
 use grpo_wgpu::{GpuError, LossKernel};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
-
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 #[derive(Debug, Clone)]
 struct Batch {
@@ -189,7 +180,7 @@ fn ppo_clip_matches_grpo_core() {
     let k = LossKernel::new(ctx);
     let configs = ppo_configs();
     for cfg in &configs {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.lp.len();
                 let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
@@ -246,7 +237,7 @@ fn cispo_and_sapo_match_grpo_core() {
         CispoConfig::from_preset(Preset::Verl),
         CispoConfig::from_preset(Preset::Trl),
     ] {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.lp.len();
                 let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
@@ -275,7 +266,7 @@ fn cispo_and_sapo_match_grpo_core() {
         SapoConfig::from_preset(Preset::Paper),
         SapoConfig::from_preset(Preset::Trl),
     ] {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.lp.len();
                 let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
@@ -333,7 +324,7 @@ fn reinforce_matches_grpo_core() {
         return;
     };
     let k = LossKernel::new(ctx);
-    runner()
+    gpu::runner()
         .run(&(batch(), any::<bool>()), |(b, weighted)| {
             let n = b.lp.len();
             let w: Vec<f32> = (0..n).map(|t| 0.5 + (t % 3) as f32 * 0.25).collect();
@@ -414,7 +405,7 @@ fn kl_penalties_match_grpo_core() {
         };
         for cfg in configs {
             let lim = cfg.input_clamp.map_or(guard, |c| c.min(guard));
-            runner()
+            gpu::runner()
                 .run(&kl_batch(), |b| {
                     let n = b.lp.len();
                     // Sometimes `old`, which these estimators ignore (its length is checked).
@@ -705,7 +696,7 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                 43.36
             };
             let lim = cfg.input_clamp.map_or(exp_guard, |c| c.min(exp_guard));
-            runner()
+            gpu::runner()
                 .run(&kl_batch(), |b| {
                     let n = b.lp.len();
                     // Sometimes `old` for the estimators that ignore it (its values unread).
@@ -1072,7 +1063,7 @@ fn gspo_and_gspo_token_match_grpo_core() {
         },
     ];
     for cfg in &gspo_cfgs {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.lp.len();
                 let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
@@ -1109,7 +1100,7 @@ fn gspo_and_gspo_token_match_grpo_core() {
             .unwrap();
     }
     let cfg = GspoTokenConfig::from_preset(Preset::Verl);
-    runner()
+    gpu::runner()
         .run(&batch(), |b| {
             let n = b.lp.len();
             let (mut cv, mut cg) = (vec![0f32; n], vec![0f32; n]);
@@ -1236,7 +1227,7 @@ fn is_weights_match_grpo_core() {
         IsConfig::default(),
     ];
     for cfg in &configs {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 // lp plays old (trainer), old plays roll (rollout engine): r = lp − old.
                 let n = b.lp.len();
@@ -1377,7 +1368,7 @@ fn p3o_and_ess_match_grpo_core() {
         P3oConfig::from_preset(Preset::Paper),
         P3oConfig::from_preset(Preset::Trl),
     ] {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.lp.len();
                 let sc = ess_stats(&cfg, &b.inputs());
@@ -2006,13 +1997,13 @@ fn geometric_and_normalised_is_weights_match_grpo_core() {
     let configs = geometric_configs();
     for cfg in &configs {
         // Packed (with empty and all-masked sequences): lp plays old, old plays roll.
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 check_is_case(&k, cfg, &b.lp, &b.old, &b.tokens(), &st)
             })
             .unwrap();
         // Padded rows.
-        runner()
+        gpu::runner()
             .run(&padded_is(), |p| {
                 let tok = Tokens::padded(p.rows, p.len, Some(&p.mask));
                 check_is_case(&k, cfg, &p.old, &p.roll, &tok, &st)
@@ -2024,7 +2015,7 @@ fn geometric_and_normalised_is_weights_match_grpo_core() {
             IsFilter::Mask { lo, hi } | IsFilter::GeometricMask { lo, hi } => vec![lo, hi],
             IsFilter::None => vec![0.5, 1.0, 2.0],
         };
-        runner()
+        gpu::runner()
             .run(&near_bounds(bounds), |(old, roll, cu)| {
                 check_is_case(&k, cfg, &old, &roll, &Tokens::packed(&cu, None), &st)
             })

@@ -22,18 +22,9 @@ use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, exp_ulps, tolerance, ulp_distance};
 use grpo_wgpu::{GpuError, LossKernel};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 use RejectLevel::{SeqMax, SeqMean, SeqSum, Token};
 use RejectStat::{K1, K2, K3};
-
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 #[derive(Debug, Clone)]
 enum Layout {
@@ -536,20 +527,20 @@ fn rejection_masks_match_grpo_core() {
     let st = Stats::default();
     for (stat, level) in COMBOS {
         let one = criterion_of(stat, level).prop_map(|c| vec![c]);
-        runner()
+        gpu::runner()
             .run(&rejection_case(one), |(cs, b)| {
                 check_rejection(&k, &cs, &b.a, &b.b, &b.tokens(), &st).map(|_| ())
             })
             .unwrap();
     }
     let several = prop::collection::vec(criterion(), 0..=4);
-    runner()
+    gpu::runner()
         .run(&rejection_case(several), |(cs, b)| {
             check_rejection(&k, &cs, &b.a, &b.b, &b.tokens(), &st).map(|_| ())
         })
         .unwrap();
     // No criterion: every valid token is kept.
-    runner()
+    gpu::runner()
         .run(&batch(vec![0.0]), |b| {
             let tokens = b.tokens();
             let d = check_rejection(&k, &[], &b.a, &b.b, &tokens, &st)?;
@@ -661,16 +652,12 @@ fn off_policy_sequence_masks_match_grpo_core() {
     let k = LossKernel::new(ctx);
     let st = Stats::default();
     // One configuration: four times the default case count.
-    TestRunner::new(Config {
-        cases: 4 * gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-    .run(&opsm_case(), |(delta, b, adv)| {
-        // `a` = b + r plays roll, `b` plays lp: roll − lp = r.
-        check_opsm(&k, &adv, &b.b, &b.a, &b.tokens(), delta, &st).map(|_| ())
-    })
-    .unwrap();
+    gpu::runner_with_cases(4 * gpu::cases())
+        .run(&opsm_case(), |(delta, b, adv)| {
+            // `a` = b + r plays roll, `b` plays lp: roll − lp = r.
+            check_opsm(&k, &adv, &b.b, &b.a, &b.tokens(), delta, &st).map(|_| ())
+        })
+        .unwrap();
     eprintln!(
         "off_policy_sequence_mask: {} cases; {} sequences compared exactly, dropped count exact \
          in {} cases; {} negative-advantage sequences with subnormal values ({} decided \

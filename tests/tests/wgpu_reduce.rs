@@ -10,15 +10,6 @@ use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, tolerance, ulp_distance};
 use grpo_wgpu::{GpuError, LossKernel};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
-
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
 
 /// A packed or padded batch of per-token values with NaN garbage at masked positions.
 #[derive(Debug, Clone)]
@@ -131,7 +122,7 @@ fn aggregate_matches_grpo_core() {
     // Fn closures: counters in Cells.
     let (max_ulp, oks, errs) = (Cell::new(0u64), Cell::new(0usize), Cell::new(0usize));
     for cfg in configs() {
-        runner()
+        gpu::runner()
             .run(&batch(), |b| {
                 let n = b.values.len();
                 let mut cw = vec![7f32; n];

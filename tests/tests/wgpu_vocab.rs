@@ -8,7 +8,6 @@ use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
 use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, ResidentVocab, VocabKernel};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 /// f64 log-softmax of one row at temperature `t`: (lse, log p). Each log-probability is taken
 /// relative to the row maximum, `(x − m) − ln s`, so rows of logits near ±f32::MAX keep f64's
@@ -156,14 +155,6 @@ fn check_forward<L: LogitStorage>(
     Ok(())
 }
 
-fn runner() -> TestRunner {
-    TestRunner::new(Config {
-        cases: gpu::cases(),
-        failure_persistence: None,
-        ..Config::default()
-    })
-}
-
 fn has_finite_rows(c: &Case, wide: &[f64]) -> bool {
     (0..c.rows).all(|r| {
         wide[r * c.vocab..(r + 1) * c.vocab]
@@ -178,7 +169,7 @@ fn forward_f32_matches_f64_reference() {
         return;
     };
     let k = VocabKernel::new(ctx);
-    runner()
+    gpu::runner()
         .run(&case(), |c| check_forward(&k, &c, Dtype::F32, |x| x, |x| x))
         .unwrap();
     eprintln!("forward f32: {} cases", gpu::cases());
@@ -190,7 +181,7 @@ fn forward_bf16_matches_f64_reference() {
         return;
     };
     let k = VocabKernel::new(ctx);
-    runner()
+    gpu::runner()
         .run(&case(), |c| {
             check_forward(
                 &k,
@@ -221,7 +212,7 @@ fn forward_f16_matches_f64_reference() {
         eprintln!("forward f16: adapter lacks SHADER_F16; checked the error instead");
         return;
     }
-    runner()
+    gpu::runner()
         .run(&case(), |c| {
             check_forward(&k, &c, Dtype::F16, half::f16::from_f32, half::f16::to_f32)
         })
@@ -272,7 +263,7 @@ fn kl_matches_f64_reference() {
         let n = c.logits.len();
         (Just(c), prop::collection::vec(-12.0f32..12.0, n))
     });
-    runner()
+    gpu::runner()
         .run(&strat, |(c, teacher)| {
             let (mut kl, mut rev) = (vec![0f32; c.rows], vec![0f32; c.rows]);
             let wide: Vec<f64> = c.logits.iter().map(|&x| x as f64).collect();
@@ -341,7 +332,7 @@ fn backward_matches_f64_reference() {
     };
     let k = VocabKernel::new(ctx);
     let strat = (case(), -2.0f32..2.0, -2.0f32..2.0);
-    runner()
+    gpu::runner()
         .run(&strat, |(c, g_lp, g_h)| {
             let g_lp = vec![g_lp; c.rows];
             let g_h = vec![g_h; c.rows];
@@ -996,7 +987,7 @@ fn run_jsd<L: LogitStorage + grpo_core::vocab::Logit>(
         return;
     }
     let err = std::cell::RefCell::new(JsdErr::default());
-    runner()
+    gpu::runner()
         .run(&jsd_case(), |c| check_jsd(&k, &c, dtype, f, back, &err))
         .unwrap();
     let e = err.into_inner();
