@@ -15,8 +15,8 @@ use rayon::prelude::*;
 use crate::arch;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
-    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairRows, lse_ok,
-    pair_ok,
+    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairNeed, PairRows,
+    lse_ok, pair_ok,
 };
 
 thread_local! {
@@ -89,13 +89,15 @@ impl Cpu {
         st
     }
 
-    /// Pair states and validation flags of validated-shape batches.
+    /// Pair states and validation flags of validated-shape batches, with the sums `need`
+    /// asks for (the others are unspecified).
     fn pair_states<S: Load, U: Load>(
         &self,
         z: &[S],
         w: &[U],
         vocab: usize,
         tau: f32,
+        need: PairNeed,
     ) -> Vec<(PairState, PairFlags)> {
         let mut st = vec![(EMPTY_PAIR, PairFlags::default()); z.len() / vocab];
         let backend = self.backend();
@@ -107,6 +109,7 @@ impl Cpu {
                     w: &w[r0 * vocab..(r0 + out.len()) * vocab],
                     vocab,
                     tau,
+                    need,
                     out,
                 },
             )
@@ -251,7 +254,11 @@ impl Cpu {
         if !shape_ok(student.len(), vocab, rows) || !shape_ok(teacher.len(), vocab, rows) {
             return fallback(core)(out);
         }
-        let st = self.pair_states(student, teacher, vocab, tau);
+        let need = match direction {
+            KlDirection::Forward => PairNeed::KlForward,
+            KlDirection::Reverse => PairNeed::KlReverse,
+        };
+        let st = self.pair_states(student, teacher, vocab, tau, need);
         let ok = st.iter().all(|(s, f)| {
             let support = match direction {
                 KlDirection::Forward => !f.forward,
@@ -370,7 +377,11 @@ impl Cpu {
         let g_lp = |r: usize| terms.logp.map_or(0.0, |(_, g)| g[r]);
         let (st, kl_grad): (Vec<(LseState, GradCoef)>, KlGrad) = match &terms.kl {
             Some(k) => {
-                let st = self.pair_states(logits, k.teacher, vocab, tau);
+                let need = match k.direction {
+                    KlDirection::Forward => PairNeed::GradForward,
+                    KlDirection::Reverse => PairNeed::GradReverse,
+                };
+                let st = self.pair_states(logits, k.teacher, vocab, tau, need);
                 let mut v = Vec::with_capacity(rows);
                 for (r, (s, f)) in st.iter().enumerate() {
                     let support = match k.direction {

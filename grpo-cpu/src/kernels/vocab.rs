@@ -271,8 +271,8 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 /// clamp `max_r(D_MIN, d)` is the identity, but skipping it measured no faster — 0.160
 /// against 0.159 ms median, 64 × 8192 f32 on one thread, 15 interleaved runs.)
 ///
-/// (The KL pair step was tried with the same scheme and measured no faster — 0.190 against
-/// 0.191 ms for 32 × 8192 f32 pairs on one thread — so it keeps the reference scaling.)
+/// `pair_steps` uses the same scheme (alone it measured no faster with all six pair sums, but
+/// with only the sums the caller needs it does; see there).
 #[inline(always)]
 fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
     chunks: &[[S; 16]],
@@ -462,7 +462,7 @@ impl<V: F32x16, S: Load> Blocks for LseBlocks<'_, V, S> {
     }
 }
 
-struct PairBlocks<'a, V, S, U> {
+struct PairBlocks<'a, V, S, U, const SUMS: u8> {
     z: &'a [S],
     w: &'a [U],
     tau: f32,
@@ -470,12 +470,12 @@ struct PairBlocks<'a, V, S, U> {
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load, U: Load> Blocks for PairBlocks<'_, V, S, U> {
+impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S, U, SUMS> {
     type St = PairState;
     #[inline(always)]
     fn block(&mut self, start: usize, end: usize) -> PairState {
         let (z, w) = (&self.z[start..end], &self.w[start..end]);
-        pair_block::<V, S, U>(z, w, self.tau, &mut self.flags)
+        pair_block::<V, S, U, SUMS>(z, w, self.tau, &mut self.flags)
     }
     #[inline(always)]
     fn merge(&mut self, a: PairState, b: PairState) -> PairState {
@@ -590,30 +590,102 @@ pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
     fold_blocks(z.len(), &mut b).unwrap_or(LseState::EMPTY)
 }
 
-/// The lane form of `canon::pair_step`; `acc` is `[sz, tz, sw, tw, u, v]`.
+/// What a pair pass has to produce for its caller. Both maxima and both sums of exponentials
+/// (`sz`, `sw`) are always computed; of the other sums of [`PairState`] only those the caller
+/// reads (each is one FMA per element pair in a compute-bound loop):
+///
+/// | need          | reader                                  | sums              |
+/// |---------------|-----------------------------------------|-------------------|
+/// | `Jsd`         | the JSD's log-softmax of both rows      | —                 |
+/// | `KlForward`   | `finish_kl(..).0`                       | `u`               |
+/// | `KlReverse`   | `finish_kl(..).1`                       | `v`               |
+/// | `GradForward` | `GradCoef::from_pair` with `KlGrad::Forward` (entropy, KL(p‖q)) | `tz`, `u` |
+/// | `GradReverse` | `GradCoef::from_pair` with `KlGrad::Reverse` (entropy; `kl` unread) | `tz` |
+///
+/// The sums left out are unspecified in the returned state (finite garbage: they start at 0
+/// and go through the merges). The teacher's `tw` (its entropy) is read by no operation, so
+/// it is never computed. Every computed sum has the reference's bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PairNeed {
+    Jsd,
+    KlForward,
+    KlReverse,
+    GradForward,
+    GradReverse,
+}
+
+/// `SUMS` bit of a pair pass: the student's `tz = Σ e_z·δz`.
+const SUM_TZ: u8 = 1;
+/// `SUMS` bit: `u = Σ e_z·(δz − δw)` (KL(p‖q)).
+const SUM_U: u8 = 2;
+/// `SUMS` bit: `v = Σ e_w·(δw − δz)` (KL(q‖p)).
+const SUM_V: u8 = 4;
+
+impl PairNeed {
+    /// Every need (for tests).
+    #[cfg(test)]
+    pub(crate) const ALL: [PairNeed; 5] = [
+        PairNeed::Jsd,
+        PairNeed::KlForward,
+        PairNeed::KlReverse,
+        PairNeed::GradForward,
+        PairNeed::GradReverse,
+    ];
+
+    /// The `SUMS` bits of this need.
+    pub(crate) const fn sums(self) -> u8 {
+        match self {
+            PairNeed::Jsd => 0,
+            PairNeed::KlForward => SUM_U,
+            PairNeed::KlReverse => SUM_V,
+            PairNeed::GradForward => SUM_TZ | SUM_U,
+            PairNeed::GradReverse => SUM_TZ,
+        }
+    }
+
+    /// Whether `tz`, `u`, `v` are computed.
+    #[cfg(test)]
+    pub(crate) const fn computes(self) -> (bool, bool, bool) {
+        let s = self.sums();
+        (s & SUM_TZ != 0, s & SUM_U != 0, s & SUM_V != 0)
+    }
+}
+
+/// The lane form of `canon::pair_step` for the sums `SUMS` asks for; `acc` is
+/// `[sz, tz, sw, tw, u, v]` (`tw` and the sums not asked for stay as they are).
 #[inline(always)]
-fn pair_step<V: F32x16>(z: V, w: V, tau: V, cz: V, cw: V, acc: &mut [V; 6]) {
+fn pair_step<V: F32x16, const SUMS: u8>(z: V, w: V, tau: V, cz: V, cw: V, acc: &mut [V; 6]) {
     let dmin = V::splat(D_MIN);
     let neg_max = V::splat(LOG_RATIO_FLOOR);
     let (dz, dw) = (z.sub(cz).mul(tau), w.sub(cw).mul(tau));
     let dzc = dmin.max(dz);
     let ez = exp_nonpos_clamped(dzc);
-    let dwc = dmin.max(dw);
-    let ew = exp_nonpos_clamped(dwc);
+    let ew = exp_nonpos_clamped(dmin.max(dw));
     let g = neg_max.max(dz).sub(neg_max.max(dw));
-    // −g is exact: flip the sign bit.
-    let neg_g = g.xor(V::splat(-0.0));
+    pair_accumulate::<V, SUMS>(ez, ew, dzc, g, acc);
+}
+
+/// The sums of one element pair (in the reference's order): `ez`, `ew` its exponentials,
+/// `dzc` the student's clamped difference, `g` the floored log-ratio difference.
+#[inline(always)]
+fn pair_accumulate<V: F32x16, const SUMS: u8>(ez: V, ew: V, dzc: V, g: V, acc: &mut [V; 6]) {
     acc[0] = acc[0].add(ez);
-    acc[1] = ez.mul_add(dzc, acc[1]);
+    if SUMS & SUM_TZ != 0 {
+        acc[1] = ez.mul_add(dzc, acc[1]);
+    }
     acc[2] = acc[2].add(ew);
-    acc[3] = ew.mul_add(dwc, acc[3]);
-    acc[4] = ez.mul_add(g, acc[4]);
-    acc[5] = ew.mul_add(neg_g, acc[5]);
+    if SUMS & SUM_U != 0 {
+        acc[4] = ez.mul_add(g, acc[4]);
+    }
+    if SUMS & SUM_V != 0 {
+        // −g is exact: flip the sign bit.
+        acc[5] = ew.mul_add(g.xor(V::splat(-0.0)), acc[5]);
+    }
 }
 
 /// `canon::pair_block` in lanes (`z` and `w` have the same length).
 #[inline(always)]
-fn pair_block<V: F32x16, S: Load, U: Load>(
+fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     z: &[S],
     w: &[U],
     tau: f32,
@@ -628,14 +700,24 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
     let whole = zc.len() / 2 * 2;
-    // τ = 1 skips the `·τ` (exact), as in `lse_block`.
-    if tau == 1.0 {
-        pair_steps::<V, S, U, false>(&zc[..whole], &wc[..whole], vt, cz, cw, &mut acc);
+    // τ = 1 skips the `·τ` (exact), and the exponent-add exponential is tried first, both as
+    // in `lse_block`.
+    let (zs, ws) = (&zc[..whole], &wc[..whole]);
+    let fast = if tau == 1.0 {
+        pair_steps::<V, S, U, false, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
     } else {
-        pair_steps::<V, S, U, true>(&zc[..whole], &wc[..whole], vt, cz, cw, &mut acc);
+        pair_steps::<V, S, U, true, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
+    };
+    if !fast {
+        acc = [V::splat(0.0); 6];
+        if tau == 1.0 {
+            pair_steps::<V, S, U, false, false, SUMS>(zs, ws, vt, cz, cw, &mut acc);
+        } else {
+            pair_steps::<V, S, U, true, false, SUMS>(zs, ws, vt, cz, cw, &mut acc);
+        }
     }
     for (a, b) in zc[whole..].iter().zip(&wc[whole..]) {
-        pair_step::<V>(S::load(a), U::load(b), vt, cz, cw, &mut acc);
+        pair_step::<V, SUMS>(S::load(a), U::load(b), vt, cz, cw, &mut acc);
     }
     let mut lane0 = [0.0f32; 6];
     for (k, a) in acc.iter().enumerate() {
@@ -648,7 +730,7 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
         acc[k] = V::splat(lane0[k]);
     }
     for (&a, &b) in zt.iter().zip(wt) {
-        pair_step::<V>(
+        pair_step::<V, SUMS>(
             V::splat(a.to_f32()),
             V::splat(b.to_f32()),
             vt,
@@ -674,19 +756,36 @@ fn pair_block<V: F32x16, S: Load, U: Load>(
 }
 
 /// The pair step over whole pairs of chunks (`z` and `w` of equal, even length): four
-/// independent exponentials interleaved per iteration, then the six sums updated in index
-/// order. `SCALED = false` skips the `·τ` (exact for τ = 1).
+/// independent exponentials interleaved per iteration, then the sums updated in index order.
+/// `SCALED = false` skips the `·τ` (exact for τ = 1); `SUMS` selects the optional sums
+/// ([`PairNeed`]).
+///
+/// `NORMAL = true` uses [`exp_nonpos_normal_n`] and returns whether every argument was in its
+/// domain, as `lse_steps` does. The NaN check cannot ride on a sum here (with `SUMS = 0` no
+/// sum multiplies by the argument, and the exponent-add can turn a NaN into a number), so a
+/// separate `+` accumulates the arguments: NaN is sticky under addition, and the ≤ 2048
+/// arguments ≥ −88 of a block cannot overflow. Measured with both (median ms, one thread,
+/// 64 × 8192 f32 pairs in cache): 0.315 with all six sums and the reference scaling, 0.285
+/// with the forward KL's three, 0.272 with the exponent-add on top (before the NaN check).
 #[inline(always)]
-fn pair_steps<V: F32x16, S: Load, U: Load, const SCALED: bool>(
+fn pair_steps<
+    V: F32x16,
+    S: Load,
+    U: Load,
+    const SCALED: bool,
+    const NORMAL: bool,
+    const SUMS: u8,
+>(
     z: &[[S; 16]],
     w: &[[U; 16]],
     vt: V,
     cz: V,
     cw: V,
     acc: &mut [V; 6],
-) {
-    let (dmin, neg_max, sign) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR), V::splat(-0.0));
+) -> bool {
+    let (dmin, neg_max) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR));
     let scale = |d: V| if SCALED { d.mul(vt) } else { d };
+    let (mut lo, mut nan) = (V::splat(0.0), V::splat(0.0));
     for (j, (a, b)) in z.chunks_exact(2).zip(w.chunks_exact(2)).enumerate() {
         for k in 0..2 {
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
@@ -706,18 +805,27 @@ fn pair_steps<V: F32x16, S: Load, U: Load, const SCALED: bool>(
             dmin.max(dw[0]),
             dmin.max(dw[1]),
         ];
-        let e = exp_nonpos_clamped_n(dc);
+        let e = if NORMAL {
+            for x in dc {
+                lo = lo.min(x);
+                nan = nan.add(x);
+            }
+            exp_nonpos_normal_n(dc)
+        } else {
+            exp_nonpos_clamped_n(dc)
+        };
         for k in 0..2 {
             let g = neg_max.max(dz[k]).sub(neg_max.max(dw[k]));
-            let (ez, ew, dzc, dwc) = (e[k], e[2 + k], dc[k], dc[2 + k]);
-            acc[0] = acc[0].add(ez);
-            acc[1] = ez.mul_add(dzc, acc[1]);
-            acc[2] = acc[2].add(ew);
-            acc[3] = ew.mul_add(dwc, acc[3]);
-            acc[4] = ez.mul_add(g, acc[4]);
-            acc[5] = ew.mul_add(g.xor(sign), acc[5]);
+            pair_accumulate::<V, SUMS>(e[k], e[2 + k], dc[k], g, acc);
         }
     }
+    if !NORMAL {
+        return true;
+    }
+    let all = V::splat(0.0).eq(V::splat(0.0));
+    let outside = lo.lt(V::splat(EXP_NORMAL_MIN));
+    let is_nan = V::mask_andnot(nan.eq(nan), all);
+    !V::mask_any(V::mask_or(outside, is_nan))
 }
 
 /// A pair state grpo-core's validation would accept, support aside: both halves [`lse_ok`].
@@ -744,14 +852,15 @@ pub(crate) struct PairFlags {
 }
 
 /// The merged [`PairState`] of a student row and a teacher row of equal length (`EMPTY_PAIR`
-/// for empty rows), with the validation flags.
+/// for empty rows), with the validation flags; of the optional sums only those in `SUMS`
+/// ([`PairNeed::sums`]).
 #[inline(always)]
-pub(crate) fn pair_row<V: F32x16, S: Load, U: Load>(
+pub(crate) fn pair_row<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     z: &[S],
     w: &[U],
     tau: f32,
 ) -> (PairState, PairFlags) {
-    let mut b = PairBlocks::<V, S, U> {
+    let mut b = PairBlocks::<V, S, U, SUMS> {
         z,
         w,
         tau,
@@ -1052,13 +1161,27 @@ impl<S: Load> Kernel for LseRows<'_, S> {
     }
 }
 
-/// Pair states of two batches `[rows, vocab]` (student `z`, teacher `w`).
+/// Pair states of two batches `[rows, vocab]` (student `z`, teacher `w`), with the sums
+/// `need` asks for.
 pub(crate) struct PairRows<'a, S, U> {
     pub(crate) z: &'a [S],
     pub(crate) w: &'a [U],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
+    pub(crate) need: PairNeed,
     pub(crate) out: &'a mut [(PairState, PairFlags)],
+}
+
+impl<S: Load, U: Load> PairRows<'_, S, U> {
+    #[inline(always)]
+    fn rows<V: F32x16, const SUMS: u8>(self) {
+        for (r, o) in self.out.iter_mut().enumerate() {
+            let span = r * self.vocab..(r + 1) * self.vocab;
+            let z = self.z.get(span.clone()).unwrap_or(&[]);
+            let w = self.w.get(span).unwrap_or(&[]);
+            *o = pair_row::<V, S, U, SUMS>(z, w, self.tau);
+        }
+    }
 }
 
 /// The state of an empty pair of rows.
@@ -1077,11 +1200,17 @@ impl<S: Load, U: Load> Kernel for PairRows<'_, S, U> {
     type Output = ();
     #[inline(always)]
     fn run<V: F32x16>(self) {
-        for (r, o) in self.out.iter_mut().enumerate() {
-            let span = r * self.vocab..(r + 1) * self.vocab;
-            let z = self.z.get(span.clone()).unwrap_or(&[]);
-            let w = self.w.get(span).unwrap_or(&[]);
-            *o = pair_row::<V, S, U>(z, w, self.tau);
+        const JSD: u8 = PairNeed::Jsd.sums();
+        const KL_F: u8 = PairNeed::KlForward.sums();
+        const KL_R: u8 = PairNeed::KlReverse.sums();
+        const GRAD_F: u8 = PairNeed::GradForward.sums();
+        const GRAD_R: u8 = PairNeed::GradReverse.sums();
+        match self.need {
+            PairNeed::Jsd => self.rows::<V, JSD>(),
+            PairNeed::KlForward => self.rows::<V, KL_F>(),
+            PairNeed::KlReverse => self.rows::<V, KL_R>(),
+            PairNeed::GradForward => self.rows::<V, GRAD_F>(),
+            PairNeed::GradReverse => self.rows::<V, GRAD_R>(),
         }
     }
 }
@@ -1178,7 +1307,7 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let span = r * self.vocab..(r + 1) * self.vocab;
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
-            let (st, flags) = pair_row::<V, S, U>(z, w, self.tau);
+            let (st, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
             let value = if pair_ok(&st, self.tau) {
                 let p = JsdParams {
                     tau: self.tau,
@@ -1365,29 +1494,127 @@ mod tests {
                         },
                     );
                     assert_eq!(bits_lse(&out[0]), bits_lse(&want), "{b:?} n={n} tau={tau}");
-                    let mut out = [(EMPTY_PAIR, PairFlags::default())];
+                    let (f, r) = (0..n).fold((false, false), |(f, r), i| {
+                        let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
+                        (f | (mw & !mz), r | (mz & !mw))
+                    });
+                    for need in PairNeed::ALL {
+                        let mut out = [(EMPTY_PAIR, PairFlags::default())];
+                        run(
+                            b,
+                            PairRows {
+                                z: &z,
+                                w: &w,
+                                vocab: n,
+                                tau,
+                                need,
+                                out: &mut out,
+                            },
+                        );
+                        // The sums `need` leaves out are unspecified: compare the rest.
+                        let (tz, u, v) = need.computes();
+                        let masked = |s: &PairState| {
+                            let mut x = bits_pair(s);
+                            for (i, keep) in [(2, tz), (5, false), (6, u), (7, v)] {
+                                if !keep {
+                                    x[i] = 0;
+                                }
+                            }
+                            x
+                        };
+                        assert_eq!(
+                            masked(&out[0].0),
+                            masked(&want_p),
+                            "{b:?} pair n={n} tau={tau} {need:?}"
+                        );
+                        assert_eq!(
+                            out[0].1,
+                            PairFlags {
+                                forward: f,
+                                reverse: r
+                            }
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Same bits, or both NaN.
+    fn same(a: u32, b: u32) -> bool {
+        a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
+    }
+
+    /// The fast paths' exits (`NORMAL = true` steps of `lse_block` and `pair_block`): rows
+    /// whose blocks leave the exponent-add domain must be recomputed with the reference
+    /// scaling. Arguments in [D_MIN, −86) give subnormal exponentials that the exponent-add
+    /// would mis-encode — invisible in `sum` ≥ 1 but not in the sums of tiny products (`dot`,
+    /// `tz`, `u`, `v`) when every other element is the maximum; and NaN logits with payloads
+    /// that the exponent-add turns into numbers (0x7fc0_0001 + 1 << 23 is a negative
+    /// subnormal) must still give NaN sums.
+    #[test]
+    fn fast_paths_fall_back_outside_their_domain() {
+        let n = 2 * 2048 + 40;
+        let mut cases: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        for tail in [-87.5f32, -86.5, -87.9, f32::NEG_INFINITY] {
+            let mut z = vec![tail; n];
+            let mut w = vec![tail * 0.5; n];
+            for i in (0..n).step_by(1000) {
+                z[i] = 0.0;
+                w[i + 1] = 0.25;
+            }
+            cases.push((z.clone(), w.clone()));
+            cases.push((w, z));
+        }
+        for nan in [0x7fc0_0001u32, 0x7f80_0001, 0xffc0_00ff, 0x7fc0_0000] {
+            let mut z: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
+            let w: Vec<f32> = (0..n).map(|i| (i % 11) as f32 - 5.0).collect();
+            z[2048 + 17] = f32::from_bits(nan);
+            cases.push((z.clone(), w.clone()));
+            cases.push((w, z));
+        }
+        for (z, w) in &cases {
+            for tau in [1.0f32, 0.75] {
+                let want = bits_lse(&ref_lse(z, tau));
+                let want_p = bits_pair(&ref_pair(z, w, tau));
+                for b in Backend::available() {
+                    let mut out = [LseState::EMPTY];
                     run(
                         b,
-                        PairRows {
-                            z: &z,
-                            w: &w,
+                        LseRows {
+                            z,
                             vocab: n,
                             tau,
                             out: &mut out,
                         },
                     );
-                    assert_eq!(bits_pair(&out[0].0), bits_pair(&want_p), "{b:?} pair n={n}");
-                    let (f, r) = (0..n).fold((false, false), |(f, r), i| {
-                        let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
-                        (f | (mw & !mz), r | (mz & !mw))
-                    });
-                    assert_eq!(
-                        out[0].1,
-                        PairFlags {
-                            forward: f,
-                            reverse: r
+                    let got = bits_lse(&out[0]);
+                    for i in 0..3 {
+                        assert!(same(got[i], want[i]), "{b:?} lse {i}: {got:x?} {want:x?}");
+                    }
+                    for need in PairNeed::ALL {
+                        let mut out = [(EMPTY_PAIR, PairFlags::default())];
+                        run(
+                            b,
+                            PairRows {
+                                z,
+                                w,
+                                vocab: n,
+                                tau,
+                                need,
+                                out: &mut out,
+                            },
+                        );
+                        let got = bits_pair(&out[0].0);
+                        let (tz, u, v) = need.computes();
+                        let keep = [true, true, tz, true, true, false, u, v];
+                        for i in 0..8 {
+                            assert!(
+                                !keep[i] || same(got[i], want_p[i]),
+                                "{b:?} {need:?} tau={tau} field {i}: {got:x?} {want_p:x?}"
+                            );
                         }
-                    );
+                    }
                 }
             }
         }
