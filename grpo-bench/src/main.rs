@@ -48,7 +48,7 @@ fn main() -> ExitCode {
 
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
 [--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K] \
-[--temperature T]
+[--temperature T] [--masked K (every K-th logit −∞)]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";

@@ -32,6 +32,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             "kernel",
             "iters",
             "temperature",
+            "masked",
         ],
     )?;
     let shapes: Vec<(usize, usize)> = match (a.num("rows")?, a.num("vocab")?) {
@@ -67,6 +68,11 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             .filter(|t| t.is_finite() && *t > 0.0)
             .ok_or_else(|| format!("--temperature {v:?}: expected a finite number > 0"))?,
     };
+    // Every `masked`-th logit is −∞ (a masked vocabulary entry); 0 = none.
+    let masked = a.num("masked")?.unwrap_or(0);
+    if masked == 1 {
+        return Err("--masked 1 would mask every logit: expected 0 (none) or at least 2".into());
+    }
     let cpu = Cpu::new(backend)
         .ok_or("backend unavailable")?
         .with_threads(threads)
@@ -80,6 +86,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
                 dtype,
                 iters,
                 temperature,
+                masked,
                 kernels: &kernels,
             };
             match dtype {
@@ -99,36 +106,52 @@ struct Config<'a> {
     dtype: &'a str,
     iters: usize,
     temperature: f32,
+    masked: usize,
     kernels: &'a [&'a str],
 }
 
-/// Deterministic logits in [−12, 12) with a few masked (−∞) entries, like a real LM head.
-fn logits(seed: u64, n: usize) -> Vec<f32> {
+/// Deterministic logits uniform in [−12, 12); with `masked = k > 0` every k-th one (from index
+/// 1, so no row's first entry) is −∞, a masked vocabulary entry.
+fn logits(seed: u64, n: usize, masked: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..n)
-        .map(|_| {
+        .map(|i| {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 24.0 - 12.0
+            if masked > 0 && i % masked == 1 % masked {
+                f32::NEG_INFINITY
+            } else {
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 24.0 - 12.0
+            }
         })
         .collect()
 }
 
 fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String> {
     let n = c.rows * c.vocab;
-    let z: Vec<S> = logits(1, n).into_iter().map(&conv).collect();
+    let z: Vec<S> = logits(1, n, c.masked).into_iter().map(&conv).collect();
     let needs_teacher = c
         .kernels
         .iter()
         .any(|k| matches!(*k, "kl" | "jsd" | "backward_kl"));
     let w: Vec<S> = if needs_teacher {
-        logits(2, n).into_iter().map(&conv).collect()
+        logits(2, n, c.masked).into_iter().map(&conv).collect()
     } else {
         Vec::new()
     };
+    // A target on a masked logit would be an error (log p = −∞): move it to the next entry.
+    let is_masked = |i: usize| c.masked > 0 && i % c.masked == 1 % c.masked;
     let targets: Vec<u32> = (0..c.rows)
-        .map(|r| ((r * 7919 + 13) % c.vocab) as u32)
+        .map(|r| {
+            let t = (r * 7919 + 13) % c.vocab;
+            let t = if is_masked(r * c.vocab + t) {
+                (t + 1) % c.vocab
+            } else {
+                t
+            };
+            t as u32
+        })
         .collect();
     let ones = vec![1.0f32; c.rows];
     let halves = vec![0.5f32; c.rows];
@@ -228,11 +251,12 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let gbps = bytes / kernel_ms / 1e6;
         let roof = roof_bytes as f64 / roof_ms / 1e6;
         println!(
-            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
+            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
             c.dtype,
             c.rows,
             c.vocab,
             c.temperature,
+            c.masked,
             c.cpu.backend().name(),
             c.cpu.threads(),
             c.iters,

@@ -116,24 +116,35 @@ fn fma1<V: F32x16>(a: f32, b: f32, c: f32) -> f32 {
 }
 
 /// `canon::block_max`: the raw maximum of a block (order-free: max is exact, and the sign of
-/// a zero is removed later by `scaled_max`).
+/// a zero is removed by the final `+ 0.0`).
 ///
 /// Validation needs no separate test here: a NaN or +∞ logit always reaches the row state as a
 /// non-finite maximum (+∞, or a NaN maximum) or a NaN sum (NaN and +∞ turn `exp` and every
 /// later sum, product and merge into NaN), so the callers check `max` and `sum` for
 /// finiteness — which also covers grpo-core's "all −∞" and "max/T overflows" errors.
+///
+/// Also returns the smallest value of the whole chunks (`+∞` if there are none; a NaN may or
+/// may not be seen): the step pass decides from it, before it starts, whether the
+/// exponent-add exponential applies (`normal_domain`). That costs one `min` per vector here,
+/// where the loop waits on memory, instead of in the compute-bound step, and a block with a
+/// masked (−∞) logit goes straight to the reference scaling instead of running twice.
 #[inline(always)]
-fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
+fn block_max_min<V: F32x16, S: Load>(z: &[S]) -> (f32, f32) {
     let (chunks, tail) = z.as_chunks::<16>();
     let mut m = [V::splat(f32::NEG_INFINITY); 4];
+    let mut lo = [V::splat(f32::INFINITY); 4];
     let mut quads = chunks.chunks_exact(4);
     for q in &mut quads {
         for k in 0..4 {
-            m[k] = m[k].max(S::load::<V>(&q[k]));
+            let x = S::load::<V>(&q[k]);
+            m[k] = m[k].max(x);
+            lo[k] = lo[k].min(x);
         }
     }
     for c in quads.remainder() {
-        m[0] = m[0].max(S::load::<V>(c));
+        let x = S::load::<V>(c);
+        m[0] = m[0].max(x);
+        lo[0] = lo[0].min(x);
     }
     let v = m[0].max(m[1]).max(m[2].max(m[3])).to_array();
     let mut r = f32::NEG_INFINITY;
@@ -143,8 +154,21 @@ fn block_max<V: F32x16, S: Load>(z: &[S]) -> f32 {
     for &x in tail {
         r = canon_max(r, x.to_f32());
     }
+    let low = lo[0].min(lo[1]).min(lo[2].min(lo[3])).to_array();
     // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max.
-    r + 0.0
+    (r + 0.0, low.into_iter().fold(f32::INFINITY, f32::min))
+}
+
+/// Whether every step argument `max_r(D_MIN, (z − c)·τ)` of a block whose smallest logit is
+/// `low` lies in [`exp_nonpos_normal_n`]'s domain: `(low − c)·τ ≥ EXP_NORMAL_MIN`, rounded
+/// exactly as the step rounds it (`·τ` skipped when `!SCALED`). Rounding is monotone and
+/// τ > 0, so no other logit of the block gives a smaller argument. A NaN `low` (or `c`)
+/// answers `false`; NaN logits that `low` did not see are caught after the step (see
+/// `lse_steps`).
+#[inline(always)]
+fn normal_domain<const SCALED: bool>(low: f32, c: f32, tau: f32) -> bool {
+    let d = low - c;
+    (if SCALED { d * tau } else { d }) >= EXP_NORMAL_MIN
 }
 
 /// Requests the cache line `PREFETCH_BYTES` ahead of `p` (one call per 64-byte line: every
@@ -158,20 +182,36 @@ fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
     }
 }
 
-/// Both raw block maxima of a student/teacher block pair (as [`block_max`]) and its support
-/// flags `(forward, reverse)`: some `w = −∞ < z` (KL(p‖q) = +∞) or some `z = −∞ < w`
-/// (KL(q‖p) = +∞). One pass over both rows, so each is loaded once before the step pass.
+/// What [`pair_max_support`] finds in a student/teacher block pair.
+struct PairScan {
+    /// Raw block maxima (as [`block_max_min`]).
+    zmax: f32,
+    wmax: f32,
+    /// Smallest values of the whole chunks (as [`block_max_min`]).
+    zlow: f32,
+    wlow: f32,
+    /// Some `w = −∞ < z`: KL(p‖q) = +∞.
+    forward: bool,
+    /// Some `z = −∞ < w`: KL(q‖p) = +∞.
+    reverse: bool,
+}
+
+/// Both raw block maxima and minima of a student/teacher block pair and its support flags.
+/// One pass over both rows, so each is loaded once before the step pass.
 #[inline(always)]
-fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (f32, f32, bool, bool) {
+fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
     let ninf = V::splat(f32::NEG_INFINITY);
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
     let (mut mz, mut mw) = (ninf, ninf);
+    let (mut lz, mut lw) = (V::splat(f32::INFINITY), V::splat(f32::INFINITY));
     let (mut fwd, mut rev) = (V::mask_none(), V::mask_none());
     for (a, b) in zc.iter().zip(wc) {
         let (x, y) = (S::load::<V>(a), U::load::<V>(b));
         mz = mz.max(x);
         mw = mw.max(y);
+        lz = lz.min(x);
+        lw = lw.min(y);
         let (iz, iw) = (x.eq(ninf), y.eq(ninf));
         fwd = V::mask_or(fwd, V::mask_andnot(iz, iw));
         rev = V::mask_or(rev, V::mask_andnot(iw, iz));
@@ -190,8 +230,16 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> (f32, f32,
         f |= iw && !iz;
         r |= iz && !iw;
     }
-    // `+ 0.0`: as in `block_max`.
-    (zr + 0.0, wr + 0.0, f, r)
+    let low = |v: V| v.to_array().into_iter().fold(f32::INFINITY, f32::min);
+    // `+ 0.0`: as in `block_max_min`.
+    PairScan {
+        zmax: zr + 0.0,
+        wmax: wr + 0.0,
+        zlow: low(lz),
+        wlow: low(lw),
+        forward: f,
+        reverse: r,
+    }
 }
 
 /// `max_r`: `if a > b { a } else { b }`.
@@ -213,20 +261,23 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
 /// `canon::lse_block` in lanes.
 #[inline(always)]
 fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    let m = block_max::<V, S>(z);
-    let (vt, vc) = (V::splat(tau), V::splat(canon::offset(m)));
+    let (m, low) = block_max_min::<V, S>(z);
+    let c = canon::offset(m);
+    let (vt, vc) = (V::splat(tau), V::splat(c));
     let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
     let (chunks, tail) = z.as_chunks::<16>();
     let whole = &chunks[..chunks.len() / UNROLL * UNROLL];
     // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
-    // of the step's ~18 vector operations, in a compute-bound loop. The block is first run
-    // with the exponent-add exponential; if an argument left its domain (a logit more than
-    // 86/τ below the block maximum, a masked logit, a NaN), it is run again with the
-    // reference scaling (see `exp_nonpos_normal_n`).
+    // of the step's ~18 vector operations, in a compute-bound loop. If every argument is in
+    // the exponent-add exponential's domain (no logit more than 86/τ below the block maximum,
+    // no masked logit), the block runs with it; if that finds a NaN, or the domain was left,
+    // with the reference scaling (see `exp_nonpos_normal_n`).
     let fast = if tau == 1.0 {
-        lse_steps::<V, S, false, true>(whole, vt, vc, &mut s, &mut t)
+        normal_domain::<false>(low, c, tau)
+            && lse_steps::<V, S, false, true>(whole, vt, vc, &mut s, &mut t)
     } else {
-        lse_steps::<V, S, true, true>(whole, vt, vc, &mut s, &mut t)
+        normal_domain::<true>(low, c, tau)
+            && lse_steps::<V, S, true, true>(whole, vt, vc, &mut s, &mut t)
     };
     if !fast {
         (s, t) = (V::splat(0.0), V::splat(0.0));
@@ -264,12 +315,13 @@ fn lse_block<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
 /// cache. The separate pass over prefetched lines is cheaper than loads interleaved with the
 /// step.)
 ///
-/// `NORMAL = true` uses [`exp_nonpos_normal_n`] and returns whether every argument was in its
-/// domain (if not, the sums are meaningless and the caller reruns with `NORMAL = false`).
-/// The domain check is one `min` per vector; a NaN argument makes `t` NaN (`e·NaN`), which
-/// the check catches too. Returns `true` for `NORMAL = false`. (Inside the domain the
-/// clamp `max_r(D_MIN, d)` is the identity, but skipping it measured no faster — 0.160
-/// against 0.159 ms median, 64 × 8192 f32 on one thread, 15 interleaved runs.)
+/// `NORMAL = true` uses [`exp_nonpos_normal_n`]; the caller has checked the domain from the
+/// block's smallest logit (`normal_domain`), and a NaN argument — the one thing that check
+/// cannot see — makes `t` NaN (`e·NaN`): the function returns `false` then (the sums are
+/// meaningless and the caller reruns with `NORMAL = false`), and `true` otherwise and for
+/// `NORMAL = false`. (Inside the domain the clamp `max_r(D_MIN, d)` is the identity, but
+/// skipping it measured no faster — 0.160 against 0.159 ms median, 64 × 8192 f32 on one
+/// thread, 15 interleaved runs.)
 ///
 /// `pair_steps` uses the same scheme (alone it measured no faster with all six pair sums, but
 /// with only the sums the caller needs it does; see there).
@@ -282,7 +334,6 @@ fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
     t: &mut V,
 ) -> bool {
     let dmin = V::splat(D_MIN);
-    let mut lo = V::splat(0.0);
     for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
         for k in 0..UNROLL {
             prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
@@ -293,9 +344,6 @@ fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
             dc[k] = dmin.max(if SCALED { d.mul(vt) } else { d });
         }
         let e = if NORMAL {
-            for x in dc {
-                lo = lo.min(x);
-            }
             exp_nonpos_normal_n(dc)
         } else {
             exp_nonpos_clamped_n(dc)
@@ -305,13 +353,8 @@ fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
             *t = e[k].mul_add(dc[k], *t);
         }
     }
-    if !NORMAL {
-        return true;
-    }
-    let all = V::splat(0.0).eq(V::splat(0.0));
-    let outside = lo.lt(V::splat(EXP_NORMAL_MIN));
-    let nan = V::mask_andnot(t.eq(*t), all);
-    !V::mask_any(V::mask_or(outside, nan))
+    // `t == t` in every lane: no NaN.
+    !NORMAL || !V::mask_any(V::mask_andnot(t.eq(*t), V::splat(0.0).eq(V::splat(0.0))))
 }
 
 /// `(δc, e^δc)` of `canon`'s `rescale` for two maxima at once (lanes 0 and 1).
@@ -691,11 +734,13 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     tau: f32,
     flags: &mut PairFlags,
 ) -> PairState {
-    let (zmax, wmax, fwd, rev) = pair_max_support::<V, S, U>(z, w);
-    flags.forward |= fwd;
-    flags.reverse |= rev;
+    let scan = pair_max_support::<V, S, U>(z, w);
+    let (zmax, wmax) = (scan.zmax, scan.wmax);
+    flags.forward |= scan.forward;
+    flags.reverse |= scan.reverse;
     let vt = V::splat(tau);
-    let (cz, cw) = (V::splat(canon::offset(zmax)), V::splat(canon::offset(wmax)));
+    let (czs, cws) = (canon::offset(zmax), canon::offset(wmax));
+    let (cz, cw) = (V::splat(czs), V::splat(cws));
     let mut acc = [V::splat(0.0); 6];
     let (zc, zt) = z.as_chunks::<16>();
     let (wc, wt) = w.as_chunks::<16>();
@@ -704,9 +749,13 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     // in `lse_block`.
     let (zs, ws) = (&zc[..whole], &wc[..whole]);
     let fast = if tau == 1.0 {
-        pair_steps::<V, S, U, false, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
+        normal_domain::<false>(scan.zlow, czs, tau)
+            && normal_domain::<false>(scan.wlow, cws, tau)
+            && pair_steps::<V, S, U, false, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
     } else {
-        pair_steps::<V, S, U, true, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
+        normal_domain::<true>(scan.zlow, czs, tau)
+            && normal_domain::<true>(scan.wlow, cws, tau)
+            && pair_steps::<V, S, U, true, true, SUMS>(zs, ws, vt, cz, cw, &mut acc)
     };
     if !fast {
         acc = [V::splat(0.0); 6];
@@ -760,11 +809,12 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
 /// `SCALED = false` skips the `·τ` (exact for τ = 1); `SUMS` selects the optional sums
 /// ([`PairNeed`]).
 ///
-/// `NORMAL = true` uses [`exp_nonpos_normal_n`] and returns whether every argument was in its
-/// domain, as `lse_steps` does. The NaN check cannot ride on a sum here (with `SUMS = 0` no
-/// sum multiplies by the argument, and the exponent-add can turn a NaN into a number), so a
-/// separate `+` accumulates the arguments: NaN is sticky under addition, and the ≤ 2048
-/// arguments ≥ −88 of a block cannot overflow. Measured with both (median ms, one thread,
+/// `NORMAL = true` uses [`exp_nonpos_normal_n`] (the caller has checked the domain from both
+/// blocks' smallest logits) and returns whether no argument was NaN, as `lse_steps` does.
+/// The NaN check cannot ride on a sum here (with `SUMS = 0` no sum multiplies by the
+/// argument, and the exponent-add can turn a NaN into a number), so a separate `+`
+/// accumulates the arguments: NaN is sticky under addition, and the ≤ 2048 arguments ≥ −88
+/// of a block cannot overflow. Measured with both (median ms, one thread,
 /// 64 × 8192 f32 pairs in cache): 0.315 with all six sums and the reference scaling, 0.285
 /// with the forward KL's three, 0.272 with the exponent-add on top (before the NaN check).
 #[inline(always)]
@@ -785,7 +835,7 @@ fn pair_steps<
 ) -> bool {
     let (dmin, neg_max) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR));
     let scale = |d: V| if SCALED { d.mul(vt) } else { d };
-    let (mut lo, mut nan) = (V::splat(0.0), V::splat(0.0));
+    let mut nan = V::splat(0.0);
     for (j, (a, b)) in z.chunks_exact(2).zip(w.chunks_exact(2)).enumerate() {
         for k in 0..2 {
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
@@ -807,7 +857,6 @@ fn pair_steps<
         ];
         let e = if NORMAL {
             for x in dc {
-                lo = lo.min(x);
                 nan = nan.add(x);
             }
             exp_nonpos_normal_n(dc)
@@ -819,13 +868,8 @@ fn pair_steps<
             pair_accumulate::<V, SUMS>(e[k], e[2 + k], dc[k], g, acc);
         }
     }
-    if !NORMAL {
-        return true;
-    }
-    let all = V::splat(0.0).eq(V::splat(0.0));
-    let outside = lo.lt(V::splat(EXP_NORMAL_MIN));
-    let is_nan = V::mask_andnot(nan.eq(nan), all);
-    !V::mask_any(V::mask_or(outside, is_nan))
+    // `nan == nan` in every lane: no NaN.
+    !NORMAL || !V::mask_any(V::mask_andnot(nan.eq(nan), V::splat(0.0).eq(V::splat(0.0))))
 }
 
 /// A pair state grpo-core's validation would accept, support aside: both halves [`lse_ok`].
@@ -835,14 +879,14 @@ pub(crate) fn pair_ok(st: &PairState, tau: f32) -> bool {
 }
 
 /// A row state grpo-core's validation would accept: finite raw maximum, `max·τ` and sum (see
-/// `block_max`: NaN and +∞ logits always surface here).
+/// `block_max_min`: NaN and +∞ logits always surface here).
 #[inline(always)]
 pub(crate) fn lse_ok(st: &LseState, tau: f32) -> bool {
     st.max.is_finite() && (st.max * tau).is_finite() && st.sum.is_finite()
 }
 
 /// What the fused support check of a row pair found (NaN/+∞ show in the state, see
-/// `block_max`).
+/// `block_max_min`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PairFlags {
     /// Some `w = −∞ < z`: KL(p‖q) would be +∞.
@@ -1545,12 +1589,12 @@ mod tests {
         a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
     }
 
-    /// The fast paths' exits (`NORMAL = true` steps of `lse_block` and `pair_block`): rows
-    /// whose blocks leave the exponent-add domain must be recomputed with the reference
-    /// scaling. Arguments in [D_MIN, −86) give subnormal exponentials that the exponent-add
-    /// would mis-encode — invisible in `sum` ≥ 1 but not in the sums of tiny products (`dot`,
-    /// `tz`, `u`, `v`) when every other element is the maximum; and NaN logits with payloads
-    /// that the exponent-add turns into numbers (0x7fc0_0001 + 1 << 23 is a negative
+    /// The fast paths' exits (`NORMAL = true` steps of `lse_block` and `pair_block`): blocks
+    /// that leave the exponent-add domain must run with the reference scaling. Arguments in
+    /// [D_MIN, −86) give subnormal exponentials that the exponent-add would mis-encode —
+    /// invisible in `sum` ≥ 1 but not in the sums of tiny products (`dot`, `tz`, `u`, `v`)
+    /// when every other element is the maximum, in either row of a pair; and NaN logits with
+    /// payloads that the exponent-add turns into numbers (0x7fc0_0001 + 1 << 23 is a negative
     /// subnormal) must still give NaN sums.
     #[test]
     fn fast_paths_fall_back_outside_their_domain() {
@@ -1566,6 +1610,14 @@ mod tests {
             cases.push((z.clone(), w.clone()));
             cases.push((w, z));
         }
+        // One row inside the domain, the other outside, maxima at the same positions: the
+        // log-ratio sums `u`, `v` are then sums of tiny products only.
+        let (mut z, mut w) = (vec![-80.0f32; n], vec![-87.5f32; n]);
+        for i in (0..n).step_by(1000) {
+            (z[i], w[i]) = (0.0, 0.0);
+        }
+        cases.push((z.clone(), w.clone()));
+        cases.push((w, z));
         for nan in [0x7fc0_0001u32, 0x7f80_0001, 0xffc0_00ff, 0x7fc0_0000] {
             let mut z: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
             let w: Vec<f32> = (0..n).map(|i| (i % 11) as f32 - 5.0).collect();
