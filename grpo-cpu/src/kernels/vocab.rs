@@ -154,9 +154,20 @@ fn block_max_min<V: F32x16, S: Load>(z: &[S]) -> (f32, f32) {
     for &x in tail {
         r = canon_max(r, x.to_f32());
     }
-    let low = lo[0].min(lo[1]).min(lo[2].min(lo[3])).to_array();
     // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max.
-    (r + 0.0, low.into_iter().fold(f32::INFINITY, f32::min))
+    (r + 0.0, lane_min(lo[0].min(lo[1]).min(lo[2].min(lo[3]))))
+}
+
+/// The smallest lane (any order: only compared, never part of a result).
+#[inline(always)]
+fn lane_min<V: F32x16>(v: V) -> f32 {
+    v.to_array().into_iter().fold(f32::INFINITY, f32::min)
+}
+
+/// Whether some lane is NaN.
+#[inline(always)]
+fn any_nan<V: F32x16>(v: V) -> bool {
+    V::mask_any(V::mask_andnot(v.eq(v), V::splat(0.0).eq(V::splat(0.0))))
 }
 
 /// Whether every step argument `max_r(D_MIN, (z − c)·τ)` of a block whose smallest logit is
@@ -230,13 +241,12 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
         f |= iw && !iz;
         r |= iz && !iw;
     }
-    let low = |v: V| v.to_array().into_iter().fold(f32::INFINITY, f32::min);
     // `+ 0.0`: as in `block_max_min`.
     PairScan {
         zmax: zr + 0.0,
         wmax: wr + 0.0,
-        zlow: low(lz),
-        wlow: low(lw),
+        zlow: lane_min(lz),
+        wlow: lane_min(lw),
         forward: f,
         reverse: r,
     }
@@ -353,8 +363,7 @@ fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool>(
             *t = e[k].mul_add(dc[k], *t);
         }
     }
-    // `t == t` in every lane: no NaN.
-    !NORMAL || !V::mask_any(V::mask_andnot(t.eq(*t), V::splat(0.0).eq(V::splat(0.0))))
+    !NORMAL || !any_nan(*t)
 }
 
 /// `(δc, e^δc)` of `canon`'s `rescale` for two maxima at once (lanes 0 and 1).
@@ -868,8 +877,7 @@ fn pair_steps<
             pair_accumulate::<V, SUMS>(e[k], e[2 + k], dc[k], g, acc);
         }
     }
-    // `nan == nan` in every lane: no NaN.
-    !NORMAL || !V::mask_any(V::mask_andnot(nan.eq(nan), V::splat(0.0).eq(V::splat(0.0))))
+    !NORMAL || !any_nan(nan)
 }
 
 /// A pair state grpo-core's validation would accept, support aside: both halves [`lse_ok`].
