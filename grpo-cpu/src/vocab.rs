@@ -102,17 +102,15 @@ impl Cpu {
         let mut st = vec![(EMPTY_PAIR, PairFlags::default()); z.len() / vocab];
         let backend = self.backend();
         self.par_rows(&mut st, |r0, out| {
-            arch::run(
-                backend,
-                PairRows {
-                    z: &z[r0 * vocab..(r0 + out.len()) * vocab],
-                    w: &w[r0 * vocab..(r0 + out.len()) * vocab],
-                    vocab,
-                    tau,
-                    need,
-                    out,
-                },
-            )
+            PairRows {
+                z: &z[r0 * vocab..(r0 + out.len()) * vocab],
+                w: &w[r0 * vocab..(r0 + out.len()) * vocab],
+                vocab,
+                tau,
+                need,
+                out,
+            }
+            .run_on(backend)
         });
         st
     }

@@ -22,6 +22,8 @@ use super::Kernel;
 use super::math::{
     EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln,
 };
+use crate::arch;
+use crate::backend::Backend;
 use crate::lanes::F32x16;
 
 /// Chunks of 16 whose exponentials are computed together (see `exp_nonpos_clamped_n`).
@@ -1214,7 +1216,7 @@ impl<S: Load> Kernel for LseRows<'_, S> {
 }
 
 /// Pair states of two batches `[rows, vocab]` (student `z`, teacher `w`), with the sums
-/// `need` asks for.
+/// `need` asks for; run with [`PairRows::run_on`].
 pub(crate) struct PairRows<'a, S, U> {
     pub(crate) z: &'a [S],
     pub(crate) w: &'a [U],
@@ -1225,13 +1227,49 @@ pub(crate) struct PairRows<'a, S, U> {
 }
 
 impl<S: Load, U: Load> PairRows<'_, S, U> {
+    /// Runs the pass on `backend` with the kernel compiled for `need`'s sums. One kernel type
+    /// per need, so every ISA entry function holds a single copy of the pair pass: five copies
+    /// inlined into one entry function (a `match` inside the kernel) gave it a stack frame that
+    /// overflowed a 2 MiB thread stack in an unoptimised build (grpo-cpu's doctests under
+    /// qemu-aarch64, where every lane temporary gets its own slot).
+    pub(crate) fn run_on(self, backend: Backend) {
+        match self.need {
+            PairNeed::Jsd => {
+                arch::run(backend, PairRowsFor::<_, _, { PairNeed::Jsd.sums() }>(self))
+            }
+            PairNeed::KlForward => arch::run(
+                backend,
+                PairRowsFor::<_, _, { PairNeed::KlForward.sums() }>(self),
+            ),
+            PairNeed::KlReverse => arch::run(
+                backend,
+                PairRowsFor::<_, _, { PairNeed::KlReverse.sums() }>(self),
+            ),
+            PairNeed::GradForward => arch::run(
+                backend,
+                PairRowsFor::<_, _, { PairNeed::GradForward.sums() }>(self),
+            ),
+            PairNeed::GradReverse => arch::run(
+                backend,
+                PairRowsFor::<_, _, { PairNeed::GradReverse.sums() }>(self),
+            ),
+        }
+    }
+}
+
+/// [`PairRows`] as the kernel for the sums `SUMS`.
+struct PairRowsFor<'a, S, U, const SUMS: u8>(PairRows<'a, S, U>);
+
+impl<S: Load, U: Load, const SUMS: u8> Kernel for PairRowsFor<'_, S, U, SUMS> {
+    type Output = ();
     #[inline(always)]
-    fn rows<V: F32x16, const SUMS: u8>(self) {
-        for (r, o) in self.out.iter_mut().enumerate() {
-            let span = r * self.vocab..(r + 1) * self.vocab;
-            let z = self.z.get(span.clone()).unwrap_or(&[]);
-            let w = self.w.get(span).unwrap_or(&[]);
-            *o = pair_row::<V, S, U, SUMS>(z, w, self.tau);
+    fn run<V: F32x16>(self) {
+        let p = self.0;
+        for (r, o) in p.out.iter_mut().enumerate() {
+            let span = r * p.vocab..(r + 1) * p.vocab;
+            let z = p.z.get(span.clone()).unwrap_or(&[]);
+            let w = p.w.get(span).unwrap_or(&[]);
+            *o = pair_row::<V, S, U, SUMS>(z, w, p.tau);
         }
     }
 }
@@ -1247,25 +1285,6 @@ pub(crate) const EMPTY_PAIR: PairState = PairState {
     u: 0.0,
     v: 0.0,
 };
-
-impl<S: Load, U: Load> Kernel for PairRows<'_, S, U> {
-    type Output = ();
-    #[inline(always)]
-    fn run<V: F32x16>(self) {
-        const JSD: u8 = PairNeed::Jsd.sums();
-        const KL_F: u8 = PairNeed::KlForward.sums();
-        const KL_R: u8 = PairNeed::KlReverse.sums();
-        const GRAD_F: u8 = PairNeed::GradForward.sums();
-        const GRAD_R: u8 = PairNeed::GradReverse.sums();
-        match self.need {
-            PairNeed::Jsd => self.rows::<V, JSD>(),
-            PairNeed::KlForward => self.rows::<V, KL_F>(),
-            PairNeed::KlReverse => self.rows::<V, KL_R>(),
-            PairNeed::GradForward => self.rows::<V, GRAD_F>(),
-            PairNeed::GradReverse => self.rows::<V, GRAD_R>(),
-        }
-    }
-}
 
 /// Gradients of a batch: row `r` of `out` gets `grad_row` of row `r` of `z` (and `w`) with
 /// coefficients `coef[r]` and target `y[r]`.
@@ -1552,17 +1571,15 @@ mod tests {
                     });
                     for need in PairNeed::ALL {
                         let mut out = [(EMPTY_PAIR, PairFlags::default())];
-                        run(
-                            b,
-                            PairRows {
-                                z: &z,
-                                w: &w,
-                                vocab: n,
-                                tau,
-                                need,
-                                out: &mut out,
-                            },
-                        );
+                        PairRows {
+                            z: &z,
+                            w: &w,
+                            vocab: n,
+                            tau,
+                            need,
+                            out: &mut out,
+                        }
+                        .run_on(b);
                         // The sums `need` leaves out are unspecified: compare the rest.
                         let (tz, u, v) = need.computes();
                         let masked = |s: &PairState| {
@@ -1654,17 +1671,15 @@ mod tests {
                     }
                     for need in PairNeed::ALL {
                         let mut out = [(EMPTY_PAIR, PairFlags::default())];
-                        run(
-                            b,
-                            PairRows {
-                                z,
-                                w,
-                                vocab: n,
-                                tau,
-                                need,
-                                out: &mut out,
-                            },
-                        );
+                        PairRows {
+                            z,
+                            w,
+                            vocab: n,
+                            tau,
+                            need,
+                            out: &mut out,
+                        }
+                        .run_on(b);
                         let got = bits_pair(&out[0].0);
                         let (tz, u, v) = need.computes();
                         let keep = [true, true, tz, true, true, false, u, v];
