@@ -1234,26 +1234,16 @@ impl<S: Load, U: Load> PairRows<'_, S, U> {
     /// qemu-aarch64, where every lane temporary gets its own slot).
     pub(crate) fn run_on(self, backend: Backend) {
         match self.need {
-            PairNeed::Jsd => {
-                arch::run(backend, PairRowsFor::<_, _, { PairNeed::Jsd.sums() }>(self))
-            }
-            PairNeed::KlForward => arch::run(
-                backend,
-                PairRowsFor::<_, _, { PairNeed::KlForward.sums() }>(self),
-            ),
-            PairNeed::KlReverse => arch::run(
-                backend,
-                PairRowsFor::<_, _, { PairNeed::KlReverse.sums() }>(self),
-            ),
-            PairNeed::GradForward => arch::run(
-                backend,
-                PairRowsFor::<_, _, { PairNeed::GradForward.sums() }>(self),
-            ),
-            PairNeed::GradReverse => arch::run(
-                backend,
-                PairRowsFor::<_, _, { PairNeed::GradReverse.sums() }>(self),
-            ),
+            PairNeed::Jsd => self.run_for::<{ PairNeed::Jsd.sums() }>(backend),
+            PairNeed::KlForward => self.run_for::<{ PairNeed::KlForward.sums() }>(backend),
+            PairNeed::KlReverse => self.run_for::<{ PairNeed::KlReverse.sums() }>(backend),
+            PairNeed::GradForward => self.run_for::<{ PairNeed::GradForward.sums() }>(backend),
+            PairNeed::GradReverse => self.run_for::<{ PairNeed::GradReverse.sums() }>(backend),
         }
+    }
+
+    fn run_for<const SUMS: u8>(self, backend: Backend) {
+        arch::run(backend, PairRowsFor::<_, _, SUMS>(self))
     }
 }
 
