@@ -15,8 +15,8 @@ use rayon::prelude::*;
 use crate::arch;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
-    EMPTY_PAIR, GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairNeed, PairRows,
-    lse_ok, pair_ok,
+    GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairNeed, PairRows, lse_ok,
+    pair_ok,
 };
 
 thread_local! {
@@ -99,7 +99,7 @@ impl Cpu {
         tau: f32,
         need: PairNeed,
     ) -> Vec<(PairState, PairFlags)> {
-        let mut st = vec![(EMPTY_PAIR, PairFlags::default()); z.len() / vocab];
+        let mut st = vec![(PairState::EMPTY, PairFlags::default()); z.len() / vocab];
         let backend = self.backend();
         self.par_rows(&mut st, |r0, out| {
             PairRows {

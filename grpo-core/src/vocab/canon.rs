@@ -24,10 +24,15 @@
 //!    order gives the same value except for the sign of a zero, which step 2 removes: a backend
 //!    may compute it in any order with `max_r` (NaN and +∞ are validation errors, so they never
 //!    reach an `Ok` result).
-//! 2. **Offset** `m = m + 0.0` (turns −0 into +0) and `c = select(m == −∞, 0, m)` (an
-//!    all-masked block uses `c = 0`, so its elements give `d = −∞`, never NaN). The state keeps
-//!    the *raw* maximum `m`; τ = 1/T (rounded once) is applied to differences only, so every
-//!    `d` is ≤ 0 by construction and its accuracy does not depend on the logits' magnitude.
+//! 2. **Reference and offset** ([`block_reference`]). With `P` the *running maximum* of the
+//!    row's earlier blocks (the `max_r` of their raw maxima, −∞ before the first block):
+//!    the block's reference is `r = P + 0.0` if `P > −∞` and `(m − P)·τ ≤ OFFSET_SLACK` (= 8),
+//!    else `r = m + 0.0` (`+ 0.0` turns −0 into +0). The offset is `c = select(r == −∞, 0, r)`
+//!    (an all-masked first block uses `c = 0`, so its elements give `d = −∞`, never NaN) and
+//!    the state keeps `r`. τ = 1/T (rounded once) is applied to differences only, so every `d`
+//!    is ≤ `OFFSET_SLACK` by construction and its accuracy does not depend on the logits'
+//!    magnitude. Whichever block holds the row maximum `M` has `r ≥ M − OFFSET_SLACK/τ`, so a
+//!    row's merged reference lies within `OFFSET_SLACK/τ` below `M` and its `sum ≥ 1`.
 //! 3. **Lanes.** 16 accumulators (one per lane, all starting at +0). Element `i < n16` of the
 //!    block goes to lane `i mod 16`, in increasing `i`; each lane applies the element step
 //!    ([`lse_step`] / [`pair_step`]).
@@ -86,7 +91,9 @@
 //! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
 //! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call
 //! the scalar code of this
-//! crate for everything else: [`fold_blocks`] with [`LseState::merge`] / [`PairState::merge`],
+//! crate for everything else: [`block_reference`] (with the running maximum carried from
+//! block to block in index order, as [`lse_row`] / [`pair_row`] do), [`fold_blocks`] with
+//! [`LseState::merge`] / [`PairState::merge`],
 //! [`finish_lse`], [`LogSoftmax::of`], [`finish_kl`], [`GradCoef::from_lse`] /
 //! [`GradCoef::from_pair`], and `vocab::validate` for the input checks (same errors in the
 //! same order). Rows are independent, so distributing whole rows over threads never changes a
@@ -98,14 +105,23 @@
 //! one subtraction and one multiplication for the shift (the multiplication vanishes at
 //! T = 1), one clamp, the exponential (reduction: FMA, integer sub, sub, 2 FMA; degree-6
 //! polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
-//! accumulations (`add`, `FMA`), plus one `max` in the block-max pass: about 21 vector
+//! accumulations (`add`, `FMA`), plus one `max` for the block maximum: about 21 vector
 //! operations per 16 logits (20 at T = 1) for
-//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. The maximum
-//! is taken per block *before* the exponentials (a second, L1-resident read of 8 KiB for f32),
-//! so there is no per-element running-max compare/blend and no rescaling inside a block; the
-//! only rescaling happens once per 2048-element block in the scalar merge (two exponentials).
-//! A 2048-element block keeps the merge overhead near 1 % and both reads in L1 (KL reads two
-//! rows: 16 KiB). Backends should prefetch a few KiB ahead of the first (max) read.
+//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. There is no
+//! per-element running-max compare/blend and no rescaling inside a block; the only rescaling
+//! happens once per 2048-element block in the scalar merge (two exponentials). A 2048-element
+//! block keeps the merge overhead near 1 % and a block (KL: two, 16 KiB) in L1.
+//!
+//! Why the running-maximum reference (step 2): with the block's own maximum as the offset, a
+//! backend must read each block twice — the maximum first, then the exponentials — and the
+//! extra pass over cache lines it has to prefetch in software cost about a fifth of the
+//! streaming rate on the build machine (single-thread fused kernel, 1024 × 32768 f32: 10.8 →
+//! 8.9 ms median with one pass, same arithmetic). With the reference known before the block
+//! is read, a backend computes the exponentials *and* the block maximum in one pass of plain
+//! sequential loads and only redoes a block, from L1, when the rule picks `m` (the first
+//! block, or a maximum more than `OFFSET_SLACK/τ` above every earlier block's: a few blocks
+//! per row). The slack bounds the terms by e^8 ≈ 2981, far from overflow, and costs at most
+//! ~8 units of cancellation in `H = L − t/s` (≈ 1e-6, against the 1e-5 contract).
 //!
 //! # Storage
 //!
@@ -176,15 +192,18 @@ impl Logit for half::f16 {
     }
 }
 
-/// Online softmax statistics of a block or row: the raw maximum, and sums in the
+/// Online softmax statistics of a block or row: the reference point, and sums in the
 /// temperature-scaled domain.
 ///
-/// `max` is the raw maximum `m = max_v z_v` (−∞ for an all-masked block), `sum = Σ_v e^{d_v}`
-/// and `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − m)·τ` as computed by [`lse_step`]. Hence
-/// `lse = m·τ + ln(sum)` and `H = ln(sum) − dot/sum`.
+/// `max` is the reference `r` the sums are taken against ([`block_reference`]: the block's raw
+/// maximum, or the running maximum of the row's earlier blocks, at most `OFFSET_SLACK/τ`
+/// below the block's maximum; −∞ for an all-masked first block), `sum = Σ_v e^{d_v}` and
+/// `dot = Σ_v e^{d_v}·d_v` with `d_v = (z_v − r)·τ` as computed by [`lse_step`]. Hence
+/// `lse = r·τ + ln(sum)` and `H = ln(sum) − dot/sum` for any reference.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LseState {
-    /// Raw maximum `m` (the logits' own scale, before τ).
+    /// Reference `r` (the logits' own scale, before τ): a block's or earlier blocks' raw
+    /// maximum; after merging a row, within `OFFSET_SLACK/τ` below the row maximum.
     pub max: f32,
     /// `s = Σ e^{d}`.
     pub sum: f32,
@@ -245,11 +264,40 @@ impl LseState {
     }
 }
 
-/// Block offset `c = m`, or 0 for an all-masked block (so its elements give `d = −∞`).
+/// Block offset `c = r`, or 0 for an all-masked first block (`r = −∞`, so its elements give
+/// `d = −∞`).
 #[inline(always)]
-pub fn offset(raw_max: f32) -> f32 {
-    if raw_max == f32::NEG_INFINITY {
+pub fn offset(reference: f32) -> f32 {
+    if reference == f32::NEG_INFINITY {
         0.0
+    } else {
+        reference
+    }
+}
+
+/// How far (in τ-scaled units) a block's maximum may lie above the running maximum of the
+/// earlier blocks for that running maximum to stay the block's reference: 8 \[ours\].
+pub const OFFSET_SLACK: f32 = 8.0;
+
+/// The reference `r` of a block with raw maximum `raw_max` (as [`block_max`] returns it) after
+/// earlier blocks whose running maximum is `prior` (−∞ for the first block of a row):
+/// `prior + 0.0` if `prior > −∞` and `(raw_max − prior)·τ ≤ OFFSET_SLACK`, else `raw_max`
+/// (module documentation, step 2). A NaN `raw_max` (invalid input) gives NaN.
+///
+/// ```
+/// use grpo_core::vocab::canon::block_reference;
+/// let ninf = f32::NEG_INFINITY;
+/// assert_eq!(block_reference(ninf, 3.0, 1.0), 3.0); // first block: its own maximum
+/// assert_eq!(block_reference(5.0, 3.0, 1.0), 5.0); // below the running maximum
+/// assert_eq!(block_reference(5.0, 12.0, 1.0), 5.0); // 7 above it: within the slack
+/// assert_eq!(block_reference(5.0, 14.0, 1.0), 14.0); // 9 above it: its own maximum
+/// assert_eq!(block_reference(5.0, 14.0, 0.5), 5.0); // at T = 2 that is 4.5 above
+/// assert_eq!(block_reference(5.0, ninf, 1.0), 5.0); // an all-masked later block
+/// ```
+#[inline(always)]
+pub fn block_reference(prior: f32, raw_max: f32, tau: f32) -> f32 {
+    if prior > f32::NEG_INFINITY && (raw_max - prior) * tau <= OFFSET_SLACK {
+        prior + 0.0
     } else {
         raw_max
     }
@@ -283,18 +331,26 @@ pub fn lse_step(z: f32, tau: f32, c: f32, s: f32, t: f32) -> (f32, f32) {
     (s + e, fma(e, dc, t))
 }
 
-/// Reduces one block to its [`LseState`] in the canonical order (max, 16 strided lanes, tree,
-/// tail). This is the scalar reference a SIMD backend replaces.
+/// Reduces one block to its [`LseState`] in the canonical order (max, reference, 16 strided
+/// lanes, tree, tail) after earlier blocks whose running maximum is `prior` (−∞ for a row's
+/// first block), and returns the running maximum after this block, `max_r(prior, m)`. This
+/// is the scalar reference a SIMD backend replaces; [`lse_row`] folds a whole row.
 ///
 /// ```
 /// use grpo_core::vocab::canon::lse_block;
-/// // logits [0, 0]: m = 0, s = e^0 + e^0 = 2, t = 0
-/// let st = lse_block(&[0.0f32, 0.0], 1.0);
-/// assert_eq!((st.max, st.sum, st.dot), (0.0, 2.0, 0.0));
+/// let ninf = f32::NEG_INFINITY;
+/// // logits [0, 0] as a first block: r = 0, s = e^0 + e^0 = 2, t = 0
+/// let (st, run) = lse_block(&[0.0f32, 0.0], 1.0, ninf);
+/// assert_eq!((st.max, st.sum, st.dot, run), (0.0, 2.0, 0.0, 0.0));
+/// // after a block whose maximum was 1: the reference stays 1, each d = −1
+/// let (st, run) = lse_block(&[0.0f32, 0.0], 1.0, 1.0);
+/// assert_eq!((st.max, run), (1.0, 1.0));
+/// assert_eq!(st.sum, 2.0 * grpo_core::vocab::exp_ln::exp(-1.0));
 /// ```
-pub fn lse_block<S: Logit>(z: &[S], tau: f32) -> LseState {
+pub fn lse_block<S: Logit>(z: &[S], tau: f32, prior: f32) -> (LseState, f32) {
     let m = block_max(z);
-    let c = offset(m);
+    let r = block_reference(prior, m, tau);
+    let c = offset(r);
     let mut s = [0.0f32; LANES];
     let mut t = [0.0f32; LANES];
     let mut chunks = z.chunks_exact(LANES);
@@ -309,11 +365,39 @@ pub fn lse_block<S: Logit>(z: &[S], tau: f32) -> LseState {
     for &v in chunks.remainder() {
         (s0, t0) = lse_step(v.to_f32(), tau, c, s0, t0);
     }
-    LseState {
-        max: m,
+    let st = LseState {
+        max: r,
         sum: s0,
         dot: t0,
-    }
+    };
+    (st, max_r(prior, m))
+}
+
+/// The merged [`LseState`] of a whole row: [`lse_block`] over its blocks in index order, each
+/// after the running maximum of the ones before, merged by [`fold_blocks`] (`EMPTY` for an
+/// empty row).
+///
+/// ```
+/// use grpo_core::vocab::canon::{lse_row, BLOCK};
+/// // two blocks; the second's maximum (1) is within the slack of the first's (0)
+/// let mut z = vec![0.0f32; 2 * BLOCK];
+/// z[BLOCK] = 1.0;
+/// let st = lse_row(&z, 1.0);
+/// assert_eq!(st.max, 0.0);
+/// assert!((st.sum - (2.0 * BLOCK as f32 - 1.0 + 1f32.exp())).abs() < 2e-3);
+/// ```
+pub fn lse_row<S: Logit>(z: &[S], tau: f32) -> LseState {
+    let mut prior = f32::NEG_INFINITY;
+    fold_blocks(
+        z.len(),
+        |a: LseState, b| a.merge(b, tau),
+        |a, b| {
+            let st;
+            (st, prior) = lse_block(&z[a..b], tau, prior);
+            st
+        },
+    )
+    .unwrap_or(LseState::EMPTY)
 }
 
 /// The fixed pairwise tree over the 16 lanes: for `h` in 8, 4, 2, 1, `a[l] += a[l + h]`
@@ -332,18 +416,19 @@ pub fn tree<T: crate::Real>(a: &mut [T; LANES]) {
 
 /// Statistics of a student row `z` and a teacher row `w` reduced together.
 ///
-/// `zmax`/`wmax` are the raw maxima, `sz, tz` and `sw, tw` the [`LseState`] sums of each row,
+/// `zmax`/`wmax` are the references (as [`LseState::max`]), `sz, tz` and `sw, tw` the
+/// [`LseState`] sums of each row,
 /// `u = Σ e^{dz}·(dz − dw)` and `v = Σ e^{dw}·(dw − dz)` (see [`pair_step`]), so that
 /// `KL(p‖q) = ln sw − ln sz + u/sz` and `KL(q‖p) = ln sz − ln sw + v/sw`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairState {
-    /// Raw maximum of the student row.
+    /// Reference of the student row ([`LseState::max`]).
     pub zmax: f32,
     /// Σ e^{dz}.
     pub sz: f32,
     /// Σ e^{dz}·dz.
     pub tz: f32,
-    /// Raw maximum of the teacher row.
+    /// Reference of the teacher row ([`LseState::max`]).
     pub wmax: f32,
     /// Σ e^{dw}.
     pub sw: f32,
@@ -356,6 +441,18 @@ pub struct PairState {
 }
 
 impl PairState {
+    /// The state of an empty row pair: both references −∞, every sum 0.
+    pub const EMPTY: PairState = PairState {
+        zmax: f32::NEG_INFINITY,
+        sz: 0.0,
+        tz: 0.0,
+        wmax: f32::NEG_INFINITY,
+        sw: 0.0,
+        tw: 0.0,
+        u: 0.0,
+        v: 0.0,
+    };
+
     /// The student half as an [`LseState`].
     #[inline]
     pub fn student(&self) -> LseState {
@@ -385,11 +482,18 @@ impl PairState {
     /// at D_MIN, because they enter a log-ratio, not an exponential.
     ///
     /// ```
-    /// use grpo_core::vocab::canon::{pair_block, PairState};
+    /// use grpo_core::vocab::canon::{finish_kl, pair_block, PairState};
     /// let (z, w) = ([0.0f32, 1.0], [1.0f32, 0.0]);
-    /// let whole = pair_block(&z, &w, 1.0);
-    /// let split = pair_block(&z[..1], &w[..1], 1.0).merge(pair_block(&z[1..], &w[1..], 1.0), 1.0);
-    /// assert!((whole.u - split.u).abs() < 1e-6 && (whole.sz - split.sz).abs() < 1e-6);
+    /// let first = [f32::NEG_INFINITY; 2];
+    /// let (whole, _) = pair_block(&z, &w, 1.0, first);
+    /// let (left, run) = pair_block(&z[..1], &w[..1], 1.0, first);
+    /// let (right, _) = pair_block(&z[1..], &w[1..], 1.0, run);
+    /// let split = left.merge(right, 1.0);
+    /// // The split keeps the first block's student reference (0, within the slack of the
+    /// // second block's maximum 1), the whole block uses 1; the KL values agree.
+    /// assert_eq!((whole.zmax, split.zmax), (1.0, 0.0));
+    /// let (a, b) = (finish_kl(&whole), finish_kl(&split));
+    /// assert!((a.0 - b.0).abs() < 1e-6 && (a.1 - b.1).abs() < 1e-6);
     /// ```
     #[inline]
     pub fn merge(self, right: PairState, tau: f32) -> PairState {
@@ -467,17 +571,27 @@ pub fn pair_step(z: f32, tau: f32, cz: f32, w: f32, cw: f32, acc: [f32; 6]) -> [
 }
 
 /// Reduces one block of a student row `z` and a teacher row `w` (same length) to a
-/// [`PairState`] in the canonical order. The scalar reference a SIMD backend replaces.
+/// [`PairState`] in the canonical order, after earlier blocks whose running maxima are
+/// `prior = [student, teacher]` (each row takes its reference by [`block_reference`] on its
+/// own), and returns the running maxima after this block. The scalar reference a SIMD
+/// backend replaces; [`pair_row`] folds a whole row pair.
 ///
 /// ```
 /// use grpo_core::vocab::canon::pair_block;
+/// let ninf = f32::NEG_INFINITY;
 /// // identical rows: u = v = 0 exactly
-/// let st = pair_block(&[0.5f32, -1.0, 2.0], &[0.5f32, -1.0, 2.0], 1.0);
-/// assert_eq!((st.u, st.v), (0.0, 0.0));
+/// let (st, run) = pair_block(&[0.5f32, -1.0, 2.0], &[0.5f32, -1.0, 2.0], 1.0, [ninf; 2]);
+/// assert_eq!((st.u, st.v, run), (0.0, 0.0, [2.0, 2.0]));
 /// ```
-pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    let zmax = block_max(z);
-    let wmax = block_max(w);
+pub fn pair_block<S: Logit, U: Logit>(
+    z: &[S],
+    w: &[U],
+    tau: f32,
+    prior: [f32; 2],
+) -> (PairState, [f32; 2]) {
+    let (zm, wm) = (block_max(z), block_max(w));
+    let zmax = block_reference(prior[0], zm, tau);
+    let wmax = block_reference(prior[1], wm, tau);
     let (cz, cw) = (offset(zmax), offset(wmax));
     let mut acc = [[0.0f32; LANES]; 6];
     let n = z.len().min(w.len());
@@ -504,7 +618,7 @@ pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
     for i in n16..n {
         a0 = pair_step(z[i].to_f32(), tau, cz, w[i].to_f32(), cw, a0);
     }
-    PairState {
+    let st = PairState {
         zmax,
         sz: a0[0],
         tz: a0[1],
@@ -513,7 +627,33 @@ pub fn pair_block<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
         tw: a0[3],
         u: a0[4],
         v: a0[5],
-    }
+    };
+    (st, [max_r(prior[0], zm), max_r(prior[1], wm)])
+}
+
+/// The merged [`PairState`] of a whole row pair of equal length: [`pair_block`] over its
+/// blocks in index order with the running maxima, merged by [`fold_blocks`]
+/// ([`PairState::EMPTY`] for empty rows).
+///
+/// ```
+/// use grpo_core::vocab::canon::pair_row;
+/// // identical rows: KL terms vanish exactly
+/// let z = [0.5f32, -1.0, 2.0];
+/// let st = pair_row(&z, &z, 1.0);
+/// assert_eq!((st.zmax, st.wmax, st.u, st.v), (2.0, 2.0, 0.0, 0.0));
+/// ```
+pub fn pair_row<S: Logit, U: Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
+    let mut prior = [f32::NEG_INFINITY; 2];
+    fold_blocks(
+        z.len().min(w.len()),
+        |a: PairState, b| a.merge(b, tau),
+        |a, b| {
+            let st;
+            (st, prior) = pair_block(&z[a..b], &w[a..b], tau, prior);
+            st
+        },
+    )
+    .unwrap_or(PairState::EMPTY)
 }
 
 /// Row results from a merged [`LseState`] (shared scalar code, not mirrored by SIMD):
@@ -638,8 +778,8 @@ impl GradCoef {
     /// [`finish_kl`]).
     ///
     /// ```
-    /// use grpo_core::vocab::canon::{pair_block, GradCoef};
-    /// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+    /// use grpo_core::vocab::canon::{pair_row, GradCoef};
+    /// let st = pair_row(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
     /// let c = GradCoef::from_pair(&st, 1.0, 0.0, 0.0, 1.0);
     /// assert_eq!((c.kl, c.p), (0.0, c.q));
     /// ```
@@ -721,8 +861,8 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
 /// `((ln sw − ln sz) + u/sz, (ln sz − ln sw) + v/sw)` (shared scalar code).
 ///
 /// ```
-/// use grpo_core::vocab::canon::{finish_kl, pair_block};
-/// let st = pair_block(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
+/// use grpo_core::vocab::canon::{finish_kl, pair_row};
+/// let st = pair_row(&[0.0f32, 0.0], &[0.0f32, 0.0], 1.0);
 /// assert_eq!(finish_kl(&st), (0.0, 0.0));
 /// ```
 #[inline]
@@ -1093,45 +1233,58 @@ mod tests {
             .map(|i| ((i * 7) % 11) as f32 * 0.37 - 1.5)
             .collect();
         let tau = 1.0 / 0.7f32;
-        let st = lse_block(&z, tau);
         let mut m = f32::NEG_INFINITY;
         for &v in &z {
             m = max_r(m, v);
         }
         let mm = m + 0.0;
-        let mut s = [0.0f32; 16];
-        let mut t = [0.0f32; 16];
-        for i in 0..32 {
-            let d = (z[i] - mm) * tau;
-            let e = crate::vocab::exp_ln::exp(d);
-            s[i % 16] += e;
-            t[i % 16] = fma(e, d, t[i % 16]);
-        }
-        for h in [8, 4, 2, 1] {
-            for l in 0..h {
-                s[l] += s[l + h];
-                t[l] += t[l + h];
+        // (running maximum before the block, the reference it must pick): the block's own
+        // maximum first and when it lies more than 8/τ = 5.6 above; else the running one.
+        let ninf = f32::NEG_INFINITY;
+        let cases = [
+            (ninf, mm),
+            (mm + 1.0, mm + 1.0),
+            (mm - 2.0, mm - 2.0),
+            (mm - 10.0, mm),
+        ];
+        for (prior, r) in cases {
+            let (st, run) = lse_block(&z, tau, prior);
+            let mut s = [0.0f32; 16];
+            let mut t = [0.0f32; 16];
+            for i in 0..32 {
+                let d = (z[i] - r) * tau;
+                let e = crate::vocab::exp_ln::exp(d);
+                s[i % 16] += e;
+                t[i % 16] = fma(e, d, t[i % 16]);
             }
+            for h in [8, 4, 2, 1] {
+                for l in 0..h {
+                    s[l] += s[l + h];
+                    t[l] += t[l + h];
+                }
+            }
+            for i in 32..35 {
+                let d = (z[i] - r) * tau;
+                let e = crate::vocab::exp_ln::exp(d);
+                s[0] += e;
+                t[0] = fma(e, d, t[0]);
+            }
+            assert_eq!(st.max.to_bits(), r.to_bits(), "prior {prior}");
+            assert_eq!(st.sum.to_bits(), s[0].to_bits(), "prior {prior}");
+            assert_eq!(st.dot.to_bits(), t[0].to_bits(), "prior {prior}");
+            assert_eq!(run, if prior > mm { prior } else { mm });
         }
-        for i in 32..35 {
-            let d = (z[i] - mm) * tau;
-            let e = crate::vocab::exp_ln::exp(d);
-            s[0] += e;
-            t[0] = fma(e, d, t[0]);
-        }
-        assert_eq!(st.max.to_bits(), mm.to_bits());
-        assert_eq!(st.sum.to_bits(), s[0].to_bits());
-        assert_eq!(st.dot.to_bits(), t[0].to_bits());
     }
 
     #[test]
     fn merge_matches_single_block_in_exact_cases() {
         // Two one-element blocks z = 0 and z = 0 (τ = 1): merged s = 2, t = 0 exactly.
-        let a = lse_block(&[0.0f32], 1.0);
+        let ninf = f32::NEG_INFINITY;
+        let a = lse_block(&[0.0f32], 1.0, ninf).0;
         let m = a.merge(a, 1.0);
         assert_eq!((m.max, m.sum, m.dot), (0.0, 2.0, 0.0));
         // Empty with non-empty: identity.
-        let b = lse_block(&[1.0f32, 2.0], 1.0);
+        let b = lse_block(&[1.0f32, 2.0], 1.0, ninf).0;
         assert_eq!(LseState::EMPTY.merge(b, 1.0), b);
         assert_eq!(b.merge(LseState::EMPTY, 1.0), b);
         let e = LseState::EMPTY.merge(LseState::EMPTY, 1.0);
@@ -1140,10 +1293,17 @@ mod tests {
 
     #[test]
     fn masked_block_is_empty_state() {
-        let z = [f32::NEG_INFINITY; 37];
-        let st = lse_block(&z, 2.0);
-        assert_eq!((st.max, st.sum, st.dot), (f32::NEG_INFINITY, 0.0, 0.0));
-        let p = pair_block(&z, &z, 2.0);
-        assert_eq!((p.sz, p.sw, p.u, p.v), (0.0, 0.0, 0.0, 0.0));
+        let ninf = f32::NEG_INFINITY;
+        let z = [ninf; 37];
+        let (st, run) = lse_block(&z, 2.0, ninf);
+        assert_eq!((st.max, st.sum, st.dot, run), (ninf, 0.0, 0.0, ninf));
+        let (p, run) = pair_block(&z, &z, 2.0, [ninf; 2]);
+        assert_eq!((p.sz, p.sw, p.u, p.v, run), (0.0, 0.0, 0.0, 0.0, [ninf; 2]));
+        // After a finite block the reference is the running maximum; the sums stay 0.
+        let (st, run) = lse_block(&z, 2.0, 1.5);
+        assert_eq!((st.max, st.sum, st.dot, run), (1.5, 0.0, 0.0, 1.5));
+        let (p, _) = pair_block(&z, &z, 2.0, [1.5, -3.0]);
+        assert_eq!((p.zmax, p.wmax), (1.5, -3.0));
+        assert_eq!((p.sz, p.tz, p.sw, p.u, p.v), (0.0, 0.0, 0.0, 0.0, 0.0));
     }
 }

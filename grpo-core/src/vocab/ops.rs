@@ -1,9 +1,7 @@
 //! Row operations: log-sum-exp, token log-probability, entropy, KL, JSD and the fused backward,
 //! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
 
-use super::canon::{
-    self, GradCoef, KlGrad, LseState, PairState, fold_blocks, lse_block, pair_block,
-};
+use super::canon::{self, GradCoef, KlGrad};
 use super::exp_ln::max_r;
 use crate::error::{Error, Result, check_len};
 
@@ -198,37 +196,6 @@ pub fn support<S: super::Logit, U: super::Logit>(
     Ok(())
 }
 
-/// The merged [`LseState`] of a validated row.
-#[inline]
-fn row_state<S: super::Logit>(z: &[S], tau: f32) -> LseState {
-    fold_blocks(
-        z.len(),
-        |a: LseState, b| a.merge(b, tau),
-        |a, b| lse_block(&z[a..b], tau),
-    )
-    .unwrap_or(LseState::EMPTY)
-}
-
-/// The merged [`PairState`] of a validated row pair.
-#[inline]
-fn pair_state<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32) -> PairState {
-    fold_blocks(
-        z.len(),
-        |a: PairState, b| a.merge(b, tau),
-        |a, b| pair_block(&z[a..b], &w[a..b], tau),
-    )
-    .unwrap_or(PairState {
-        zmax: f32::NEG_INFINITY,
-        sz: 0.0,
-        tz: 0.0,
-        wmax: f32::NEG_INFINITY,
-        sw: 0.0,
-        tw: 0.0,
-        u: 0.0,
-        v: 0.0,
-    })
-}
-
 /// Softmax statistics of one row: what the forward operations return.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RowStats {
@@ -260,7 +227,7 @@ pub fn row_stats<S: super::Logit>(logits: &[S], temperature: f32) -> Result<RowS
     let tau = inverse_temperature(temperature)?;
     crate::error::ensure(!logits.is_empty(), "vocab", "must be > 0")?;
     row(logits, "logits", 0, 0, tau)?;
-    let (lse, _, entropy) = canon::finish_lse(&row_state(logits, tau), tau);
+    let (lse, _, entropy) = canon::finish_lse(&canon::lse_row(logits, tau), tau);
     Ok(RowStats { lse, entropy })
 }
 
@@ -322,7 +289,7 @@ pub fn logprob_entropy<S: super::Logit, I: TokenId>(
     }
     let m = row(logits, "logits", 0, 0, tau)?;
     target(logits, y, m, tau, 0, 0)?;
-    let st = row_state(logits, tau);
+    let st = canon::lse_row(logits, tau);
     let (_, _, h) = canon::finish_lse(&st, tau);
     Ok((canon::logp_of(logits[y].to_f32(), tau, &st), h))
 }
@@ -393,7 +360,7 @@ pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
     scan_pair(student, teacher, tau, Some(direction), 0, 0)?;
-    let (f, r) = canon::finish_kl(&pair_state(student, teacher, tau));
+    let (f, r) = canon::finish_kl(&canon::pair_row(student, teacher, tau));
     Ok(match direction {
         KlDirection::Forward => f,
         KlDirection::Reverse => r,
@@ -452,7 +419,7 @@ fn jsd_row<S: super::Logit, U: super::Logit>(
     beta: f32,
     omb: f32,
 ) -> f32 {
-    let st = pair_state(z, w, tau);
+    let st = canon::pair_row(z, w, tau);
     let lz = canon::LogSoftmax::of(&st.student());
     let lw = canon::LogSoftmax::of(&st.teacher());
     let s = canon::canonical_sum(z.len(), |i| {
@@ -530,7 +497,7 @@ pub fn stats_rows<S: super::Logit>(
         row(row_of(logits, vocab, r), "logits", r * vocab, r, tau)?;
     }
     for r in 0..rows {
-        let (lse, _, h) = canon::finish_lse(&row_state(row_of(logits, vocab, r), tau), tau);
+        let (lse, _, h) = canon::finish_lse(&canon::lse_row(row_of(logits, vocab, r), tau), tau);
         lse_out[r] = lse;
         entropy_out[r] = h;
     }
@@ -584,7 +551,7 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
     }
     for (r, &t) in targets.iter().enumerate() {
         let z = row_of(logits, vocab, r);
-        let st = row_state(z, tau);
+        let st = canon::lse_row(z, tau);
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
             h[r] = canon::finish_lse(&st, tau).2;
@@ -627,7 +594,7 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
         scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
-        let (f, rev) = canon::finish_kl(&pair_state(
+        let (f, rev) = canon::finish_kl(&canon::pair_row(
             row_of(student, vocab, r),
             row_of(teacher, vocab, r),
             tau,
@@ -798,7 +765,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
     let g_h = terms.entropy.map_or(0.0, |g| g[r]);
     match &terms.kl {
         Some(k) => {
-            let st = pair_state(z, row_of(k.teacher, vocab, r), tau);
+            let st = canon::pair_row(z, row_of(k.teacher, vocab, r), tau);
             let dir = match k.direction {
                 KlDirection::Forward => KlGrad::Forward,
                 KlDirection::Reverse => KlGrad::Reverse,
@@ -806,7 +773,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
             (GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]), y, dir)
         }
         None => (
-            GradCoef::from_lse(&row_state(z, tau), tau, g_lp, g_h),
+            GradCoef::from_lse(&canon::lse_row(z, tau), tau, g_lp, g_h),
             y,
             KlGrad::None,
         ),

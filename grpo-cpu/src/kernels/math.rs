@@ -106,13 +106,15 @@ pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; 
 /// Lower end of [`exp_nonpos_normal_n`]'s domain.
 pub(crate) const EXP_NORMAL_MIN: f32 = -86.0;
 
-/// [`exp_nonpos_clamped_n`] for arguments in [[`EXP_NORMAL_MIN`], 0] (no NaN): the scaling
-/// `p·2^k` done as an integer add of `k` to `p`'s exponent field, which moves one operation
-/// per vector off the FMA ports the step loops are bound by.
+/// [`exp_nonpos_clamped_n`] for arguments in [[`EXP_NORMAL_MIN`], `OFFSET_SLACK` = 8] (no
+/// NaN; positive arguments come from a block whose reference lies below its maximum, see
+/// grpo-core's `canon::block_reference`): the scaling `p·2^k` done as an integer add of `k`
+/// to `p`'s exponent field, which moves one operation per vector off the FMA ports the step
+/// loops are bound by.
 ///
-/// Same bits there: `x ∈ [−86, 0]` gives `k = round(x·log₂e) ∈ [−124, 0]` and
-/// `p = e^r ∈ [0.70, 1.42]`, so `p·2^k ≥ 0.7·2^−124` is a normal float and the product is
-/// exact — `p` with its exponent field increased by `k`. Outside the domain the result is
+/// Same bits there: `x ∈ [−86, 8]` gives `k = round(x·log₂e) ∈ [−124, 12]` and
+/// `p = e^r ∈ [0.70, 1.42]`, so `0.7·2^−124 ≤ p·2^k < 2^13` is a normal float and the product
+/// is exact — `p` with its exponent field increased by `k`. Outside the domain the result is
 /// meaningless (subnormal results would need a rounding, a NaN could turn into a number): the
 /// callers check the domain and recompute with [`exp_nonpos_clamped_n`] if it was left.
 #[inline(always)]
@@ -240,13 +242,25 @@ mod tests {
 
     /// The lanes' `exp_nonpos_clamped` (without the reference's `max(k + 127, 0)`) equals the
     /// reference bit for bit on every float of [D_MIN, D_MIN + 1.5] — where `k` reaches −127
-    /// and the results are subnormal or zero —, every 29th float of the rest of [D_MIN, 0], ±0
-    /// and NaNs of both signs.
+    /// and the results are subnormal or zero —, every 29th float of the rest of [D_MIN, 0], ±0,
+    /// NaNs of both signs and the positive arguments up to the slack (`up_to_the_slack`).
     #[test]
     fn exp_nonpos_clamped_equals_the_reference_on_the_clamped_range() {
         let nans = [f32::NAN, -f32::NAN, f32::from_bits(0xff80_0001)];
-        let checked = equals_exp_nonpos_clamped(D_MIN, 1.5, &nans, exp_nonpos_clamped);
-        assert!(checked > 35_000_000, "{checked}");
+        let extra: Vec<f32> = nans.into_iter().chain(up_to_the_slack()).collect();
+        let checked = equals_exp_nonpos_clamped(D_MIN, 1.5, &extra, exp_nonpos_clamped);
+        assert!(checked > 45_000_000, "{checked}");
+    }
+
+    /// Every 97th float of (0, 8] and the 64 floats below 8: the positive arguments a block
+    /// whose reference lies below its maximum gives (at most grpo-core's `OFFSET_SLACK`).
+    fn up_to_the_slack() -> Vec<f32> {
+        let top = grpo_core::vocab::canon::OFFSET_SLACK.to_bits();
+        (1..=top)
+            .step_by(97)
+            .chain(top - 64..=top)
+            .map(f32::from_bits)
+            .collect()
     }
 
     /// Compares `f` with the scalar `exp_nonpos_clamped` over every float of
@@ -300,12 +314,14 @@ mod tests {
         assert!(checked > 35_000_000, "{checked}");
     }
 
-    /// `exp_nonpos_normal_n` equals the reference on its domain [−86, 0]: every float of
-    /// [−86, −85] (the smallest exponents), every 29th float of the rest, ±0.
+    /// `exp_nonpos_normal_n` equals the reference on its domain [−86, 8]: every float of
+    /// [−86, −85] (the smallest exponents), every 29th float of the rest of [−86, 0], ±0 and
+    /// the positive arguments up to the slack (`up_to_the_slack`).
     #[test]
     fn exp_nonpos_normal_equals_the_reference_on_its_domain() {
-        let checked =
-            equals_exp_nonpos_clamped(EXP_NORMAL_MIN, 1.0, &[], |v| exp_nonpos_normal_n([v])[0]);
-        assert!(checked > 35_000_000, "{checked}");
+        let checked = equals_exp_nonpos_clamped(EXP_NORMAL_MIN, 1.0, &up_to_the_slack(), |v| {
+            exp_nonpos_normal_n([v])[0]
+        });
+        assert!(checked > 45_000_000, "{checked}");
     }
 }
