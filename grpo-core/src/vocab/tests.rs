@@ -587,6 +587,21 @@ fn backward_is_accurate_at_a_large_vocabulary_and_zero_on_masked_entries() {
     std::eprintln!("backward worst abs err {worst:e}");
 }
 
+/// Both KL directions of a row pair within 1e-5 (+1e-6 relative) of the f64 reference.
+fn kl_matches_f64(z: &[f32], w: &[f32], t: f32) {
+    let t64 = t as f64;
+    for (dir, want) in [
+        (KlDirection::Forward, kl64(z, w, t64)),
+        (KlDirection::Reverse, kl64(w, z, t64)),
+    ] {
+        let got = kl_divergence(z, w, t, dir).unwrap() as f64;
+        assert!(
+            (got - want).abs() <= 1e-5 + 1e-6 * want,
+            "{dir:?} T={t}: {got} vs {want}"
+        );
+    }
+}
+
 #[test]
 fn references_below_the_block_maxima_keep_the_accuracy_contract() {
     // Every block's maximum lies just within the slack (7.9 of 8 scaled units) above the
@@ -633,16 +648,7 @@ fn references_below_the_block_maxima_keep_the_accuracy_contract() {
                 lp_ref[y]
             );
         }
-        for (dir, want) in [
-            (KlDirection::Forward, kl64(&z, &w, t64)),
-            (KlDirection::Reverse, kl64(&w, &z, t64)),
-        ] {
-            let got = kl_divergence(&z, &w, t, dir).unwrap() as f64;
-            assert!(
-                (got - want).abs() <= 1e-5 + 1e-6 * want,
-                "{dir:?} T={t}: {got} vs {want}"
-            );
-        }
+        kl_matches_f64(&z, &w, t);
         let j = jsd(&z, &w, 0.5, t).unwrap() as f64;
         let jr = jsd64(&z, &w, 0.5, t64);
         assert!((j - jr).abs() <= 1e-5 + 1e-6 * jr, "JSD {j} vs {jr}");
@@ -679,16 +685,7 @@ fn merges_across_blocks_with_distant_maxima() {
     }
     for t in [1.0f32, 2.5] {
         let t64 = t as f64;
-        for (dir, want) in [
-            (KlDirection::Forward, kl64(&z, &w, t64)),
-            (KlDirection::Reverse, kl64(&w, &z, t64)),
-        ] {
-            let got = kl_divergence(&z, &w, t, dir).unwrap() as f64;
-            assert!(
-                (got - want).abs() <= 1e-5 + 1e-6 * want,
-                "{dir:?} T={t}: {got} vs {want}"
-            );
-        }
+        kl_matches_f64(&z, &w, t);
         let st = row_stats(&z, t).unwrap();
         assert!((st.entropy as f64 - entropy64(&z, t64)).abs() <= 1e-5);
         assert!((st.lse as f64 - lse64(&z, t64)).abs() <= 2e-6 + 1e-7 * lse64(&z, t64).abs());

@@ -1816,43 +1816,17 @@ mod tests {
         a == b || (f32::from_bits(a).is_nan() && f32::from_bits(b).is_nan())
     }
 
-    /// The fast paths' exits (`NORMAL = true` steps of `lse_block` and `pair_block`): blocks
-    /// that leave the exponent-add domain must run with the reference scaling. Arguments in
-    /// [D_MIN, −86) give subnormal exponentials that the exponent-add would mis-encode —
-    /// invisible in `sum` ≥ 1 but not in the sums of tiny products (`dot`, `tz`, `u`, `v`)
-    /// when every other element is the maximum, in either row of a pair; and NaN logits with
-    /// payloads that the exponent-add turns into numbers (0x7fc0_0001 + 1 << 23 is a negative
-    /// subnormal) must still give NaN sums.
-    #[test]
-    fn fast_paths_fall_back_outside_their_domain() {
-        let n = 2 * 2048 + 40;
-        let mut cases: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
-        for tail in [-87.5f32, -86.5, -87.9, f32::NEG_INFINITY] {
-            let mut z = vec![tail; n];
-            let mut w = vec![tail * 0.5; n];
-            for i in (0..n).step_by(1000) {
-                z[i] = 0.0;
-                w[i + 1] = 0.25;
-            }
-            cases.push((z.clone(), w.clone()));
-            cases.push((w, z));
-        }
-        // One row inside the domain, the other outside, maxima at the same positions: the
-        // log-ratio sums `u`, `v` are then sums of tiny products only.
-        let (mut z, mut w) = (vec![-80.0f32; n], vec![-87.5f32; n]);
-        for i in (0..n).step_by(1000) {
-            (z[i], w[i]) = (0.0, 0.0);
-        }
-        cases.push((z.clone(), w.clone()));
-        cases.push((w, z));
-        for nan in [0x7fc0_0001u32, 0x7f80_0001, 0xffc0_00ff, 0x7fc0_0000] {
-            let mut z: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
-            let w: Vec<f32> = (0..n).map(|i| (i % 11) as f32 - 5.0).collect();
-            z[2048 + 17] = f32::from_bits(nan);
-            cases.push((z.clone(), w.clone()));
-            cases.push((w, z));
-        }
-        for (z, w) in &cases {
+    /// Every backend's `LseRows` and `PairRows` (every `PairNeed`, the sums it computes) on
+    /// each `(student, teacher)` row pair as one row, at τ = 1 and 0.75, bit for bit against
+    /// grpo-core (NaN as "both NaN"), and the pair's support flags against a direct count.
+    fn rows_match_reference(cases: &[(Vec<f32>, Vec<f32>)]) {
+        let ninf = f32::NEG_INFINITY;
+        for (z, w) in cases {
+            let n = z.len();
+            let flags = PairFlags {
+                forward: z.iter().zip(w).any(|(&a, &b)| b == ninf && a != ninf),
+                reverse: z.iter().zip(w).any(|(&a, &b)| a == ninf && b != ninf),
+            };
             for tau in [1.0f32, 0.75] {
                 let want = bits_lse(&ref_lse(z, tau));
                 let want_p = bits_pair(&ref_pair(z, w, tau));
@@ -1891,10 +1865,50 @@ mod tests {
                                 "{b:?} {need:?} tau={tau} field {i}: {got:x?} {want_p:x?}"
                             );
                         }
+                        assert_eq!(out[0].1, flags, "{b:?} {need:?} tau={tau}");
                     }
                 }
             }
         }
+    }
+
+    /// The fast paths' exits (`NORMAL = true` steps of `lse_block` and `pair_block`): blocks
+    /// that leave the exponent-add domain must run with the reference scaling. Arguments in
+    /// [D_MIN, −86) give subnormal exponentials that the exponent-add would mis-encode —
+    /// invisible in `sum` ≥ 1 but not in the sums of tiny products (`dot`, `tz`, `u`, `v`)
+    /// when every other element is the maximum, in either row of a pair; and NaN logits with
+    /// payloads that the exponent-add turns into numbers (0x7fc0_0001 + 1 << 23 is a negative
+    /// subnormal) must still give NaN sums.
+    #[test]
+    fn fast_paths_fall_back_outside_their_domain() {
+        let n = 2 * 2048 + 40;
+        let mut cases: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        for tail in [-87.5f32, -86.5, -87.9, f32::NEG_INFINITY] {
+            let mut z = vec![tail; n];
+            let mut w = vec![tail * 0.5; n];
+            for i in (0..n).step_by(1000) {
+                z[i] = 0.0;
+                w[i + 1] = 0.25;
+            }
+            cases.push((z.clone(), w.clone()));
+            cases.push((w, z));
+        }
+        // One row inside the domain, the other outside, maxima at the same positions: the
+        // log-ratio sums `u`, `v` are then sums of tiny products only.
+        let (mut z, mut w) = (vec![-80.0f32; n], vec![-87.5f32; n]);
+        for i in (0..n).step_by(1000) {
+            (z[i], w[i]) = (0.0, 0.0);
+        }
+        cases.push((z.clone(), w.clone()));
+        cases.push((w, z));
+        for nan in [0x7fc0_0001u32, 0x7f80_0001, 0xffc0_00ff, 0x7fc0_0000] {
+            let mut z: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
+            let w: Vec<f32> = (0..n).map(|i| (i % 11) as f32 - 5.0).collect();
+            z[2048 + 17] = f32::from_bits(nan);
+            cases.push((z.clone(), w.clone()));
+            cases.push((w, z));
+        }
+        rows_match_reference(&cases);
     }
 
     /// Rows whose blocks exercise every branch of the running-maximum reference
@@ -1975,55 +1989,7 @@ mod tests {
             cases.push((z.clone(), w2.clone()));
             cases.push((w2, z.clone()));
         }
-        for (z, w) in &cases {
-            let n = z.len();
-            let flags = PairFlags {
-                forward: z.iter().zip(w).any(|(&a, &b)| b == ninf && a != ninf),
-                reverse: z.iter().zip(w).any(|(&a, &b)| a == ninf && b != ninf),
-            };
-            for tau in [1.0f32, 0.75] {
-                let want = bits_lse(&ref_lse(z, tau));
-                let want_p = bits_pair(&ref_pair(z, w, tau));
-                for b in Backend::available() {
-                    let mut out = [LseState::EMPTY];
-                    run(
-                        b,
-                        LseRows {
-                            z,
-                            vocab: n,
-                            tau,
-                            out: &mut out,
-                        },
-                    );
-                    let got = bits_lse(&out[0]);
-                    for i in 0..3 {
-                        assert!(same(got[i], want[i]), "{b:?} lse {i}: {got:x?} {want:x?}");
-                    }
-                    for need in PairNeed::ALL {
-                        let mut out = [(PairState::EMPTY, PairFlags::default())];
-                        PairRows {
-                            z,
-                            w,
-                            vocab: n,
-                            tau,
-                            need,
-                            out: &mut out,
-                        }
-                        .run_on(b);
-                        let got = bits_pair(&out[0].0);
-                        let (tz, u, v) = need.computes();
-                        let keep = [true, true, tz, true, true, false, u, v];
-                        for i in 0..8 {
-                            assert!(
-                                !keep[i] || same(got[i], want_p[i]),
-                                "{b:?} {need:?} tau={tau} field {i}: {got:x?} {want_p:x?}"
-                            );
-                        }
-                        assert_eq!(out[0].1, flags, "{b:?} {need:?} tau={tau}");
-                    }
-                }
-            }
-        }
+        rows_match_reference(&cases);
     }
 
     /// One block of `z` (and `w`) after given running maxima, through the lane `lse_block`
