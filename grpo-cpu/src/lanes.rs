@@ -140,4 +140,22 @@ pub trait F32x16: Copy {
     fn mask_none() -> Self::Mask;
     /// Whether any lane of the mask is set.
     fn mask_any(m: Self::Mask) -> bool;
+
+    /// The largest lane, in an unspecified order (exact for non-NaN lanes except the sign of a
+    /// zero; a NaN lane may or may not be the result). The default folds the lanes in order;
+    /// a backend may use a shuffle tree, which is shorter on the critical path between blocks.
+    #[inline(always)]
+    fn reduce_max(self) -> f32 {
+        self.to_array()
+            .into_iter()
+            .fold(f32::NEG_INFINITY, |a, b| if a > b { a } else { b })
+    }
+
+    /// The smallest lane, in an unspecified order (as [`F32x16::reduce_max`]).
+    #[inline(always)]
+    fn reduce_min(self) -> f32 {
+        self.to_array()
+            .into_iter()
+            .fold(f32::INFINITY, |a, b| if a < b { a } else { b })
+    }
 }

@@ -283,6 +283,16 @@ impl F32x16 for Avx512 {
     fn mask_any(m: __mmask16) -> bool {
         m != 0
     }
+    #[inline(always)]
+    fn reduce_max(self) -> f32 {
+        // SAFETY: see the impl comment (a shuffle-and-max sequence on registers).
+        unsafe { _mm512_reduce_max_ps(self.0) }
+    }
+    #[inline(always)]
+    fn reduce_min(self) -> f32 {
+        // SAFETY: see the impl comment.
+        unsafe { _mm512_reduce_min_ps(self.0) }
+    }
 }
 
 #[inline(always)]

@@ -213,6 +213,47 @@ mod tests {
         assert!(tested >= 1);
     }
 
+    struct Reduce<'a>(&'a [[f32; 16]]);
+
+    impl Kernel for Reduce<'_> {
+        type Output = Vec<(f32, f32)>;
+        #[inline(always)]
+        fn run<V: F32x16>(self) -> Vec<(f32, f32)> {
+            self.0
+                .iter()
+                .map(|c| (V::load(c).reduce_max(), V::load(c).reduce_min()))
+                .collect()
+        }
+    }
+
+    /// `reduce_max`/`reduce_min` give the exact extreme lane on every backend for chunks
+    /// without NaN (the sign of a zero aside: compared after `+ 0.0`).
+    #[test]
+    fn lane_reductions_are_exact_without_nan() {
+        let mut chunks = inputs(4, 4000);
+        chunks.retain(|c| c.iter().all(|x| !x.is_nan()));
+        chunks.push([-0.0; 16]);
+        chunks.push(core::array::from_fn(|i| if i == 15 { 0.0 } else { -0.0 }));
+        assert!(chunks.len() > 2000);
+        for backend in Backend::available() {
+            let got = run(backend, Reduce(&chunks));
+            for (c, (mx, mn)) in chunks.iter().zip(got) {
+                let want_max = c.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let want_min = c.iter().copied().fold(f32::INFINITY, f32::min);
+                assert_eq!(
+                    (mx + 0.0).to_bits(),
+                    (want_max + 0.0).to_bits(),
+                    "{backend:?} {c:?}"
+                );
+                assert_eq!(
+                    (mn + 0.0).to_bits(),
+                    (want_min + 0.0).to_bits(),
+                    "{backend:?} {c:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn widening_is_exact() {
         for bits in 0..=u16::MAX {

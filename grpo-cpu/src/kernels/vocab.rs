@@ -154,22 +154,13 @@ fn block_max_min<V: F32x16, S: Load>(z: &[S]) -> (f32, f32) {
         m[0] = m[0].max(x);
         lo[0] = lo[0].min(x);
     }
-    let v = m[0].max(m[1]).max(m[2].max(m[3])).to_array();
-    let mut r = f32::NEG_INFINITY;
-    for x in v {
-        r = canon_max(r, x);
-    }
+    let mut r = m[0].max(m[1]).max(m[2].max(m[3])).reduce_max();
     for &x in tail {
         r = canon_max(r, x.to_f32());
     }
-    // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max.
-    (r + 0.0, lane_min(lo[0].min(lo[1]).min(lo[2].min(lo[3]))))
-}
-
-/// The smallest lane (any order: only compared, never part of a result).
-#[inline(always)]
-fn lane_min<V: F32x16>(v: V) -> f32 {
-    v.to_array().into_iter().fold(f32::INFINITY, f32::min)
+    // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max; the
+    // minimum is only compared, never part of a result.
+    (r + 0.0, lo[0].min(lo[1]).min(lo[2].min(lo[3])).reduce_min())
 }
 
 /// Whether some lane is NaN.
@@ -236,11 +227,7 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
         rev = V::mask_or(rev, V::mask_andnot(iw, iz));
     }
     let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
-    let (mut zr, mut wr) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for (x, y) in mz.to_array().into_iter().zip(mw.to_array()) {
-        zr = canon_max(zr, x);
-        wr = canon_max(wr, y);
-    }
+    let (mut zr, mut wr) = (mz.reduce_max(), mw.reduce_max());
     for (a, b) in zt.iter().zip(wt) {
         let (x, y) = (a.to_f32(), b.to_f32());
         zr = canon_max(zr, x);
@@ -253,8 +240,8 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
     PairScan {
         zmax: zr + 0.0,
         wmax: wr + 0.0,
-        zlow: lane_min(lz),
-        wlow: lane_min(lw),
+        zlow: lz.reduce_min(),
+        wlow: lw.reduce_min(),
         forward: f,
         reverse: r,
     }
@@ -372,15 +359,11 @@ impl<V: F32x16> Scan<V> {
     /// chunks' minimum.
     #[inline(always)]
     fn finish<S: Load>(&self, tail: &[S]) -> (f32, f32) {
-        let mut r = self
-            .max
-            .to_array()
-            .into_iter()
-            .fold(f32::NEG_INFINITY, canon_max);
+        let mut r = self.max.reduce_max();
         for &x in tail {
             r = canon_max(r, x.to_f32());
         }
-        (r + 0.0, lane_min(self.min))
+        (r + 0.0, self.min.reduce_min())
     }
 }
 
