@@ -1,4 +1,4 @@
-//! Kernels written once over [`F32x16`](crate::lanes::F32x16) and instantiated per ISA.
+//! Kernels written once over [`F32x16`] and instantiated per ISA.
 //!
 //! A kernel is a value implementing [`Kernel`]: its arguments are fields, and `run::<V>` is the
 //! body for the lane type `V`. `arch::run` calls it from an entry function compiled with the

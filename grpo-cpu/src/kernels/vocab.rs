@@ -1,12 +1,15 @@
 //! grpo-core's canonical vocabulary reductions (grpo_core::vocab::canon) over 16 lanes.
 //!
-//! The reference fixes *what* is computed: blocks of `BLOCK` = 2048 logits, per block the raw
-//! maximum, then the element step in 16 strided lanes, the fixed lane tree, the tail on lane 0,
-//! and a pairwise merge of block states. This file fixes *how fast*: the maximum pass streams
-//! the block from memory (with software prefetch ahead) so the step pass finds it in L1; the
-//! step pass is one vector per 16 elements with the lane accumulators in registers; merges and
-//! tails use the same lane operations on lane 0, so hardware FMA replaces the reference's
-//! software `fmaf` with identical bits.
+//! The reference fixes *what* is computed: blocks of `BLOCK` = 2048 logits, per block a
+//! reference maximum (`canon::block_reference`), then the element step in 16 strided lanes,
+//! the fixed lane tree, the tail on lane 0, and a pairwise merge of block states. This file
+//! fixes *how fast*: a block after a row's first is read once, stepped against the running
+//! maximum while the same pass takes its extrema, and a row's first block (or one whose
+//! maximum jumped) is read twice, a maximum pass streaming it from memory with software
+//! prefetch ahead so the step finds it in L1 (`step_block`); the step is one vector per 16
+//! elements with the lane accumulators in registers; merges and tails use the same lane
+//! operations on lane 0, so hardware FMA replaces the reference's software `fmaf` with
+//! identical bits.
 //!
 //! Everything here is `#[inline(always)]`: it is instantiated inside the per-ISA entry
 //! functions of `arch/`.
@@ -137,8 +140,7 @@ fn fma1<V: F32x16>(a: f32, b: f32, c: f32) -> f32 {
 /// where the loop waits on memory, instead of in the compute-bound step, and a block with a
 /// masked (−∞) logit goes straight to the reference scaling instead of running twice.
 #[inline(always)]
-fn block_max_min<V: F32x16, S: Load>(z: &[S]) -> (f32, f32) {
-    let (chunks, tail) = z.as_chunks::<16>();
+fn block_max_min<V: F32x16, S: Load>(chunks: &[[S; 16]], tail: &[S]) -> (f32, f32) {
     let mut m = [V::splat(f32::NEG_INFINITY); 4];
     let mut lo = [V::splat(f32::INFINITY); 4];
     let mut quads = chunks.chunks_exact(4);
@@ -263,81 +265,119 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
     *t = e.mul_add(dc, *t);
 }
 
-/// `canon::lse_block` in lanes: the block's state after earlier blocks whose running maximum
-/// is `prior`, and the running maximum after it.
+/// The rows of one block as [`step_block`] drives them: one row (`N = 1`, [`LseBlock`]) or a
+/// student/teacher row pair (`N = 2`, [`PairBlock`]), stepped together against one offset
+/// per row.
+trait BlockRows<V: F32x16, const N: usize> {
+    /// The lane accumulators of the step.
+    type Acc: Copy;
+    /// The accumulators before the first step.
+    fn zero() -> Self::Acc;
+    /// The step over the block's whole chunks against offsets `c`, with the exponent-add
+    /// exponential if `normal`; every loaded value of row `i` goes to `track[i]`. Returns
+    /// `false` if the exponent-add met a NaN (the sums are then meaningless).
+    fn steps<T: Track<V>>(
+        &self,
+        tau: f32,
+        c: [f32; N],
+        normal: bool,
+        acc: &mut Self::Acc,
+        track: &mut [T; N],
+    ) -> bool;
+    /// Each row's `(maximum, smallest chunk value)` (as [`block_max_min`]), read in a pass of
+    /// its own before a two-pass step.
+    fn extrema(&mut self) -> [(f32, f32); N];
+    /// The same from the scans of a one-pass step over the whole chunks (the tails are
+    /// still to be seen).
+    fn scanned(&mut self, scans: &[Scan<V>; N]) -> [(f32, f32); N];
+}
+
+/// `canon::block_reference` and the whole-chunk steps of one block, read once where the
+/// reference allows it: returns the lane accumulators, each row's reference (the block
+/// state's maximum) and each row's running maximum after the block.
 ///
-/// With `prior > −∞` (every block but a row's first) the block is read once: the steps run
-/// against the running maximum — the reference `canon::block_reference` picks unless the
-/// block's own maximum lies more than `OFFSET_SLACK/τ` above it — while the same pass takes
-/// the block's maximum and minimum. Only if the rule then picks the block's maximum is the
-/// block (in L1 by now) stepped again. A row's first block takes its maximum first and steps
-/// after, as every block did before the running-maximum reference (see grpo-core's `canon`
-/// for why: two passes cost about a fifth of the streaming rate).
+/// With every `prior > −∞` (every block but a row's first) the block is read once: the steps
+/// run against the running maxima — the references `canon::block_reference` picks unless a
+/// block maximum lies more than `OFFSET_SLACK/τ` above its running maximum — while the same
+/// pass takes each row's maximum and minimum. Only if the rule then picks a block's own
+/// maximum is the block (in L1 by now) stepped again. A row's first block takes its extrema
+/// first and steps after, as every block did before the running-maximum reference (see
+/// grpo-core's `canon` for why: two passes cost about a fifth of the streaming rate).
 ///
 /// `fast` carries between blocks whether the exponent-add exponential applied to the
 /// previous block: the one-pass step tries it only then (it learns the block's minimum only
 /// afterwards), so a masked vocabulary, whose blocks each hold a −∞, steps each block once
-/// with the reference scaling instead of twice. Which path ran never changes a bit.
+/// with the reference scaling instead of twice. In a two-pass step the domain is known before
+/// the step, and a NaN the minimum missed sends the step to the reference scaling. Which path
+/// ran never changes a bit.
 #[inline(always)]
-fn lse_block<V: F32x16, S: Load>(
-    z: &[S],
+fn step_block<V: F32x16, B: BlockRows<V, N>, const N: usize>(
+    rows: &mut B,
     tau: f32,
-    prior: f32,
+    prior: [f32; N],
     fast: &mut bool,
-) -> (LseState, f32) {
-    let (chunks, tail) = z.as_chunks::<16>();
-    let (mut s, mut t) = (V::splat(0.0), V::splat(0.0));
-    let (m, low, stepped) = if prior > f32::NEG_INFINITY {
-        let c = prior + 0.0;
-        let mut scan = Scan::<V>::new();
-        let ok = lse_chunks::<V, S, true>(chunks, tau, c, *fast, &mut s, &mut t, &mut scan);
-        let (m, low) = scan.finish(tail);
-        let kept = canon::block_reference(prior, m, tau).to_bits() == c.to_bits();
-        let valid = ok && (!*fast || normal_domain_at(low, c, tau));
+) -> (B::Acc, [f32; N], [f32; N]) {
+    let mut acc = B::zero();
+    let (found, stepped) = if prior.iter().all(|&p| p > f32::NEG_INFINITY) {
+        let c = prior.map(|p| p + 0.0);
+        let mut scans = [(); N].map(|()| Scan::<V>::new());
+        let ok = rows.steps(tau, c, *fast, &mut acc, &mut scans);
+        let found = rows.scanned(&scans);
+        let kept = (0..N)
+            .all(|i| canon::block_reference(prior[i], found[i].0, tau).to_bits() == c[i].to_bits());
+        let domain = (0..N).all(|i| normal_domain_at(found[i].1, c[i], tau));
+        let valid = ok && (!*fast || domain);
         if kept && valid {
-            *fast = normal_domain_at(low, c, tau);
+            *fast = domain;
         }
-        (m, low, kept && valid)
+        (found, kept && valid)
     } else {
-        let (m, low) = block_max_min::<V, S>(z);
-        (m, low, false)
+        (rows.extrema(), false)
     };
-    let r = canon::block_reference(prior, m, tau);
-    let c = canon::offset(r);
+    let refs: [f32; N] =
+        core::array::from_fn(|i| canon::block_reference(prior[i], found[i].0, tau));
     if !stepped {
-        // Two passes (a row's first block, a block whose maximum jumped, or a one-pass step
-        // whose exponent-add left its domain): the domain is known before the step, and a
-        // NaN the minimum missed sends it to the reference scaling.
-        let mut scan = Scan::<V>::new();
-        *fast = normal_domain_at(low, c, tau);
-        (s, t) = (V::splat(0.0), V::splat(0.0));
-        if !lse_chunks::<V, S, false>(chunks, tau, c, *fast, &mut s, &mut t, &mut scan) {
-            (s, t) = (V::splat(0.0), V::splat(0.0));
-            lse_chunks::<V, S, false>(chunks, tau, c, false, &mut s, &mut t, &mut scan);
+        let c = refs.map(canon::offset);
+        *fast = (0..N).all(|i| normal_domain_at(found[i].1, c[i], tau));
+        acc = B::zero();
+        if !rows.steps(tau, c, *fast, &mut acc, &mut [(); N]) {
+            acc = B::zero();
+            rows.steps(tau, c, false, &mut acc, &mut [(); N]);
             *fast = false;
         }
     }
-    let (vt, vc) = (V::splat(tau), V::splat(c));
-    let (mut sa, mut ta) = (s.to_array(), t.to_array());
-    canon::tree(&mut sa);
-    canon::tree(&mut ta);
-    // The tail goes through lane 0 in index order; the other lanes are don't-care.
-    let (mut s, mut t) = (V::splat(sa[0]), V::splat(ta[0]));
-    for &x in tail {
-        lse_step::<V>(V::splat(x.to_f32()), vt, vc, &mut s, &mut t);
-    }
-    let st = LseState {
-        max: r,
-        sum: s.to_array()[0],
-        dot: t.to_array()[0],
-    };
-    (st, canon_max(prior, m))
+    let running = core::array::from_fn(|i| canon_max(prior[i], found[i].0));
+    (acc, refs, running)
+}
+
+/// What a step does with the values it loads: a one-pass step takes their extrema
+/// ([`Scan`]); a two-pass step, which knew them before it started, nothing (`()`), and
+/// prefetches ahead instead.
+trait Track<V>: Sized {
+    /// Whether the values are tracked (and nothing prefetched).
+    const ON: bool;
+    fn add(&mut self, x: V);
+}
+
+impl<V> Track<V> for () {
+    const ON: bool = false;
+    #[inline(always)]
+    fn add(&mut self, _: V) {}
 }
 
 /// The running maximum and minimum a one-pass step takes of the values it loads.
 struct Scan<V> {
     max: V,
     min: V,
+}
+
+impl<V: F32x16> Track<V> for Scan<V> {
+    const ON: bool = true;
+    #[inline(always)]
+    fn add(&mut self, x: V) {
+        self.max = self.max.max(x);
+        self.min = self.min.min(x);
+    }
 }
 
 impl<V: F32x16> Scan<V> {
@@ -347,12 +387,6 @@ impl<V: F32x16> Scan<V> {
             max: V::splat(f32::NEG_INFINITY),
             min: V::splat(f32::INFINITY),
         }
-    }
-
-    #[inline(always)]
-    fn add(&mut self, x: V) {
-        self.max = self.max.max(x);
-        self.min = self.min.min(x);
     }
 
     /// The block maximum with the `tail` values, `+ 0.0` (as `block_max_min`), and the
@@ -367,6 +401,72 @@ impl<V: F32x16> Scan<V> {
     }
 }
 
+/// One row's block for [`step_block`].
+struct LseBlock<'a, S> {
+    chunks: &'a [[S; 16]],
+    tail: &'a [S],
+}
+
+impl<V: F32x16, S: Load> BlockRows<V, 1> for LseBlock<'_, S> {
+    /// `[s, t]`.
+    type Acc = [V; 2];
+    #[inline(always)]
+    fn zero() -> [V; 2] {
+        [V::splat(0.0); 2]
+    }
+    #[inline(always)]
+    fn steps<T: Track<V>>(
+        &self,
+        tau: f32,
+        c: [f32; 1],
+        normal: bool,
+        acc: &mut [V; 2],
+        track: &mut [T; 1],
+    ) -> bool {
+        let [s, t] = acc;
+        lse_chunks::<V, S, T>(self.chunks, tau, c[0], normal, s, t, &mut track[0])
+    }
+    #[inline(always)]
+    fn extrema(&mut self) -> [(f32, f32); 1] {
+        [block_max_min::<V, S>(self.chunks, self.tail)]
+    }
+    #[inline(always)]
+    fn scanned(&mut self, scans: &[Scan<V>; 1]) -> [(f32, f32); 1] {
+        [scans[0].finish(self.tail)]
+    }
+}
+
+/// `canon::lse_block` in lanes: the block's state after earlier blocks whose running maximum
+/// is `prior`, and the running maximum after it. The whole chunks go through [`step_block`]
+/// (one pass or two, `fast` carried between blocks), then the fixed lane tree and the tail on
+/// lane 0.
+#[inline(always)]
+fn lse_block<V: F32x16, S: Load>(
+    z: &[S],
+    tau: f32,
+    prior: f32,
+    fast: &mut bool,
+) -> (LseState, f32) {
+    let (chunks, tail) = z.as_chunks::<16>();
+    let ([s, t], [r], [running]) =
+        step_block::<V, _, 1>(&mut LseBlock { chunks, tail }, tau, [prior], fast);
+    let (vt, vc) = (V::splat(tau), V::splat(canon::offset(r)));
+    let (mut sa, mut ta) = (s.to_array(), t.to_array());
+    canon::tree(&mut sa);
+    canon::tree(&mut ta);
+    // The tail goes through lane 0 in index order; the other lanes are don't-care.
+    let (mut s, mut t) = (V::splat(sa[0]), V::splat(ta[0]));
+    for &x in tail {
+        lse_step::<V>(V::splat(x.to_f32()), vt, vc, &mut s, &mut t);
+    }
+    let st = LseState {
+        max: r,
+        sum: s.to_array()[0],
+        dot: t.to_array()[0],
+    };
+    (st, running)
+}
+
 /// [`normal_domain`] for any τ (the `·τ` skipped at τ = 1, as the steps skip it).
 #[inline(always)]
 fn normal_domain_at(low: f32, c: f32, tau: f32) -> bool {
@@ -379,35 +479,32 @@ fn normal_domain_at(low: f32, c: f32, tau: f32) -> bool {
 
 /// The step over all whole chunks of a block against offset `c` (`lse_steps` over groups of
 /// `UNROLL`, then the rest one chunk at a time with the reference scaling), the exponent-add
-/// exponential if `normal`; with `TRACK` the loaded values also go to `scan` (and nothing is
-/// prefetched: a one-pass step streams with plain loads). Returns `false` if the exponent-add
+/// exponential if `normal`, the loaded values to `track`. Returns `false` if the exponent-add
 /// met a NaN (the sums are then meaningless).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn lse_chunks<V: F32x16, S: Load, const TRACK: bool>(
+fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
     chunks: &[[S; 16]],
     tau: f32,
     c: f32,
     normal: bool,
     s: &mut V,
     t: &mut V,
-    scan: &mut Scan<V>,
+    track: &mut T,
 ) -> bool {
     let (vt, vc) = (V::splat(tau), V::splat(c));
     let whole = &chunks[..chunks.len() / UNROLL * UNROLL];
     // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
     // of the step's ~18 vector operations, in a compute-bound loop.
     let ok = match (tau == 1.0, normal) {
-        (true, true) => lse_steps::<V, S, false, true, TRACK>(whole, vt, vc, s, t, scan),
-        (true, false) => lse_steps::<V, S, false, false, TRACK>(whole, vt, vc, s, t, scan),
-        (false, true) => lse_steps::<V, S, true, true, TRACK>(whole, vt, vc, s, t, scan),
-        (false, false) => lse_steps::<V, S, true, false, TRACK>(whole, vt, vc, s, t, scan),
+        (true, true) => lse_steps::<V, S, T, false, true>(whole, vt, vc, s, t, track),
+        (true, false) => lse_steps::<V, S, T, false, false>(whole, vt, vc, s, t, track),
+        (false, true) => lse_steps::<V, S, T, true, true>(whole, vt, vc, s, t, track),
+        (false, false) => lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track),
     };
     for c in &chunks[whole.len()..] {
         let x = S::load(c);
-        if TRACK {
-            scan.add(x);
-        }
+        track.add(x);
         lse_step::<V>(x, vt, vc, s, t);
     }
     ok
@@ -415,12 +512,14 @@ fn lse_chunks<V: F32x16, S: Load, const TRACK: bool>(
 
 /// The step over whole groups of `UNROLL` chunks: their exponentials interleaved
 /// (independent), their accumulation in index order (chunk i before chunk i + 1, as the lanes
-/// require). `SCALED = false` skips the `·τ` (exact for τ = 1).
+/// require). `SCALED = false` skips the `·τ` (exact for τ = 1). Without tracking (`T::ON`
+/// false, a two-pass step) the next cache lines are prefetched; a tracking one-pass step
+/// streams with plain loads.
 ///
 /// `NORMAL = true` uses [`exp_nonpos_normal_n`], valid where every argument lies in its
-/// domain: the two-pass caller has checked that from the block's smallest logit
-/// (`normal_domain`) before, the one-pass caller checks it after from the minimum `TRACK`
-/// takes. A NaN argument — which the minimum may miss — makes `t` NaN (`e·NaN`): the
+/// domain: a two-pass step's caller has checked that from the block's smallest logit
+/// (`normal_domain`) before, a one-pass step's caller checks it after from the tracked
+/// minimum. A NaN argument — which the minimum may miss — makes `t` NaN (`e·NaN`): the
 /// function returns `false` then (the sums are meaningless and the caller reruns with
 /// `NORMAL = false`), and `true` otherwise and for `NORMAL = false`. (Inside the domain the
 /// clamp `max_r(D_MIN, d)` is the identity, but skipping it measured no faster — 0.160
@@ -429,17 +528,17 @@ fn lse_chunks<V: F32x16, S: Load, const TRACK: bool>(
 /// `pair_steps` uses the same scheme (alone it measured no faster with all six pair sums, but
 /// with only the sums the caller needs it does; see there).
 #[inline(always)]
-fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool, const TRACK: bool>(
+fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: bool>(
     chunks: &[[S; 16]],
     vt: V,
     vc: V,
     s: &mut V,
     t: &mut V,
-    scan: &mut Scan<V>,
+    track: &mut T,
 ) -> bool {
     let dmin = V::splat(D_MIN);
     for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
-        if !TRACK {
+        if !T::ON {
             for k in 0..UNROLL {
                 prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
             }
@@ -447,9 +546,7 @@ fn lse_steps<V: F32x16, S: Load, const SCALED: bool, const NORMAL: bool, const T
         let mut dc = [dmin; UNROLL];
         for k in 0..UNROLL {
             let x = S::load::<V>(&q[k]);
-            if TRACK {
-                scan.add(x);
-            }
+            track.add(x);
             let d = x.sub(vc);
             dc[k] = dmin.max(if SCALED { d.mul(vt) } else { d });
         }
@@ -857,11 +954,70 @@ fn pair_accumulate<V: F32x16, const SUMS: u8>(ez: V, ew: V, dzc: V, g: V, acc: &
     }
 }
 
+/// A student/teacher block pair for [`step_block`] (`z` and `w` of equal length); the support
+/// flags of what it reads go to `flags`.
+struct PairBlock<'a, S, U, const SUMS: u8> {
+    z: &'a [S],
+    w: &'a [U],
+    flags: &'a mut PairFlags,
+}
+
+impl<S: Load, U: Load, const SUMS: u8> PairBlock<'_, S, U, SUMS> {
+    /// Records the flags of a [`pair_max_support`] scan and returns its extrema.
+    #[inline(always)]
+    fn record(&mut self, scan: PairScan) -> [(f32, f32); 2] {
+        self.flags.forward |= scan.forward;
+        self.flags.reverse |= scan.reverse;
+        [(scan.zmax, scan.zlow), (scan.wmax, scan.wlow)]
+    }
+}
+
+impl<V: F32x16, S: Load, U: Load, const SUMS: u8> BlockRows<V, 2> for PairBlock<'_, S, U, SUMS> {
+    /// `[sz, tz, sw, tw, u, v]`.
+    type Acc = [V; 6];
+    #[inline(always)]
+    fn zero() -> [V; 6] {
+        [V::splat(0.0); 6]
+    }
+    #[inline(always)]
+    fn steps<T: Track<V>>(
+        &self,
+        tau: f32,
+        c: [f32; 2],
+        normal: bool,
+        acc: &mut [V; 6],
+        track: &mut [T; 2],
+    ) -> bool {
+        let (zc, wc) = (self.z.as_chunks::<16>().0, self.w.as_chunks::<16>().0);
+        pair_chunks::<V, S, U, T, SUMS>(zc, wc, tau, c, normal, acc, track)
+    }
+    #[inline(always)]
+    fn extrema(&mut self) -> [(f32, f32); 2] {
+        let scan = pair_max_support::<V, S, U>(self.z, self.w);
+        self.record(scan)
+    }
+    #[inline(always)]
+    fn scanned(&mut self, scans: &[Scan<V>; 2]) -> [(f32, f32); 2] {
+        let (zt, wt) = (self.z.as_chunks::<16>().1, self.w.as_chunks::<16>().1);
+        let found = [scans[0].finish(zt), scans[1].finish(wt)];
+        // The support flags need a look at the −∞ entries: none in the chunks unless a
+        // minimum is −∞ (then the block, in L1 now, is scanned again); the tail is checked
+        // here.
+        if found[0].1 == f32::NEG_INFINITY || found[1].1 == f32::NEG_INFINITY {
+            let scan = pair_max_support::<V, S, U>(self.z, self.w);
+            return self.record(scan);
+        }
+        let (forward, reverse) = tail_support(zt, wt);
+        self.flags.forward |= forward;
+        self.flags.reverse |= reverse;
+        found
+    }
+}
+
 /// `canon::pair_block` in lanes (`z` and `w` have the same length): the block's state after
-/// earlier blocks with running maxima `prior`, and the running maxima after it. One pass
-/// against the running maxima, or two (a row's first block, a jump of either row's maximum,
-/// an exponent-add outside its domain), with `fast` carried between blocks, as in
-/// `lse_block`.
+/// earlier blocks with running maxima `prior`, and the running maxima after it. The whole
+/// chunk pairs go through [`step_block`] (one pass or two, `fast` carried between blocks, as
+/// in `lse_block`), then the fixed lane tree and the tail on lane 0.
 #[inline(always)]
 fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     z: &[S],
@@ -871,59 +1027,14 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     fast: &mut bool,
     flags: &mut PairFlags,
 ) -> (PairState, [f32; 2]) {
-    let (zc, zt) = z.as_chunks::<16>();
-    let (wc, wt) = w.as_chunks::<16>();
-    let mut acc = [V::splat(0.0); 6];
-    let (scan, stepped) = if prior[0] > f32::NEG_INFINITY && prior[1] > f32::NEG_INFINITY {
-        let (cz, cw) = (prior[0] + 0.0, prior[1] + 0.0);
-        let mut sc = [Scan::<V>::new(), Scan::<V>::new()];
-        let ok =
-            pair_chunks::<V, S, U, SUMS, true>(zc, wc, tau, [cz, cw], *fast, &mut acc, &mut sc);
-        let ((zmax, zlow), (wmax, wlow)) = (sc[0].finish(zt), sc[1].finish(wt));
-        // The support flags need a look at the −∞ entries: none in the chunks unless a
-        // minimum is −∞ (then the block, in L1 now, is scanned again); the tail is checked
-        // here.
-        let scan = if zlow == f32::NEG_INFINITY || wlow == f32::NEG_INFINITY {
-            pair_max_support::<V, S, U>(z, w)
-        } else {
-            let (forward, reverse) = tail_support(zt, wt);
-            PairScan {
-                zmax,
-                wmax,
-                zlow,
-                wlow,
-                forward,
-                reverse,
-            }
-        };
-        let kept = canon::block_reference(prior[0], zmax, tau).to_bits() == cz.to_bits()
-            && canon::block_reference(prior[1], wmax, tau).to_bits() == cw.to_bits();
-        let domain = normal_domain_at(zlow, cz, tau) && normal_domain_at(wlow, cw, tau);
-        let valid = ok && (!*fast || domain);
-        if kept && valid {
-            *fast = domain;
-        }
-        (scan, kept && valid)
-    } else {
-        (pair_max_support::<V, S, U>(z, w), false)
-    };
-    flags.forward |= scan.forward;
-    flags.reverse |= scan.reverse;
-    let zmax = canon::block_reference(prior[0], scan.zmax, tau);
-    let wmax = canon::block_reference(prior[1], scan.wmax, tau);
-    let (czs, cws) = (canon::offset(zmax), canon::offset(wmax));
-    if !stepped {
-        let mut sc = [Scan::<V>::new(), Scan::<V>::new()];
-        *fast = normal_domain_at(scan.zlow, czs, tau) && normal_domain_at(scan.wlow, cws, tau);
-        acc = [V::splat(0.0); 6];
-        let c = [czs, cws];
-        if !pair_chunks::<V, S, U, SUMS, false>(zc, wc, tau, c, *fast, &mut acc, &mut sc) {
-            acc = [V::splat(0.0); 6];
-            pair_chunks::<V, S, U, SUMS, false>(zc, wc, tau, c, false, &mut acc, &mut sc);
-            *fast = false;
-        }
-    }
-    let (vt, cz, cw) = (V::splat(tau), V::splat(czs), V::splat(cws));
+    let mut rows = PairBlock::<S, U, SUMS> { z, w, flags };
+    let (acc, [zmax, wmax], running) = step_block::<V, _, 2>(&mut rows, tau, prior, fast);
+    let (zt, wt) = (z.as_chunks::<16>().1, w.as_chunks::<16>().1);
+    let (vt, cz, cw) = (
+        V::splat(tau),
+        V::splat(canon::offset(zmax)),
+        V::splat(canon::offset(wmax)),
+    );
     let mut lane0 = [0.0f32; 6];
     for (k, a) in acc.iter().enumerate() {
         let mut arr = a.to_array();
@@ -958,13 +1069,7 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
         u: r[4],
         v: r[5],
     };
-    (
-        st,
-        [
-            canon_max(prior[0], scan.zmax),
-            canon_max(prior[1], scan.wmax),
-        ],
-    )
+    (st, running)
 }
 
 /// The support flags of a block's tail (as `pair_max_support` computes them).
@@ -987,38 +1092,32 @@ fn tail_support<S: Load, U: Load>(zt: &[S], wt: &[U]) -> (bool, bool) {
 /// `lse_chunks` does for one row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn pair_chunks<V: F32x16, S: Load, U: Load, const SUMS: u8, const TRACK: bool>(
+fn pair_chunks<V: F32x16, S: Load, U: Load, T: Track<V>, const SUMS: u8>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     tau: f32,
     c: [f32; 2],
     normal: bool,
     acc: &mut [V; 6],
-    scan: &mut [Scan<V>; 2],
+    track: &mut [T; 2],
 ) -> bool {
     let (vt, cz, cw) = (V::splat(tau), V::splat(c[0]), V::splat(c[1]));
     let whole = zc.len() / 2 * 2;
     let (zs, ws) = (&zc[..whole], &wc[..whole]);
     let ok = match (tau == 1.0, normal) {
-        (true, true) => {
-            pair_steps::<V, S, U, false, true, SUMS, TRACK>(zs, ws, vt, cz, cw, acc, scan)
-        }
+        (true, true) => pair_steps::<V, S, U, T, false, true, SUMS>(zs, ws, vt, cz, cw, acc, track),
         (true, false) => {
-            pair_steps::<V, S, U, false, false, SUMS, TRACK>(zs, ws, vt, cz, cw, acc, scan)
+            pair_steps::<V, S, U, T, false, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
         }
-        (false, true) => {
-            pair_steps::<V, S, U, true, true, SUMS, TRACK>(zs, ws, vt, cz, cw, acc, scan)
-        }
+        (false, true) => pair_steps::<V, S, U, T, true, true, SUMS>(zs, ws, vt, cz, cw, acc, track),
         (false, false) => {
-            pair_steps::<V, S, U, true, false, SUMS, TRACK>(zs, ws, vt, cz, cw, acc, scan)
+            pair_steps::<V, S, U, T, true, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
         }
     };
     for (a, b) in zc[whole..].iter().zip(&wc[whole..]) {
         let (x, y) = (S::load::<V>(a), U::load::<V>(b));
-        if TRACK {
-            scan[0].add(x);
-            scan[1].add(y);
-        }
+        track[0].add(x);
+        track[1].add(y);
         pair_step::<V, SUMS>(x, y, vt, cz, cw, acc);
     }
     ok
@@ -1027,7 +1126,7 @@ fn pair_chunks<V: F32x16, S: Load, U: Load, const SUMS: u8, const TRACK: bool>(
 /// The pair step over whole pairs of chunks (`z` and `w` of equal, even length): four
 /// independent exponentials interleaved per iteration, then the sums updated in index order.
 /// `SCALED = false` skips the `·τ` (exact for τ = 1); `SUMS` selects the optional sums
-/// ([`PairNeed`]); `TRACK` as in `lse_steps`.
+/// ([`PairNeed`]); the tracking and prefetching as in `lse_steps`.
 ///
 /// `NORMAL = true` uses [`exp_nonpos_normal_n`] (its domain checked from both blocks'
 /// smallest logits, before or after) and returns whether no argument was NaN, as `lse_steps`
@@ -1042,10 +1141,10 @@ fn pair_steps<
     V: F32x16,
     S: Load,
     U: Load,
+    T: Track<V>,
     const SCALED: bool,
     const NORMAL: bool,
     const SUMS: u8,
-    const TRACK: bool,
 >(
     z: &[[S; 16]],
     w: &[[U; 16]],
@@ -1053,13 +1152,13 @@ fn pair_steps<
     cz: V,
     cw: V,
     acc: &mut [V; 6],
-    scan: &mut [Scan<V>; 2],
+    track: &mut [T; 2],
 ) -> bool {
     let (dmin, neg_max) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR));
     let scale = |d: V| if SCALED { d.mul(vt) } else { d };
     let mut nan = V::splat(0.0);
     for (j, (a, b)) in z.chunks_exact(2).zip(w.chunks_exact(2)).enumerate() {
-        if !TRACK {
+        if !T::ON {
             for k in 0..2 {
                 prefetch_ahead::<V, S>(&a[k], 2 * j + k);
                 prefetch_ahead::<V, U>(&b[k], 2 * j + k);
@@ -1067,11 +1166,9 @@ fn pair_steps<
         }
         let x = [S::load::<V>(&a[0]), S::load::<V>(&a[1])];
         let y = [U::load::<V>(&b[0]), U::load::<V>(&b[1])];
-        if TRACK {
-            for k in 0..2 {
-                scan[0].add(x[k]);
-                scan[1].add(y[k]);
-            }
+        for k in 0..2 {
+            track[0].add(x[k]);
+            track[1].add(y[k]);
         }
         let dz = [scale(x[0].sub(cz)), scale(x[1].sub(cz))];
         let dw = [scale(y[0].sub(cw)), scale(y[1].sub(cw))];
