@@ -521,9 +521,13 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
 /// (`normal_domain`) before, a one-pass step's caller checks it after from the tracked
 /// minimum. A NaN argument — which the minimum may miss — makes `t` NaN (`e·NaN`): the
 /// function returns `false` then (the sums are meaningless and the caller reruns with
-/// `NORMAL = false`), and `true` otherwise and for `NORMAL = false`. (Inside the domain the
-/// clamp `max_r(D_MIN, d)` is the identity, but skipping it measured no faster — 0.160
-/// against 0.159 ms median, 64 × 8192 f32 on one thread, 15 interleaved runs.)
+/// `NORMAL = false`), and `true` otherwise and for `NORMAL = false`. Inside the domain
+/// (`EXP_NORMAL_MIN` = −86 > `D_MIN` = −88) the clamp `max_r(D_MIN, d)` is the identity, so
+/// the `NORMAL` step skips it; its results are used only once the domain holds. Skipping it
+/// measured no faster when every block was read twice, but the one-pass step is bound by its
+/// arithmetic: fused f32 0.125 → 0.120 ms with 16 × 32768 in cache on one thread, 7.71 /
+/// 8.43 → 7.49 / 8.15 ms streaming 2048 × 32768 / 512 × 151936 on two (median of seven and
+/// five alternated runs).
 ///
 /// `pair_steps` uses the same scheme (alone it measured no faster with all six pair sums, but
 /// with only the sums the caller needs it does; see there).
@@ -548,7 +552,8 @@ fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: 
             let x = S::load::<V>(&q[k]);
             track.add(x);
             let d = x.sub(vc);
-            dc[k] = dmin.max(if SCALED { d.mul(vt) } else { d });
+            let d = if SCALED { d.mul(vt) } else { d };
+            dc[k] = if NORMAL { d } else { dmin.max(d) };
         }
         let e = if NORMAL {
             exp_nonpos_normal_n(dc)
@@ -1130,12 +1135,18 @@ fn pair_chunks<V: F32x16, S: Load, U: Load, T: Track<V>, const SUMS: u8>(
 ///
 /// `NORMAL = true` uses [`exp_nonpos_normal_n`] (its domain checked from both blocks'
 /// smallest logits, before or after) and returns whether no argument was NaN, as `lse_steps`
-/// does. The NaN check cannot ride on a sum here (with `SUMS = 0` no sum multiplies by the
-/// argument, and the exponent-add can turn a NaN into a number), so a separate `+`
-/// accumulates the arguments: NaN is sticky under addition, and the ≤ 2048 arguments in
-/// [−88, 8] of a block cannot overflow. Measured with both (median ms, one thread,
-/// 64 × 8192 f32 pairs in cache): 0.315 with all six sums and the reference scaling, 0.285
-/// with the forward KL's three, 0.272 with the exponent-add on top (before the NaN check).
+/// does. Inside that domain both clamps are the identity — `max_r(D_MIN, δ)` as there, and
+/// the log-ratio floor `max_r(LOG_RATIO_FLOOR, δ)` (−2^64) — so the `NORMAL` step skips
+/// them. The NaN check rides on `u` or `v` when the caller asks for one: `g = δz − δw` is NaN
+/// when either argument is, and `e·NaN + acc` stays NaN. Otherwise (`Jsd`, `GradReverse`: no
+/// sum multiplies by `g`, `tz` misses a NaN teacher, and the exponent-add can turn a NaN
+/// into a number) a separate `+` accumulates the arguments: NaN is sticky under addition, and
+/// the ≤ 2048 arguments in [−86, 8] of a block cannot overflow. Measured with both (median
+/// ms, one thread, 64 × 8192 f32 pairs in cache): 0.315 with all six sums and the reference
+/// scaling, 0.285 with the forward KL's three, 0.272 with the exponent-add on top (before the
+/// NaN check); without the clamps and the separate NaN sum for the KL needs, KL 0.274 →
+/// 0.228 ms with 16 × 32768 in cache on one thread, 19.5 / 22.0 → 16.9 / 19.0 ms streaming
+/// 2048 × 32768 / 512 × 151936 on two (median of seven and five alternated runs).
 #[inline(always)]
 fn pair_steps<
     V: F32x16,
@@ -1172,25 +1183,41 @@ fn pair_steps<
         }
         let dz = [scale(x[0].sub(cz)), scale(x[1].sub(cz))];
         let dw = [scale(y[0].sub(cw)), scale(y[1].sub(cw))];
-        let dc = [
-            dmin.max(dz[0]),
-            dmin.max(dz[1]),
-            dmin.max(dw[0]),
-            dmin.max(dw[1]),
-        ];
-        let e = if NORMAL {
-            for x in dc {
-                nan = nan.add(x);
+        let e;
+        let dc;
+        if NORMAL {
+            dc = [dz[0], dz[1], dw[0], dw[1]];
+            if SUMS & (SUM_U | SUM_V) == 0 {
+                for x in dc {
+                    nan = nan.add(x);
+                }
             }
-            exp_nonpos_normal_n(dc)
+            e = exp_nonpos_normal_n(dc);
         } else {
-            exp_nonpos_clamped_n(dc)
-        };
+            dc = [
+                dmin.max(dz[0]),
+                dmin.max(dz[1]),
+                dmin.max(dw[0]),
+                dmin.max(dw[1]),
+            ];
+            e = exp_nonpos_clamped_n(dc);
+        }
         for k in 0..2 {
-            let g = neg_max.max(dz[k]).sub(neg_max.max(dw[k]));
+            let g = if NORMAL {
+                dz[k].sub(dw[k])
+            } else {
+                neg_max.max(dz[k]).sub(neg_max.max(dw[k]))
+            };
             pair_accumulate::<V, SUMS>(e[k], e[2 + k], dc[k], g, acc);
         }
     }
+    let nan = if SUMS & SUM_U != 0 {
+        acc[4]
+    } else if SUMS & SUM_V != 0 {
+        acc[5]
+    } else {
+        nan
+    };
     !NORMAL || !any_nan(nan)
 }
 
