@@ -5,8 +5,8 @@
 //! the fixed lane tree, the tail on lane 0, and a pairwise merge of block states. This file
 //! fixes *how fast*: a block after a row's first is read once, stepped against the running
 //! maximum while the same pass takes its extrema, and a row's first block (or one whose
-//! maximum jumped) is read twice, a maximum pass streaming it from memory with software
-//! prefetch ahead so the step finds it in L1 (`step_block`); the step is one vector per 16
+//! maximum jumped) is read twice, a maximum pass and then the step from L1 (`step_block`);
+//! every step requests the cache lines 8 KiB ahead in software; the step is one vector per 16
 //! elements with the lane accumulators in registers; merges and tails use the same lane
 //! operations on lane 0, so hardware FMA replaces the reference's software `fmaf` with
 //! identical bits.
@@ -34,13 +34,17 @@ use crate::lanes::F32x16;
 /// 2 → 0.160 ms, 4 → 0.157 ms, 8 → 0.167 ms.
 const UNROLL: usize = 4;
 
-/// How far ahead of a two-pass block's step the next cache lines are requested: 8 KiB (one
-/// f32 block). One-pass blocks (every block after a row's first, see `lse_block`) prefetch
-/// nothing: they stream with plain sequential loads, which the hardware prefetchers follow.
-/// (Measured in a stand-alone loop on the build machine, one thread, 256 MB: a maximum pass
-/// plus a step with this prefetch read 19.5 GB/s with no arithmetic at all, one pass of plain
-/// loads 30.0 GB/s against a 27.5 GB/s read probe; with 6 dependent FMAs per vector 16.8
-/// against 25.9.)
+/// How far ahead of a step the next cache lines are requested: 8 KiB (one f32 block). Every
+/// step prefetches, the one-pass steps (every block after a row's first, see `lse_block`)
+/// included: on the Intel build machine (Xeon, model 207, 2 vCPUs) the hardware prefetchers
+/// alone leave a one-pass step streaming at about 60 % of its in-cache rate, and the
+/// software prefetch measured fused 22.2 / 25.4 → 16.0 / 17.1 ms and KL 34.9 / 39.8 →
+/// 26.1 / 29.3 ms (2 threads, 2048 × 32768 / 512 × 151936, median of four and three
+/// alternated runs); 4 and 16 KiB measured within the noise of 8 KiB there. The Zen 4 build
+/// machine of earlier sessions streamed one pass of plain loads at full speed (30.0 GB/s
+/// against a 27.5 GB/s read probe, one thread, a stand-alone loop), so there the one-pass
+/// steps prefetched nothing; what the prefetch costs there (one load-port operation per
+/// 64-byte line) is not measured.
 ///
 /// Measured on the 2-core AVX-512 build machine (Zen 4), 2 threads, f32, best distance moves
 /// as the step gets cheaper:
@@ -351,16 +355,12 @@ fn step_block<V: F32x16, B: BlockRows<V, N>, const N: usize>(
 }
 
 /// What a step does with the values it loads: a one-pass step takes their extrema
-/// ([`Scan`]); a two-pass step, which knew them before it started, nothing (`()`), and
-/// prefetches ahead instead.
+/// ([`Scan`]); a two-pass step, which knew them before it started, nothing (`()`).
 trait Track<V>: Sized {
-    /// Whether the values are tracked (and nothing prefetched).
-    const ON: bool;
     fn add(&mut self, x: V);
 }
 
 impl<V> Track<V> for () {
-    const ON: bool = false;
     #[inline(always)]
     fn add(&mut self, _: V) {}
 }
@@ -372,7 +372,6 @@ struct Scan<V> {
 }
 
 impl<V: F32x16> Track<V> for Scan<V> {
-    const ON: bool = true;
     #[inline(always)]
     fn add(&mut self, x: V) {
         self.max = self.max.max(x);
@@ -512,9 +511,8 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
 
 /// The step over whole groups of `UNROLL` chunks: their exponentials interleaved
 /// (independent), their accumulation in index order (chunk i before chunk i + 1, as the lanes
-/// require). `SCALED = false` skips the `·τ` (exact for τ = 1). Without tracking (`T::ON`
-/// false, a two-pass step) the next cache lines are prefetched; a tracking one-pass step
-/// streams with plain loads.
+/// require). `SCALED = false` skips the `·τ` (exact for τ = 1). The cache lines
+/// [`PREFETCH_BYTES`] ahead are requested as the loop goes.
 ///
 /// `NORMAL = true` uses [`exp_nonpos_normal_n`], valid where every argument lies in its
 /// domain: a two-pass step's caller has checked that from the block's smallest logit
@@ -542,10 +540,8 @@ fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: 
 ) -> bool {
     let dmin = V::splat(D_MIN);
     for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
-        if !T::ON {
-            for k in 0..UNROLL {
-                prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
-            }
+        for k in 0..UNROLL {
+            prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
         }
         let mut dc = [dmin; UNROLL];
         for k in 0..UNROLL {
@@ -828,7 +824,11 @@ impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
         // terms added in index order.
         let mut zp = zc.chunks_exact(2);
         let mut wp = wc.chunks_exact(2);
-        for (a, b) in (&mut zp).zip(&mut wp) {
+        for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
+            for k in 0..2 {
+                prefetch_ahead::<V, S>(&a[k], 2 * j + k);
+                prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+            }
             let t = jsd_term2(
                 [S::load(&a[0]), S::load(&a[1])],
                 [U::load(&b[0]), U::load(&b[1])],
@@ -1169,11 +1169,9 @@ fn pair_steps<
     let scale = |d: V| if SCALED { d.mul(vt) } else { d };
     let mut nan = V::splat(0.0);
     for (j, (a, b)) in z.chunks_exact(2).zip(w.chunks_exact(2)).enumerate() {
-        if !T::ON {
-            for k in 0..2 {
-                prefetch_ahead::<V, S>(&a[k], 2 * j + k);
-                prefetch_ahead::<V, U>(&b[k], 2 * j + k);
-            }
+        for k in 0..2 {
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
         let x = [S::load::<V>(&a[0]), S::load::<V>(&a[1])];
         let y = [U::load::<V>(&b[0]), U::load::<V>(&b[1])];
