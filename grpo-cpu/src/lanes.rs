@@ -62,6 +62,10 @@ pub trait F32x16: Copy {
     /// Hints that the cache line at `p` will be read soon. `p` is never dereferenced, so any
     /// address is allowed (a prefetch never faults).
     fn prefetch(p: *const u8);
+    /// Hints that the cache line at `p` will be read later: fetched into the L2 cache, not L1
+    /// (x86 `prefetcht1`, Arm `prfm pldl2keep`; nothing on the portable backend). As
+    /// [`prefetch`](F32x16::prefetch), any address is allowed.
+    fn prefetch_l2(p: *const u8);
 
     /// `a + b`, one rounding.
     fn add(self, b: Self) -> Self;

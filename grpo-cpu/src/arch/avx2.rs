@@ -188,6 +188,11 @@ impl F32x16 for Avx2 {
         // SAFETY: a prefetch never dereferences architecturally and never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
+    #[inline(always)]
+    fn prefetch_l2(p: *const u8) {
+        // SAFETY: as `prefetch`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
 
     #[inline(always)]
     fn add(self, b: Self) -> Self {

@@ -167,6 +167,13 @@ impl F32x16 for Neon {
             core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
         }
     }
+    #[inline(always)]
+    fn prefetch_l2(p: *const u8) {
+        // SAFETY: as `prefetch`.
+        unsafe {
+            core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
+        }
+    }
 
     #[inline(always)]
     fn add(self, b: Self) -> Self {

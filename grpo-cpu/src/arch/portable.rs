@@ -94,6 +94,8 @@ impl F32x16 for Portable {
     }
     #[inline(always)]
     fn prefetch(_p: *const u8) {}
+    #[inline(always)]
+    fn prefetch_l2(_p: *const u8) {}
 
     #[inline(always)]
     fn add(self, b: Self) -> Self {
