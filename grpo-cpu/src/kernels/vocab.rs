@@ -228,10 +228,11 @@ struct PairScan {
 /// Both raw block maxima and minima of a student/teacher block pair and its support flags.
 /// One pass over both rows, so each is loaded once before the step pass.
 #[inline(always)]
-fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
+fn pair_max_support<V: F32x16, S: Load, U: Load>(
+    (zc, zt): (&[[S; 16]], &[S]),
+    (wc, wt): (&[[U; 16]], &[U]),
+) -> PairScan {
     let ninf = V::splat(f32::NEG_INFINITY);
-    let (zc, zt) = z.as_chunks::<16>();
-    let (wc, wt) = w.as_chunks::<16>();
     let (mut mz, mut mw) = (ninf, ninf);
     let (mut lz, mut lw) = (V::splat(f32::INFINITY), V::splat(f32::INFINITY));
     let (mut fwd, mut rev) = (V::mask_none(), V::mask_none());
@@ -245,24 +246,20 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U]) -> PairScan {
         fwd = V::mask_or(fwd, V::mask_andnot(iz, iw));
         rev = V::mask_or(rev, V::mask_andnot(iw, iz));
     }
-    let (mut f, mut r) = (V::mask_any(fwd), V::mask_any(rev));
     let (mut zr, mut wr) = (mz.reduce_max(), mw.reduce_max());
     for (a, b) in zt.iter().zip(wt) {
-        let (x, y) = (a.to_f32(), b.to_f32());
-        zr = canon_max(zr, x);
-        wr = canon_max(wr, y);
-        let (iz, iw) = (x == f32::NEG_INFINITY, y == f32::NEG_INFINITY);
-        f |= iw && !iz;
-        r |= iz && !iw;
+        zr = canon_max(zr, a.to_f32());
+        wr = canon_max(wr, b.to_f32());
     }
+    let (tf, tr) = tail_support(zt, wt);
     // `+ 0.0`: as in `block_max_min`.
     PairScan {
         zmax: zr + 0.0,
         wmax: wr + 0.0,
         zlow: lz.reduce_min(),
         wlow: lw.reduce_min(),
-        forward: f,
-        reverse: r,
+        forward: V::mask_any(fwd) || tf,
+        reverse: V::mask_any(rev) || tr,
     }
 }
 
@@ -972,11 +969,12 @@ fn pair_accumulate<V: F32x16, const SUMS: u8>(ez: V, ew: V, dzc: V, g: V, acc: &
     }
 }
 
-/// A student/teacher block pair for [`step_block`] (`z` and `w` of equal length); the support
-/// flags of what it reads go to `flags`.
+/// A student/teacher block pair for [`step_block`] (`z` and `w` of equal length), each row
+/// split once into whole chunks and tail (as [`LseBlock`]); the support flags of what it reads
+/// go to `flags`.
 struct PairBlock<'a, S, U, const SUMS: u8> {
-    z: &'a [S],
-    w: &'a [U],
+    z: (&'a [[S; 16]], &'a [S]),
+    w: (&'a [[U; 16]], &'a [U]),
     flags: &'a mut PairFlags,
 }
 
@@ -1006,8 +1004,7 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> BlockRows<V, 2> for PairBlock<
         acc: &mut [V; 6],
         track: &mut [T; 2],
     ) -> bool {
-        let (zc, wc) = (self.z.as_chunks::<16>().0, self.w.as_chunks::<16>().0);
-        pair_chunks::<V, S, U, T, SUMS>(zc, wc, tau, c, normal, acc, track)
+        pair_chunks::<V, S, U, T, SUMS>(self.z.0, self.w.0, tau, c, normal, acc, track)
     }
     #[inline(always)]
     fn extrema(&mut self) -> [(f32, f32); 2] {
@@ -1016,7 +1013,7 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> BlockRows<V, 2> for PairBlock<
     }
     #[inline(always)]
     fn scanned(&mut self, scans: &[Scan<V>; 2]) -> [(f32, f32); 2] {
-        let (zt, wt) = (self.z.as_chunks::<16>().1, self.w.as_chunks::<16>().1);
+        let (zt, wt) = (self.z.1, self.w.1);
         let found = [scans[0].finish(zt), scans[1].finish(wt)];
         // The support flags need a look at the −∞ entries: none in the chunks unless a
         // minimum is −∞ (then the block, in L1 now, is scanned again); the tail is checked
@@ -1045,9 +1042,13 @@ fn pair_block<V: F32x16, S: Load, U: Load, const SUMS: u8>(
     fast: &mut bool,
     flags: &mut PairFlags,
 ) -> (PairState, [f32; 2]) {
-    let mut rows = PairBlock::<S, U, SUMS> { z, w, flags };
+    let mut rows = PairBlock::<S, U, SUMS> {
+        z: z.as_chunks::<16>(),
+        w: w.as_chunks::<16>(),
+        flags,
+    };
     let (acc, [zmax, wmax], running) = step_block::<V, _, 2>(&mut rows, tau, prior, fast);
-    let (zt, wt) = (z.as_chunks::<16>().1, w.as_chunks::<16>().1);
+    let (zt, wt) = (rows.z.1, rows.w.1);
     let (vt, cz, cw) = (
         V::splat(tau),
         V::splat(canon::offset(zmax)),
