@@ -170,13 +170,20 @@ fn block_max_min<V: F32x16, S: Load>(chunks: &[[S; 16]], tail: &[S]) -> (f32, f3
         m[0] = m[0].max(x);
         lo[0] = lo[0].min(x);
     }
-    let mut r = m[0].max(m[1]).max(m[2].max(m[3])).reduce_max();
-    for &x in tail {
-        r = canon_max(r, x.to_f32());
-    }
-    // `+ 0.0` removes the sign of a zero maximum, the only order dependence of a max; the
-    // minimum is only compared, never part of a result.
-    (r + 0.0, lo[0].min(lo[1]).min(lo[2].min(lo[3])).reduce_min())
+    let r = m[0].max(m[1]).max(m[2].max(m[3])).reduce_max();
+    // The minimum is only compared, never part of a result.
+    (
+        fold_tail_max(r, tail),
+        lo[0].min(lo[1]).min(lo[2].min(lo[3])).reduce_min(),
+    )
+}
+
+/// The block maximum from the lanes' maximum `lanes` of the whole chunks and the `tail`
+/// values, in index order; `+ 0.0` removes the sign of a zero maximum, the only order
+/// dependence of a max.
+#[inline(always)]
+fn fold_tail_max<S: Load>(lanes: f32, tail: &[S]) -> f32 {
+    tail.iter().fold(lanes, |r, &x| canon_max(r, x.to_f32())) + 0.0
 }
 
 /// Whether some lane is NaN.
@@ -246,16 +253,10 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(
         fwd = V::mask_or(fwd, V::mask_andnot(iz, iw));
         rev = V::mask_or(rev, V::mask_andnot(iw, iz));
     }
-    let (mut zr, mut wr) = (mz.reduce_max(), mw.reduce_max());
-    for (a, b) in zt.iter().zip(wt) {
-        zr = canon_max(zr, a.to_f32());
-        wr = canon_max(wr, b.to_f32());
-    }
     let (tf, tr) = tail_support(zt, wt);
-    // `+ 0.0`: as in `block_max_min`.
     PairScan {
-        zmax: zr + 0.0,
-        wmax: wr + 0.0,
+        zmax: fold_tail_max(mz.reduce_max(), zt),
+        wmax: fold_tail_max(mw.reduce_max(), wt),
         zlow: lz.reduce_min(),
         wlow: lw.reduce_min(),
         forward: V::mask_any(fwd) || tf,
@@ -398,15 +399,13 @@ impl<V: F32x16> Scan<V> {
         }
     }
 
-    /// The block maximum with the `tail` values, `+ 0.0` (as `block_max_min`), and the
-    /// chunks' minimum.
+    /// The block maximum with the `tail` values ([`fold_tail_max`]) and the chunks' minimum.
     #[inline(always)]
     fn finish<S: Load>(&self, tail: &[S]) -> (f32, f32) {
-        let mut r = self.max.reduce_max();
-        for &x in tail {
-            r = canon_max(r, x.to_f32());
-        }
-        (r + 0.0, self.min.reduce_min())
+        (
+            fold_tail_max(self.max.reduce_max(), tail),
+            self.min.reduce_min(),
+        )
     }
 }
 
