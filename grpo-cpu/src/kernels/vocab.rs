@@ -70,6 +70,9 @@ const PREFETCH_L2_BYTES: usize = 24576;
 
 /// A logit storage type the lanes can load 16 at a time.
 pub trait Load: canon::Logit {
+    /// Whether this is `half::bf16` (whose gradient stores then use `F32x16::store_bf16`).
+    #[doc(hidden)]
+    const IS_BF16: bool = false;
     /// Loads and widens 16 consecutive values exactly.
     fn load<V: F32x16>(c: &[Self; 16]) -> V;
     /// Stores 16 gradients rounded to this type (`Logit::from_f32`, ties to even).
@@ -94,33 +97,15 @@ impl Load for f32 {
 }
 
 impl Load for half::bf16 {
+    const IS_BF16: bool = true;
     #[inline(always)]
     fn load<V: F32x16>(c: &[half::bf16; 16]) -> V {
         V::load_bf16(c)
     }
     #[inline(always)]
     fn store_grad<V: F32x16>(g: V, dst: &mut [half::bf16; 16]) {
-        V::store_bf16_bits(bf16_round_bits(g), dst);
+        g.store_bf16(dst);
     }
-}
-
-/// `half::bf16::from_f32` of every lane, as the bf16 bit pattern in the low 16 bits.
-///
-/// `half` rounds to nearest, ties to even: it adds 1 to the upper half `x >> 16` when the
-/// dropped half is above `0x8000`, or exactly `0x8000` with the kept half odd. That is the
-/// carry of `x + 0x7FFF + lsb` into bit 16 (`lsb` = bit 16 of `x`); the carry also runs into
-/// the exponent, rounding the largest finite values to ±∞ as IEEE does. A NaN keeps its sign
-/// and upper payload bits with the quiet bit (`0x0040`) set. Eight integer operations per 16
-/// values instead of sixteen scalar conversions.
-#[inline(always)]
-fn bf16_round_bits<V: F32x16>(x: V) -> V {
-    let hi = x.shr_logical::<16>();
-    let lsb = hi.and(V::from_bits(1));
-    let rounded = x
-        .add_i32(V::from_bits(0x7fff))
-        .add_i32(lsb)
-        .shr_logical::<16>();
-    V::select(x.ne(x), hi.or(V::from_bits(0x0040)), rounded)
 }
 
 impl Load for half::f16 {
@@ -1667,6 +1652,7 @@ pub(crate) struct GradRowsInPlace<'a, S, U> {
 
 impl<S: Load, U: Load> Kernel for GradRowsInPlace<'_, S, U> {
     type Output = ();
+    const STORES_BF16: bool = S::IS_BF16;
     #[inline(always)]
     fn run<V: F32x16>(self) {
         if self.vocab == 0 {
@@ -1800,6 +1786,7 @@ mod tests {
 
     impl Kernel for StoreGrads<'_> {
         type Output = (Vec<u16>, Vec<u16>);
+        const STORES_BF16: bool = true;
         #[inline(always)]
         fn run<V: F32x16>(self) -> Self::Output {
             let (mut b, mut h) = (Vec::new(), Vec::new());
@@ -1855,13 +1842,22 @@ mod tests {
         xs.resize(xs.len().div_ceil(16) * 16, 0);
         let x: Vec<f32> = xs.iter().map(|&b| f32::from_bits(b)).collect();
         let chunks = x.as_chunks::<16>().0;
-        for b in Backend::available() {
-            let (bf, hf) = run(b, StoreGrads(chunks));
+        let check = |name: &str, (bf, hf): (Vec<u16>, Vec<u16>)| {
             for (i, &v) in x.iter().enumerate() {
                 let (wb, wh) = (half::bf16::from_f32(v), half::f16::from_f32(v));
-                assert_eq!(bf[i], wb.to_bits(), "{b:?} bf16 of {:#010x}", xs[i]);
-                assert_eq!(hf[i], wh.to_bits(), "{b:?} f16 of {:#010x}", xs[i]);
+                assert_eq!(bf[i], wb.to_bits(), "{name} bf16 of {:#010x}", xs[i]);
+                assert_eq!(hf[i], wh.to_bits(), "{name} f16 of {:#010x}", xs[i]);
             }
+        };
+        for b in Backend::available() {
+            check(&format!("{b:?}"), run(b, StoreGrads(chunks)));
+        }
+        // Where the CPU has AVX512_BF16, `Backend::Avx512` ran `vcvtneps2bf16` above (with the
+        // integer rounding for vectors holding a subnormal, e.g. the chunks of `h << 16` for
+        // small `h` beside normal f16 values); AVX-512's integer rounding must hold there too.
+        #[cfg(target_arch = "x86_64")]
+        if let Ok(out) = arch::avx512::run_integer_bf16(StoreGrads(chunks)) {
+            check("Avx512 (integer rounding)", out);
         }
     }
 
