@@ -6,7 +6,7 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::Kernel;
-use crate::lanes::F32x16;
+use crate::lanes::{F32x16, bf16_round_bits};
 
 /// 16 lanes in one 512-bit register. Created only inside [`entry`] and [`entry_bf16`], after
 /// [`run`]'s detection. `BF16` is set in [`entry_bf16`] only, which is also compiled for (and
@@ -75,10 +75,10 @@ pub(crate) fn run_integer_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
     }
 }
 
-// SAFETY (every block below): an `Avx512` value exists only inside `entry` or `entry_bf16`, which
-// run only after `run` detected AVX-512F and FMA, so the intrinsics' target features are present. Loads and
-// stores go through references to 16-element arrays, so the 64 (or 32) bytes they touch are in
-// bounds; the unaligned forms are used, so no alignment is assumed.
+// SAFETY (every block below): an `Avx512` value exists only inside `entry` or `entry_bf16`,
+// which run only after `run` detected AVX-512F and FMA, so the intrinsics' target features are
+// present. Loads and stores go through references to 16-element arrays, so the 64 (or 32) bytes
+// they touch are in bounds; the unaligned forms are used, so no alignment is assumed.
 impl<const BF16: bool> F32x16 for Avx512<BF16> {
     type Mask = __mmask16;
 
@@ -132,23 +132,24 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
     }
     #[inline(always)]
     fn store_bf16(self, dst: &mut [half::bf16; 16]) {
-        // `vcvtneps2bf16` rounds to nearest even, overflows to ±∞ and quiets a NaN keeping its
-        // sign and high payload bits, as `half` does, but reads subnormal inputs as zero: a
-        // vector holding one (class 0x20 of `vfpclassps`) takes the integer rounding.
+        if !BF16 {
+            return bf16_round_bits(self).store_bf16_bits(dst);
+        }
         // SAFETY: see the impl comment; `BF16` is true only in `entry_bf16`, entered after
-        // AVX512_BF16 and AVX512DQ were detected (with `BF16` false these intrinsics are never
-        // reached). 32 writable bytes behind the exclusive reference; `__m256bh` and `__m256i`
-        // are both 32 bytes of plain bits.
-        if BF16 && unsafe { _mm512_fpclass_ps_mask::<0x20>(self.0) } == 0 {
-            unsafe {
-                let h = _mm512_cvtneps_pbh(self.0);
-                _mm256_storeu_si256(
-                    dst.as_mut_ptr().cast(),
-                    core::mem::transmute::<__m256bh, __m256i>(h),
-                );
+        // AVX512_BF16 and AVX512DQ were detected. 32 writable bytes behind the exclusive
+        // reference; `__m256bh` and `__m256i` are both 32 bytes of plain bits.
+        unsafe {
+            // `vcvtneps2bf16` rounds to nearest even, overflows to ±∞ and quiets a NaN keeping
+            // its sign and high payload bits, as `half` does, but reads subnormal inputs as
+            // zero: a vector holding one (class 0x20 of `vfpclassps`) takes the integer rounding.
+            if _mm512_fpclass_ps_mask::<0x20>(self.0) != 0 {
+                return bf16_round_bits(self).store_bf16_bits(dst);
             }
-        } else {
-            crate::lanes::bf16_round_bits(self).store_bf16_bits(dst);
+            let h = _mm512_cvtneps_pbh(self.0);
+            _mm256_storeu_si256(
+                dst.as_mut_ptr().cast(),
+                core::mem::transmute::<__m256bh, __m256i>(h),
+            );
         }
     }
     #[inline(always)]
