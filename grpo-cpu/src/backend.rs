@@ -8,7 +8,10 @@ pub enum Backend {
     Portable,
     /// x86-64 with AVX2 and FMA: 16 lanes held in two 256-bit registers.
     Avx2Fma,
-    /// x86-64 with AVX-512F: 16 lanes in one register.
+    /// x86-64 with AVX-512F: 16 lanes in one register. Where the CPU also has AVX512_BF16
+    /// and AVX512DQ, gradients written over bf16 logits are rounded with `vcvtneps2bf16`
+    /// (with the integer rounding for vectors holding a subnormal, which the instruction would
+    /// flush): the same bits as without it.
     Avx512,
     /// AArch64 NEON: 16 lanes in four 128-bit registers.
     Neon,
