@@ -46,26 +46,21 @@ unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
 /// bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
 /// backward.
 pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
-    if !(std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma"))
-    {
-        return Err(k);
-    }
     if K::STORES_BF16
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("avx512bf16")
         && std::arch::is_x86_feature_detected!("avx512dq")
     {
         // SAFETY: all four features `entry_bf16` is compiled for were detected just above.
         return Ok(unsafe { entry_bf16(k) });
     }
-    // SAFETY: the features `entry` is compiled for were detected just above.
-    Ok(unsafe { entry(k) })
+    run_without_bf16(k)
 }
 
-/// [`run`] without [`entry_bf16`]: the integer bf16 rounding on a CPU that has AVX512_BF16,
-/// so that tests cover both paths there.
-#[cfg(test)]
-pub(crate) fn run_integer_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
+/// [`run`] from [`entry`] only: every kernel that does not store bf16, and in tests the
+/// integer bf16 rounding on a CPU that has AVX512_BF16.
+pub(crate) fn run_without_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
     {
         // SAFETY: the features `entry` is compiled for were detected just above.
