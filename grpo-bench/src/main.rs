@@ -6,6 +6,8 @@
 //! cargo run --release -p grpo-bench -- loss [--tokens N --threads T --iters K --clip ppo|kl3|all]
 //! cargo run --release -p grpo-bench -- wgpu [--rows N --vocab V --dtype f32|f16|bf16|all
 //!     --tokens N --iters K]
+//! cargo run --release -p grpo-bench -- probe [--fmas 0,4,8 --mib M --threads T --iters K
+//!     --backend NAME]
 //! cargo run --release -p grpo-bench [-- all]    # vocab, then loss, with their defaults
 //! ```
 //!
@@ -19,13 +21,15 @@
 //! interleaved with the kernel so machine drift hits both alike; `ratio = gbps / roofline_gbps`.
 //! The `loss` mode's fields are described in its module (`rows` = sequences, `vocab` = tokens
 //! per sequence there); the `wgpu` mode's (roofline = a device buffer copy, plus `adapter`) in
-//! its module.
+//! its module. The `probe` mode measures the host rather than a kernel: how much of the read
+//! bandwidth a loop with a given amount of arithmetic per vector keeps (fields in its module).
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 mod gpu;
 mod loss;
+mod probe;
 mod vocab;
 
 fn main() -> ExitCode {
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
         Some("vocab") => vocab::main(&args[1..]),
         Some("loss") => loss::main(&args[1..]),
         Some("wgpu") => gpu::main(&args[1..]),
+        Some("probe") => probe::main(&args[1..]),
         None | Some("all") if args.len() <= 1 => vocab::main(&[]).and_then(|()| loss::main(&[])),
         _ => Err(USAGE.to_string()),
     };
@@ -51,6 +56,7 @@ const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32
 [--temperature T] [--masked K (every K-th logit −∞)]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
+       grpo-bench probe [--fmas 0,2,…,16] [--mib M] [--threads T] [--iters K] [--backend NAME]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";
 
 /// Median of `f`'s wall time in milliseconds over `iters` runs, interleaved with `g` (whose

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use crate::arch;
 use crate::cpu::Cpu;
-use crate::kernels::roofline::{Copy, ReadSum};
+use crate::kernels::roofline::{Copy, ReadFma, ReadSum};
 
 /// Elements per parallel task: 256 KiB of f32, a multiple of the 16 × 16-lane unrolled block.
 const CHUNK: usize = 1 << 16;
@@ -26,6 +26,62 @@ pub fn read(cpu: &Cpu, data: &[f32]) -> f32 {
     cpu.install(|| {
         data.par_chunks(CHUNK)
             .map(|c| arch::run(backend, ReadSum(c)))
+            .sum()
+    })
+}
+
+/// The largest arithmetic density [`read_with_fma`] offers.
+pub const MAX_PROBE_FMAS: usize = 16;
+
+/// Reads all of `data` on `cpu`'s threads as the vocabulary kernels' steps read logits (one
+/// 16-lane vector at a time, with their software prefetches) and spends `fmas` dependent fused
+/// multiply-adds on every vector: the [`read`] probe with a kernel's arithmetic density. Each
+/// task reads its part of `data` (256 KiB) `passes` times before the next: with `passes = 1`
+/// the probe streams from memory, with more the repeated passes find the part in the core's
+/// L2 and time the arithmetic instead.
+///
+/// Timed against [`read`] over the same bytes, streaming and in cache, it tells how much of
+/// the memory bandwidth a kernel with that much arithmetic can keep on a host (`grpo-bench
+/// probe` prints that table). Each pass over a part adds, for every whole group of four
+/// vectors, the polynomial `p = fma(… fma(0.25, x, 0.5) …, x, 0.5)` (`fmas` steps) of each of
+/// its values, and the values after the last whole group as they are. `fmas` is clamped to
+/// [`MAX_PROBE_FMAS`]. The summation order is not canonical: a probe, not an API for sums.
+///
+/// ```
+/// use grpo_cpu::roofline::read_with_fma;
+/// let cpu = grpo_cpu::Cpu::detect();
+/// // four vectors of zeros: every lane's polynomial is 0.5 after a step, 0.25 before any
+/// assert_eq!(read_with_fma(&cpu, &[0.0; 64], 3, 1), 32.0);
+/// assert_eq!(read_with_fma(&cpu, &[0.0; 64], 0, 1), 16.0);
+/// assert_eq!(read_with_fma(&cpu, &[0.0; 64], 99, 1), 32.0); // clamped to 16 steps
+/// assert_eq!(read_with_fma(&cpu, &[0.0; 64], 3, 2), 64.0); // read twice
+/// // the 16 values after the group of four vectors are added as they are
+/// let mut z = [0.0f32; 80];
+/// z[64..].fill(1.0);
+/// assert_eq!(read_with_fma(&cpu, &z, 1, 1), 48.0);
+/// ```
+pub fn read_with_fma(cpu: &Cpu, data: &[f32], fmas: usize, passes: usize) -> f32 {
+    macro_rules! with_fmas {
+        ($($n:literal)*) => {
+            match fmas.min(MAX_PROBE_FMAS) {
+                $($n => read_parts::<$n>(cpu, data, passes),)*
+                _ => unreachable!("clamped to MAX_PROBE_FMAS above"),
+            }
+        };
+    }
+    with_fmas!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+/// [`read_with_fma`] for a fixed count.
+fn read_parts<const FMAS: usize>(cpu: &Cpu, data: &[f32], passes: usize) -> f32 {
+    let backend = cpu.backend();
+    cpu.install(|| {
+        data.par_chunks(CHUNK)
+            .map(|c| {
+                (0..passes)
+                    .map(|_| arch::run(backend, ReadFma::<FMAS>(c)))
+                    .sum::<f32>()
+            })
             .sum()
     })
 }
@@ -49,4 +105,56 @@ pub fn copy(cpu: &Cpu, src: &[f32], dst: &mut [f32]) {
             .zip(dst.par_chunks_mut(CHUNK))
             .for_each(|(s, d)| arch::run(backend, Copy(s, d)))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    /// Every backend computes the probe's documented sum (one task: under [`CHUNK`] values),
+    /// against a scalar model of it in the same order.
+    #[test]
+    fn read_with_fma_computes_its_documented_sum_on_every_backend() {
+        let mut s = 7u32;
+        let data: Vec<f32> = (0..16 * 4 * 9 + 16 * 3 + 5)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                -((s >> 8) as f32) / (1u32 << 24) as f32
+            })
+            .collect();
+        for fmas in [0, 1, 5, MAX_PROBE_FMAS, MAX_PROBE_FMAS + 3] {
+            let mut acc = [[0.0f32; 16]; 4];
+            let groups = data.len() / 64;
+            for g in 0..groups {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    for (lane, a) in a.iter_mut().enumerate() {
+                        let x = data[64 * g + 16 * k + lane];
+                        let mut p = 0.25f32;
+                        for _ in 0..fmas.min(MAX_PROBE_FMAS) {
+                            p = p.mul_add(x, 0.5);
+                        }
+                        *a += p;
+                    }
+                }
+            }
+            let mut want = 0.0f32;
+            for a in acc {
+                want += a.iter().sum::<f32>();
+            }
+            want += data[64 * groups..].iter().sum::<f32>();
+            for b in Backend::available() {
+                let cpu = Cpu::new(b)
+                    .expect("available")
+                    .with_threads(1)
+                    .expect("pool");
+                let got = read_with_fma(&cpu, &data, fmas, 1);
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{b:?} fmas {fmas}: {got} vs {want}"
+                );
+            }
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! memory system only; this is the "best vectorised read loop" a kernel is compared to.
 
 use super::Kernel;
+use super::vocab::prefetch_ahead;
 use crate::lanes::F32x16;
 
 /// Sums `data` with 16 vector accumulators (a bandwidth probe; the sum's order is not canonical).
@@ -48,3 +49,44 @@ impl Kernel for Copy<'_> {
         d_tail.copy_from_slice(s_tail);
     }
 }
+
+/// Reads `data` as the vocabulary steps do — one vector per 16 values, the steps' software
+/// prefetches ([`prefetch_ahead`]) — and spends `FMAS` dependent fused multiply-adds on each
+/// vector (Horner's rule in the loaded value, as an exponential's polynomial is), summed into
+/// four accumulators: a stand-in for a kernel of that arithmetic density. A bandwidth probe;
+/// the sum's order is not canonical.
+pub(crate) struct ReadFma<'a, const FMAS: usize>(pub(crate) &'a [f32]);
+
+impl<const FMAS: usize> Kernel for ReadFma<'_, FMAS> {
+    type Output = f32;
+
+    #[inline(always)]
+    fn run<V: F32x16>(self) -> f32 {
+        let (c0, c1) = (V::splat(PROBE_C0), V::splat(PROBE_C1));
+        let mut acc = [V::splat(0.0); 4];
+        let (chunks, tail) = self.0.as_chunks::<16>();
+        let mut quads = chunks.chunks_exact(4);
+        for (j, q) in (&mut quads).enumerate() {
+            for (k, (c, a)) in q.iter().zip(&mut acc).enumerate() {
+                prefetch_ahead::<V, f32>(c, 4 * j + k);
+                let x = V::load(c);
+                let mut p = c0;
+                for _ in 0..FMAS {
+                    p = p.mul_add(x, c1);
+                }
+                *a = a.add(p);
+            }
+        }
+        let mut s = 0.0;
+        for a in acc {
+            s += a.to_array().iter().sum::<f32>();
+        }
+        let rest = quads.remainder().iter().flatten().chain(tail);
+        s + rest.sum::<f32>()
+    }
+}
+
+/// The constant term [`ReadFma`] starts each vector's polynomial from.
+pub(crate) const PROBE_C0: f32 = 0.25;
+/// The coefficient [`ReadFma`] adds in each of its fused multiply-adds.
+pub(crate) const PROBE_C1: f32 = 0.5;

@@ -195,7 +195,7 @@ fn normal_domain<const SCALED: bool>(low: f32, c: f32, tau: f32) -> bool {
 /// while it computes, so memory keeps streaming the next blocks in the background of the
 /// arithmetic.
 #[inline(always)]
-fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
+pub(crate) fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
     if (i * size_of::<[S; 16]>()).is_multiple_of(64) {
         let p = c.as_ptr().cast::<u8>();
         V::prefetch(p.wrapping_add(PREFETCH_BYTES));
