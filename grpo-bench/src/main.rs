@@ -120,6 +120,21 @@ impl Args {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The pool `--backend NAME` (default: the detected one) and `--threads T` (default 2) ask for.
+    pub(crate) fn cpu(&self) -> Result<grpo_cpu::Cpu, String> {
+        let backend = match self.get("backend") {
+            None => grpo_cpu::Backend::detect(),
+            Some(name) => grpo_cpu::Backend::available()
+                .find(|b| b.name() == name)
+                .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
+        };
+        let threads = self.num("threads")?.unwrap_or(2);
+        grpo_cpu::Cpu::new(backend)
+            .ok_or("backend unavailable")?
+            .with_threads(threads)
+            .map_err(|e| e.to_string())
+    }
+
     pub(crate) fn num(&self, key: &str) -> Result<Option<usize>, String> {
         self.get(key)
             .map(|v| {

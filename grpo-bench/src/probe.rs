@@ -14,7 +14,7 @@
 //! Compare a kernel's own headroom with `grpo-bench vocab --rows 16 --vocab 32768` (in cache)
 //! against its streaming `roofline_gbps`.
 
-use grpo_cpu::{Backend, Cpu, roofline};
+use grpo_cpu::roofline;
 
 use crate::{Args, interleaved_medians};
 
@@ -48,18 +48,8 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             .collect::<Result<_, _>>()?,
     };
     let mib = a.num("mib")?.unwrap_or(256).max(1);
-    let threads = a.num("threads")?.unwrap_or(2);
     let iters = a.num("iters")?.unwrap_or(7).max(1);
-    let backend = match a.get("backend") {
-        None => Backend::detect(),
-        Some(name) => Backend::available()
-            .find(|b| b.name() == name)
-            .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
-    };
-    let cpu = Cpu::new(backend)
-        .ok_or("backend unavailable")?
-        .with_threads(threads)
-        .map_err(|e| e.to_string())?;
+    let cpu = a.cpu()?;
     // Values in [−1, 0), like logits below their maximum: the polynomial stays in [−0.5, 1]
     // (no subnormals, whose microcode assists would slow the FMAs down).
     let n = mib << 18;

@@ -1,7 +1,7 @@
 //! `grpo-bench vocab`: grpo-cpu's vocabulary kernels against the same-run memory roofline.
 
 use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
-use grpo_cpu::{Backend, Cpu, Storage, roofline};
+use grpo_cpu::{Cpu, Storage, roofline};
 
 use crate::{Args, interleaved_medians};
 
@@ -50,13 +50,6 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         Some(k) if KERNELS.contains(&k) => vec![k],
         Some(k) => return Err(format!("--kernel {k:?}: expected one of {KERNELS:?}")),
     };
-    let backend = match a.get("backend") {
-        None => Backend::detect(),
-        Some(name) => Backend::available()
-            .find(|b| b.name() == name)
-            .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
-    };
-    let threads = a.num("threads")?.unwrap_or(2);
     let iters = a.num("iters")?.unwrap_or(7).max(1);
     // T = 1 by default (TRL's and verl's default); the kernels skip the exact `·1/T` there,
     // so other temperatures run one multiply more per element (two for the gradient).
@@ -73,10 +66,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     if masked == 1 {
         return Err("--masked 1 would mask every logit: expected 0 (none) or at least 2".into());
     }
-    let cpu = Cpu::new(backend)
-        .ok_or("backend unavailable")?
-        .with_threads(threads)
-        .map_err(|e| e.to_string())?;
+    let cpu = a.cpu()?;
     for &(rows, vocab) in &shapes {
         for &dtype in &dtypes {
             let cfg = Config {
