@@ -245,6 +245,25 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
         Avx512(unsafe { _mm512_castsi512_ps(_mm512_sub_epi32(bits(self), bits(b))) })
     }
     #[inline(always)]
+    fn mul_pow2_normal(self, k: Self, _k_bits: Self) -> Self {
+        // SAFETY: see the impl comment. `vscalefps` computes `self · 2^floor(k)` rounded once
+        // (MXCSR: nearest-even, no flush-to-zero in Rust); `k` is integral, and a normal
+        // product is exact.
+        Avx512(unsafe { _mm512_scalef_ps(self.0, k.0) })
+    }
+    #[inline(always)]
+    fn mul_pow2_or_zero(self, k: Self, _biased: Self) -> Self {
+        // SAFETY: see the impl comment. Lanes with `k = −127` are zeroed (+0, the product of
+        // a positive finite `self` with the reference's scale `from_bits(0)`); a NaN `k`
+        // compares unequal (`_UQ`: unordered is true), so a NaN lane keeps `vscalefps`'s NaN.
+        // The others are `self · 2^k` rounded once, as the multiply by the normal float
+        // `2^k` (k ≥ −126) rounds it.
+        Avx512(unsafe {
+            let keep = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(k.0, _mm512_set1_ps(-127.0));
+            _mm512_maskz_scalef_ps(keep, self.0, k.0)
+        })
+    }
+    #[inline(always)]
     fn max_i32(self, b: Self) -> Self {
         // SAFETY: see the impl comment.
         Avx512(unsafe { _mm512_castsi512_ps(_mm512_max_epi32(bits(self), bits(b))) })
