@@ -44,6 +44,14 @@ pub(crate) const EXP_MODERATE_MAX: f32 = 80.0;
 /// exact value `p·2^k` once. Used where the caller has clamped `x` (PPO's log-ratio clamp).
 #[inline(always)]
 pub(crate) fn exp_moderate<V: F32x16>(x: V) -> V {
+    scaled_by_multiply(x)
+}
+
+/// `p·from_bits((k + 127) << 23)` for the reduction `(k, p)` of `x`: the reference's scaling
+/// of `exp_nonpos` as a plain multiply, on every backend and for every `x` (the bits of a
+/// wrapped scale included, which `F32x16::mul_pow2_or_zero` does not promise).
+#[inline(always)]
+fn scaled_by_multiply<V: F32x16>(x: V) -> V {
     let ([_], [biased], [p]) = exp_reduce_n::<V, 1>([x], SHIFT_MINUS_BIAS);
     p.mul(pow2_biased(biased))
 }
@@ -62,9 +70,9 @@ const SHIFT_MINUS_BIAS: u32 = SHIFT.to_bits() - 127;
 
 /// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
 /// (same bits per lane), for arguments up to 88.37 (`k ≤ 127`; the kernels' are at most
-/// grpo-core's `OFFSET_SLACK` = 8) or NaN. Interleaving the `N` dependency chains in program order lets the
-/// out-of-order core overlap them: one exponential is a ~50-cycle chain of dependent FMAs,
-/// and a single chain per loop iteration leaves the FMA units mostly idle.
+/// grpo-core's `OFFSET_SLACK` = 8) or NaN. Interleaving the `N` dependency chains in program
+/// order lets the out-of-order core overlap them: one exponential is a ~50-cycle chain of
+/// dependent FMAs, and a single chain per loop iteration leaves the FMA units mostly idle.
 ///
 /// Two integer operations of the reference are not needed here (the step kernels are
 /// compute-bound, so every vector operation counts):
@@ -152,8 +160,7 @@ fn exp_reduce_n<V: F32x16, const N: usize>(x: [V; N], int_offset: u32) -> ([V; N
 /// reproduces (see [`exp_nonpos_clamped_n`]).
 #[inline(always)]
 pub(crate) fn exp_nonpos<V: F32x16>(x: V) -> V {
-    let ([_], [biased], [p]) = exp_reduce_n::<V, 1>([V::splat(D_MIN).max(x)], SHIFT_MINUS_BIAS);
-    p.mul(pow2_biased(biased))
+    scaled_by_multiply(V::splat(D_MIN).max(x))
 }
 
 /// `grpo_core::vocab::exp_ln::ln` per lane.
