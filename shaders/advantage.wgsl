@@ -7,7 +7,11 @@
 // before dispatch, so these kernels see only valid input. NaN scores reaching a kernel are the
 // "unscorable" ones of NanPolicy::Exclude. Group statistics are Welford's update in member
 // order and batch statistics Chan's merge of the group moments in group order, exactly
-// grpo-core's `Moments`; WGSL rounds + − × correctly, so only ÷, sqrt and pow can differ.
+// grpo-core's `Moments`; WGSL rounds + − × correctly, so only ÷, sqrt and pow can differ — and
+// a driver may fuse a product into a following sum (one rounding instead of two; NVIDIA's
+// Vulkan driver does, dividing as a multiplication by a reciprocal), which moves a mean by an
+// ULP: results that must be exact (GOPO's middle rank) are computed so that no fusion can
+// reach them.
 //
 // Entry points (run in order within one submission, as the estimator needs):
 //   gdpo_sum      — GDPO: per group and reward z_k, S_i = Σ_k w_k z_k → out
@@ -391,13 +395,22 @@ fn group_rank(@builtin(global_invocation_id) gid: vec3<u32>,
                 }
             }
             if params.kind == KIND_GOPO {
-                // rank (descending): ordinal = greater + earlier ties + 1; average = the mean
-                // of the tied ranks, greater + (ties + 1)/2.
-                var rank = f32(greater + ties_before + 1u);
+                // Twice the rank (descending): ordinal = greater + earlier ties + 1; average =
+                // the mean of the tied ranks, greater + (ties + 1)/2. Then
+                // A = 2 − 4(rank − 1)/(G − 1) = 2(G + 1 − 2·rank)/(G − 1): an exact integer
+                // numerator and one division, so the middle rank (and an all-tied group under
+                // `average`) gives exactly 0 and mirrored ranks exact negatives whatever the
+                // driver does. grpo-core's literal form rounds the quotient, then subtracts; a
+                // driver that divides by multiplying with a reciprocal and fuses that product
+                // into the subtraction (naga emits no NoContraction; NVIDIA's Vulkan driver
+                // fuses) turned 2 − 12/6 into 2 − 12·fl(1/6) = −6e-8. This form is within one
+                // rounding of the quotient of grpo-core's (tolerance AdvGopo).
+                var rank2 = 2u * (greater + ties_before + 1u);
                 if average {
-                    rank = f32(2u * greater + ties + 1u) * 0.5;
+                    rank2 = 2u * greater + ties + 1u;
                 }
-                a = 2.0 - 4.0 * (rank - 1.0) / f32(count - 1u);
+                let num = 2i * (i32(count) + 1i - i32(rank2));
+                a = f32(num) / f32(count - 1u);
             } else {
                 let start = less;
                 let end = less + ties;

@@ -54,12 +54,24 @@ pub fn runner() -> TestRunner {
     runner_with_cases(cases())
 }
 
+/// Shrink steps of a failing GPU property test (`PROPTEST_MAX_SHRINK_ITERS` overrides it).
+pub const MAX_SHRINK_ITERS: u32 = 64;
+
 /// A GPU proptest runner of `n` cases, without failure persistence (a failing case is printed
-/// with its inputs instead of written to a file).
+/// with its inputs instead of written to a file), and with bounded shrinking: each shrink step
+/// runs the case again, GPU work included (buffers, a submission, a blocking readback), so
+/// proptest's default budget of 1024 steps per failure, times a suite's configs, could keep a
+/// failing executable busy for minutes before it reports. [`MAX_SHRINK_ITERS`] steps still
+/// shrink the batch sizes of these tests a long way, and the failing case is printed in full.
 pub fn runner_with_cases(n: u32) -> TestRunner {
+    let max_shrink_iters = std::env::var("PROPTEST_MAX_SHRINK_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(MAX_SHRINK_ITERS);
     TestRunner::new(Config {
         cases: n,
         failure_persistence: None,
+        max_shrink_iters,
         ..Config::default()
     })
 }

@@ -186,9 +186,22 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: 0.0,
             rel: 4e-6,
         },
-        // 2 − 4(rank − 1)/(G − 1): one division: 2.5 ULP of the quotient, 4 ULP after the
-        // subtraction at most (the quotient is ≤ 4, the result ≥ −2).
-        (AdvGopo, _) => Tol::ulp(4),
+        // grpo-core rounds q = 4(rank − 1)/(G − 1) ∈ [0, 4], then 2 − q (exact for q ≥ 1, else
+        // ½ ULP of the result); the shader computes 2(G + 1 − 2·rank)/(G − 1), an exact integer
+        // over G − 1, with WGSL's ÷ (2.5 ULP), so that the middle rank is exactly 0 whatever
+        // the driver fuses (advantage.wgsl, group_rank). The two differ by ≤ 3 ULP of the result
+        // plus ½ ULP of q (≤ 2⁻²³ absolute, q < 4): ≤ 3.5 ULP for |A| ≥ 1 (there q ≤ 1 or
+        // q ≥ 3, where ½ ULP of q is at most one ULP of A, and 2 − q is exact for q ≥ 1), and
+        // for |A| < 1 (1 < q < 3: the subtraction is exact, ULP(A) ≤ 2⁻²⁴) at most
+        // 2.5·2⁻²⁴ + 2⁻²³ < 2⁻²¹ absolute. Measured on NVIDIA H200 (Vulkan) with grpo-core's
+        // literal form in the shader: 2 − 12/6 came out −2⁻²⁴ = 2 − 12·fl(1/6) (the division
+        // as a reciprocal product, fused into the subtraction), which is why the shader no longer
+        // uses it.
+        (AdvGopo, _) => Tol {
+            ulp: 4,
+            abs: 1.0 / (1u64 << 21) as f64,
+            rel: 0.0,
+        },
         // The normal scores come from the host (grpo-core's f64 Φ⁻¹ rounded to f32), so an
         // untied rank is bit-identical; a tie block of t ranks is averaged in f32 here (t − 1
         // additions and a division) instead of f64: ≤ t/2 + 2.5 ULP of the result, relative to
@@ -314,9 +327,15 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
     }
 }
 
-/// Extra absolute slack of a z-score computed as (s − μ)/(σ + ε): a last-bit difference in μ
-/// (division in Welford's update) moves s − μ by up to `ulp(max|s|)`, which the division
-/// amplifies by 1/(σ + ε) — 2 ULPs of the largest |score| over the divisor.
+/// Extra absolute slack of a z-score computed as (s − μ)/d with d = (σ + ε)^γ: a last-bit
+/// difference in μ moves s − μ by up to `ulp(max|s|)`, which the division amplifies by 1/d —
+/// 2 ULPs of the largest |score| over the divisor (the caller passes d, the dial included).
+/// Welford's update μ + δ/n differs in its last bit in two ways WGSL permits: ÷ is 2.5 ULP, and
+/// a driver may fuse the product into the sum (one rounding instead of two). Measured on NVIDIA
+/// H200 (Vulkan): the z-score of 0 in the group (−0.5, 0, 0.5) came out −1.5e-8 instead of 0,
+/// i.e. a mean of 7.45e-9 = fma(0.75, fl(1/3), −0.25) (a division by reciprocal, fused into
+/// Welford's update); and with γ = 0.727 A ≈ −0.21 differed by 2.3e-6 (158 ULP), about one ULP
+/// of μ ≈ −3.7e5 over (σ + ε)^γ (0.031/12450 = 2.5e-6), beyond a slack computed with σ + ε.
 pub fn zscore_abs(max_abs_score: f64, divisor: f64) -> f64 {
     let ulp = f32::EPSILON as f64 * max_abs_score.max(f32::MIN_POSITIVE as f64);
     2.0 * ulp / divisor
@@ -328,4 +347,19 @@ pub fn exp_ulps(args: &[f64]) -> u32 {
     args.iter()
         .map(|x| 3 + 2 * x.abs().ceil().min(200.0) as u32)
         .sum()
+}
+
+/// `x` with a subnormal value flushed to a zero of the same sign. The WGSL spec lets an
+/// implementation flush subnormal inputs, intermediates and outputs to zero ("Floating Point
+/// Accuracy"); NVIDIA's Vulkan driver flushes subnormal inputs (measured on NVIDIA H200: with
+/// lp = 0 and a reference log-prob of −1e-45, Abs's gradient sign(lp − ref) came out 0, as for
+/// a reference of −0). Oracles that accept such a device
+/// compare with grpo-core on the *flushed inputs* as a second reference, rather than widening a
+/// tolerance: exactly what the spec permits, and nothing more.
+pub fn flush_subnormal(x: f32) -> f32 {
+    if x.is_subnormal() {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
 }

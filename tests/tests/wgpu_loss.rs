@@ -12,7 +12,7 @@ use grpo_core::loss::{
 };
 use grpo_core::{Error, Preset, Real, Tokens};
 use grpo_tests::gpu;
-use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, tolerance, ulp_distance};
+use grpo_tests::tolerance::{Dtype, Op, Tol, exp_ulps, flush_subnormal, tolerance, ulp_distance};
 use grpo_wgpu::{GpuError, LossKernel};
 use proptest::prelude::*;
 
@@ -367,6 +367,8 @@ fn kl_penalties_match_grpo_core() {
     let k = LossKernel::new(ctx);
     let eps = f32::EPSILON as f64;
     let subnormal_tokens = std::cell::Cell::new(0usize);
+    // Tokens matched by grpo-core on the inputs with subnormals flushed (`kl_reference`).
+    let flushed_tokens = std::cell::Cell::new(0usize);
     // Largest ULP distance of k1/abs/k2 (values and gradients), and of k3's minus exp's allowance.
     let (max_alg, max_exp) = (std::cell::Cell::new(0u64), std::cell::Cell::new(i64::MIN));
     let seen = |t: &Tol, args: &[f64], g: f32, c: f32| {
@@ -410,6 +412,8 @@ fn kl_penalties_match_grpo_core() {
                     let n = b.lp.len();
                     // Sometimes `old`, which these estimators ignore (its length is checked).
                     let old = (n % 2 == 1).then_some(&b.old[..]);
+                    let run = run_kl(&k, &cfg, &b, old);
+                    let flushed = kl_flushed(&cfg, &b, old.is_some());
                     let KlRun {
                         cv,
                         cg,
@@ -417,7 +421,7 @@ fn kl_penalties_match_grpo_core() {
                         gv,
                         gg,
                         dg,
-                    } = run_kl(&k, &cfg, &b, old);
+                    } = &run;
                     let mut borderline = 0;
                     let mut max_dv = 0f64;
                     for t in 0..n {
@@ -438,39 +442,55 @@ fn kl_penalties_match_grpo_core() {
                         };
                         let allowance = base.ulp + exp_ulps(&args);
                         let tol = base.plus_ulp(exp_ulps(&args));
-                        seen(&base, &args, gv[t], cv[t]);
+                        // The mean's slack: the distance to grpo-core's own values.
+                        max_dv = max_dv.max((gv[t] as f64 - cv[t] as f64).abs());
+                        let ((want_v, want_g), took) =
+                            kl_reference(&b, t, &run, flushed.as_ref(), &tol);
+                        flushed_tokens.set(flushed_tokens.get() + took as usize);
+                        // A subnormal input may be flushed (`kl_reference`): no ULP statistic.
+                        let stat = !b.subnormal_input(t);
+                        if stat {
+                            seen(&base, &args, gv[t], want_v);
+                        }
                         prop_assert!(
-                            tol.accepts(gv[t], cv[t] as f64),
+                            tol.accepts(gv[t], want_v as f64),
                             "{:?} {:?} value[{}] gpu {} core {} ({} ulp; d {:e})",
                             est,
                             cfg,
                             t,
                             gv[t],
-                            cv[t],
-                            ulp_distance(gv[t], cv[t]),
+                            want_v,
+                            ulp_distance(gv[t], want_v),
                             d
                         );
-                        max_dv = max_dv.max((gv[t] as f64 - cv[t] as f64).abs());
                         // Where the value sits at the output clamp within the tolerance, the
                         // two sides may take different branches (gradient 0 or not): both are
                         // correct.
                         if let Some(c) = cfg.output_clamp
-                            && ulp_distance(cv[t].abs(), c) <= allowance as u64
+                            && ulp_distance(want_v.abs(), c) <= allowance as u64
                         {
                             borderline += 1;
                             continue;
                         }
-                        seen(&base, &args, gg[t], cg[t]);
+                        if stat {
+                            seen(&base, &args, gg[t], want_g);
+                        }
                         prop_assert!(
-                            tol.accepts(gg[t], cg[t] as f64),
-                            "{:?} {:?} grad[{}] gpu {} core {} ({} ulp; d {:e})",
+                            tol.accepts(gg[t], want_g as f64),
+                            "{:?} {:?} grad[{}] gpu {} core {} ({} ulp; d {:e}){}",
                             est,
                             cfg,
                             t,
                             gg[t],
-                            cg[t],
-                            ulp_distance(gg[t], cg[t]),
-                            d
+                            want_g,
+                            ulp_distance(gg[t], want_g),
+                            d,
+                            if b.subnormal_input(t) {
+                                " (a subnormal input: neither grpo-core's result on it nor on \
+                                 it flushed to 0 is within the tolerance)"
+                            } else {
+                                ""
+                            }
                         );
                     }
                     prop_assert_eq!(dc.tokens, dg.tokens);
@@ -483,11 +503,11 @@ fn kl_penalties_match_grpo_core() {
                         dc.output_clamped,
                         borderline
                     );
-                    if bits(&gv) == bits(&cv) {
+                    if bits(gv) == bits(cv) {
                         // The same values in the same running mean: the same bits.
                         prop_assert_eq!(dg.mean.to_bits(), dc.mean.to_bits());
                     } else {
-                        mean_within(&dc, &dg, &cv, max_dv, eps)?;
+                        mean_within(dc, dg, cv, max_dv, eps)?;
                     }
                     Ok(())
                 })
@@ -498,10 +518,12 @@ fn kl_penalties_match_grpo_core() {
     let subnormal_tokens = subnormal_tokens.get();
     assert!(subnormal_tokens > 0, "no subnormal d was generated");
     eprintln!(
-        "kl k1/abs/k2/k3: {} cases per config; {} valid tokens with a subnormal d; max distance \
-         to grpo-core: k1/abs/k2 {} ULP, k3 (max ULP − exp's allowance) {}",
+        "kl k1/abs/k2/k3: {} cases per config; {} valid tokens with a subnormal d, {} matched \
+         only grpo-core on flushed subnormal inputs; max distance to grpo-core: k1/abs/k2 {} \
+         ULP, k3 (max ULP − exp's allowance) {}",
         gpu::cases(),
         subnormal_tokens,
+        flushed_tokens.get(),
         max_alg.get(),
         max_exp.get()
     );
@@ -576,6 +598,70 @@ impl KlBatch {
     fn tokens(&self) -> Tokens<'_> {
         Tokens::packed(&self.cu, Some(&self.mask))
     }
+
+    /// Whether token `t` has a subnormal input (lp, reference or old).
+    fn subnormal_input(&self, t: usize) -> bool {
+        [self.lp[t], self.reference[t], self.old[t]]
+            .iter()
+            .any(|x| x.is_subnormal())
+    }
+
+    /// The batch with every subnormal input flushed to zero (`flush_subnormal`), `None` when
+    /// no valid token has one.
+    fn flushed(&self) -> Option<KlBatch> {
+        if !(0..self.lp.len()).any(|t| self.mask[t] && self.subnormal_input(t)) {
+            return None;
+        }
+        let f = |v: &[f32]| v.iter().map(|&x| flush_subnormal(x)).collect();
+        Some(KlBatch {
+            lp: f(&self.lp),
+            reference: f(&self.reference),
+            old: f(&self.old),
+            cu: self.cu.clone(),
+            mask: self.mask.clone(),
+        })
+    }
+}
+
+/// grpo-core's (value, gradient) of token `t` to compare the GPU's with: `run`'s, unless the
+/// token has a subnormal input, `run`'s pair is not within `tol` of the GPU's, and grpo-core's on
+/// the flushed inputs (`flushed`, from `KlBatch::flushed`) is. WGSL lets an implementation flush
+/// subnormal inputs to zero; NVIDIA's Vulkan driver does (measured on NVIDIA H200: reference
+/// −1e-45 with lp = 0 gave Abs's gradient sign(0) = 0, grpo-core's 1; the largest subnormal
+/// reference, −1.1754942e-38, gave K3Is's gradient ρ·0 instead of ρ·d = 8e-20, just beyond the
+/// tolerance's ρ·f32::MIN_POSITIVE). The second element says whether the flushed reference was
+/// taken.
+fn kl_reference(
+    b: &KlBatch,
+    t: usize,
+    run: &KlRun,
+    flushed: Option<&(Vec<f32>, Vec<f32>)>,
+    tol: &Tol,
+) -> ((f32, f32), bool) {
+    let (gv, gg) = (run.gv[t], run.gg[t]);
+    let own = (run.cv[t], run.cg[t]);
+    let within = |(v, g): (f32, f32)| tol.accepts(gv, v as f64) && tol.accepts(gg, g as f64);
+    match flushed {
+        Some((fv, fg)) if b.subnormal_input(t) && !within(own) && within((fv[t], fg[t])) => {
+            ((fv[t], fg[t]), true)
+        }
+        _ => (own, false),
+    }
+}
+
+/// grpo-core's values and gradients of the KL penalty on `b` with its subnormal inputs flushed
+/// (`None` when it has none); `old` is passed when `with_old`.
+fn kl_flushed(
+    cfg: &KlPenaltyConfig<f32>,
+    b: &KlBatch,
+    with_old: bool,
+) -> Option<(Vec<f32>, Vec<f32>)> {
+    let f = b.flushed()?;
+    let n = f.lp.len();
+    let (mut v, mut g) = (vec![7f32; n], vec![7f32; n]);
+    let old = with_old.then_some(&f.old[..]);
+    kl_penalty(cfg, &f.lp, &f.reference, old, &f.tokens(), &mut v, &mut g).unwrap();
+    Some((v, g))
 }
 
 /// A log-ratio (d = lp − ref or x = lp − old) from tiny to ±80, with edges: ±0, subnormal (the
@@ -674,6 +760,8 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
     let k = LossKernel::new(ctx);
     let base = tolerance(Op::KlIsStraightThrough, Dtype::F32);
     let eps = f32::EPSILON as f64;
+    // Tokens matched by grpo-core on the inputs with subnormals flushed (`kl_reference`).
+    let flushed_tokens = std::cell::Cell::new(0usize);
     for est in [
         KlEstimator::K3Is,
         KlEstimator::K1StraightThrough,
@@ -701,6 +789,8 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                     let n = b.lp.len();
                     // Sometimes `old` for the estimators that ignore it (its values unread).
                     let old = (est == KlEstimator::K3Is || n % 2 == 1).then_some(&b.old[..]);
+                    let run = run_kl(&k, &cfg, &b, old);
+                    let flushed = kl_flushed(&cfg, &b, old.is_some());
                     let KlRun {
                         cv,
                         cg,
@@ -708,7 +798,7 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                         gv,
                         gg,
                         dg,
-                    } = run_kl(&k, &cfg, &b, old);
+                    } = &run;
                     let mut borderline = 0;
                     let mut max_dv = 0f64;
                     for t in 0..n {
@@ -730,8 +820,16 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                         let tol = base
                             .plus_ulp(exp_ulps(&args))
                             .with_abs(base.abs * rho.max(1.0));
-                        let ulp_v = ulp_distance(gv[t], cv[t]);
-                        if cv[t].abs() >= 1e-28 {
+                        // The mean's slack: the distance to grpo-core's own values.
+                        max_dv = max_dv.max((gv[t] as f64 - cv[t] as f64).abs());
+                        let ((want_v, want_g), took) =
+                            kl_reference(&b, t, &run, flushed.as_ref(), &tol);
+                        flushed_tokens.set(flushed_tokens.get() + took as usize);
+                        let ulp_v = ulp_distance(gv[t], want_v);
+                        // A subnormal input may be flushed (`kl_reference`), a subnormal k3 or d
+                        // flushed and scaled by ρ: no ULP statistic for either.
+                        let stat = !b.subnormal_input(t);
+                        if stat && want_v.abs() >= 1e-28 {
                             if args.is_empty() {
                                 record(0, ulp_v as i64);
                             } else {
@@ -740,67 +838,74 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
                             }
                         }
                         prop_assert!(
-                            tol.accepts(gv[t], cv[t] as f64),
+                            tol.accepts(gv[t], want_v as f64),
                             "{:?} {:?} value[{}] gpu {} core {} ({} ulp, allowance {})",
                             est,
                             cfg,
                             t,
                             gv[t],
-                            cv[t],
+                            want_v,
                             ulp_v,
                             allowance
                         );
-                        max_dv = max_dv.max((gv[t] as f64 - cv[t] as f64).abs());
                         // Where the value sits at the output clamp within the tolerance, the
                         // two sides may take different branches (gradient 0 or not): both are
                         // correct.
                         if let Some(c) = cfg.output_clamp
-                            && ulp_distance(cv[t].abs(), c) <= allowance as u64
+                            && ulp_distance(want_v.abs(), c) <= allowance as u64
                         {
                             borderline += 1;
                             continue;
                         }
-                        let ulp_g = ulp_distance(gg[t], cg[t]);
+                        let ulp_g = ulp_distance(gg[t], want_g);
+                        let flush_note = if b.subnormal_input(t) {
+                            " (a subnormal input: neither grpo-core's result on it nor on it \
+                             flushed to 0 is within the tolerance)"
+                        } else {
+                            ""
+                        };
                         if est == KlEstimator::K3Is {
                             // ρ·d (or ρ·∂k3, ρ·k3 where one input was limited): one product
                             // with ρ, so the value's tolerance (exp's allowance included).
-                            if cg[t].abs() >= 1e-28 {
+                            if stat && want_g.abs() >= 1e-28 {
                                 record(3, ulp_g as i64);
                                 record(4, ulp_g as i64 - exp_ulps(&args) as i64);
                             }
                             prop_assert!(
-                                tol.accepts(gg[t], cg[t] as f64),
-                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp; d {} x {})",
+                                tol.accepts(gg[t], want_g as f64),
+                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp; d {} x {}){}",
                                 est,
                                 cfg,
                                 t,
                                 gg[t],
-                                cg[t],
+                                want_g,
                                 ulp_g,
                                 d,
-                                x
+                                x,
+                                flush_note
                             );
                         } else {
                             // k2's gradient d: the same f32 subtraction and comparisons.
-                            if cg[t].abs() >= 1e-28 {
+                            if stat && want_g.abs() >= 1e-28 {
                                 record(0, ulp_g as i64);
                             }
                             prop_assert!(
-                                base.accepts(gg[t], cg[t] as f64),
-                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp)",
+                                base.accepts(gg[t], want_g as f64),
+                                "{:?} {:?} grad[{}] gpu {} core {} ({} ulp){}",
                                 est,
                                 cfg,
                                 t,
                                 gg[t],
-                                cg[t],
-                                ulp_g
+                                want_g,
+                                ulp_g,
+                                flush_note
                             );
                         }
                     }
                     prop_assert_eq!(dc.tokens, dg.tokens);
                     prop_assert_eq!(dc.input_clamped, dg.input_clamped);
                     prop_assert!(dc.output_clamped.abs_diff(dg.output_clamped) <= borderline);
-                    mean_within(&dc, &dg, &cv, max_dv, eps)?;
+                    mean_within(dc, dg, cv, max_dv, eps)?;
                     Ok(())
                 })
                 .unwrap();
@@ -810,13 +915,15 @@ fn kl_penalty_is_and_straight_through_match_grpo_core() {
     eprintln!(
         "kl K3Is/k1+/k3+: {} cases per config; max distance to grpo-core: {} ULP without exp \
          (k1+, straight-through gradients); {} ULP for exp-based values (max ULP − exp's \
-         allowance: {}); K3Is gradients {} ULP (max minus the allowance: {})",
+         allowance: {}); K3Is gradients {} ULP (max minus the allowance: {}); {} tokens matched \
+         only grpo-core on flushed subnormal inputs",
         gpu::cases(),
         load(0),
         load(1),
         load(2),
         load(3),
-        load(4)
+        load(4),
+        flushed_tokens.get()
     );
 }
 
