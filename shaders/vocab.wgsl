@@ -156,35 +156,205 @@ struct Scan {
     z: f32,
 }
 
-// Pass over one row: the lane's online state; non-finite (NaN, +∞) columns lower `wbad`;
-// −∞ columns are masked vocabulary entries and contribute exactly nothing.
+// One column z (at index v) of a lane's pass. Non-finite columns (NaN, +∞) lower `wbad`; −∞
+// columns are masked vocabulary entries and contribute exactly nothing; a finite z whose z/T
+// overflows to +∞ lowers `wover` (grpo-core reports it), to −∞ contributes nothing. The common
+// case is tested first and alone: x = z/T finite implies z finite (1/T is finite and positive).
+fn scan_push(sc: ptr<function, Scan>, z: f32, v: u32) {
+    let x = z * params.inv_temp;
+    if is_finite_bits(x) {
+        (*sc).z = rmax((*sc).z, z);
+        (*sc).st = online_push((*sc).st, x);
+        return;
+    }
+    if is_neg_inf_bits(z) {
+        return;
+    }
+    if !is_finite_bits(z) {
+        atomicMin(&wbad, v);
+        return;
+    }
+    (*sc).z = rmax((*sc).z, z);
+    if x > 0.0 {
+        atomicMin(&wover, v);
+    }
+}
+
+// |z| as bits: ≥ EXP_MASK exactly for NaN and ±∞.
+fn abs_bits(z: f32) -> u32 {
+    return bitcast<u32>(z) & 0x7fffffffu;
+}
+
+// Columns a lane loads before it pushes the first of them in `scan_row`.
+const SCAN_BATCH: u32 = 16u;
+
+// Pass over one row: the lane's online state of columns lid, lid + 256, lid + 512, … The
+// columns are loaded SCAN_BATCH at a time before any of them is used: a GPU hides memory latency
+// with loads in flight, and one load per loop iteration (each waiting on the previous push's
+// branch) leaves a large GPU far below its bandwidth. A batch whose columns are all finite (the
+// common case) then takes a fast path with about 10 operations per column instead of the ~25 of
+// `scan_push`'s tests and branches; any other batch (masked, NaN, overflowing columns) is pushed
+// column by column with the exact per-column rules. On an NVIDIA H200 (2048 × 151936 f32) the
+// fused forward took 0.90 ms with one load per iteration (one run), 0.54–0.61 ms with 8 or 16
+// loads in flight and 0.42–0.45 ms with the fast path as well (medians of 30, warm GPU). The fast path sums a batch before adding
+// it to the state, so the rounding differs from a one-column loop's by a few ULP of the sums
+// (within the accuracy contract the tests check against f64).
 fn scan_row(row_ok: bool, row: u32, lid: u32) -> Scan {
-    var st = online_empty();
-    var zmax = NEG_BIG;
+    var sc = Scan(online_empty(), NEG_BIG);
     if row_ok {
         let start = params.base + row * params.vocab;
-        for (var v = lid; v < params.vocab; v += WG) {
-            let z = load_logit(start + v);
-            if is_neg_inf_bits(z) {
-                continue;
+        let n = params.vocab;
+        var v = lid;
+        // `n − v > (SCAN_BATCH − 1)·WG` (with v < n) avoids overflowing v + (SCAN_BATCH − 1)·WG.
+        for (; v < n && n - v > (SCAN_BATCH - 1u) * WG; v += SCAN_BATCH * WG) {
+            let i = start + v;
+            let z0 = load_logit(i);
+            let z1 = load_logit(i + WG);
+            let z2 = load_logit(i + 2u * WG);
+            let z3 = load_logit(i + 3u * WG);
+            let z4 = load_logit(i + 4u * WG);
+            let z5 = load_logit(i + 5u * WG);
+            let z6 = load_logit(i + 6u * WG);
+            let z7 = load_logit(i + 7u * WG);
+            let z8 = load_logit(i + 8u * WG);
+            let z9 = load_logit(i + 9u * WG);
+            let z10 = load_logit(i + 10u * WG);
+            let z11 = load_logit(i + 11u * WG);
+            let z12 = load_logit(i + 12u * WG);
+            let z13 = load_logit(i + 13u * WG);
+            let z14 = load_logit(i + 14u * WG);
+            let z15 = load_logit(i + 15u * WG);
+            // The batch's largest raw logit and largest magnitude (as bits: any NaN or ±∞
+            // makes it ≥ EXP_MASK), and the lane's largest raw logit zm with this batch.
+            let zb = max(max(max(max(z0, z1), max(z2, z3)), max(max(z4, z5), max(z6, z7))),
+                         max(max(max(z8, z9), max(z10, z11)), max(max(z12, z13), max(z14, z15))));
+            let ab = max(max(max(max(abs_bits(z0), abs_bits(z1)), max(abs_bits(z2), abs_bits(z3))),
+                             max(max(abs_bits(z4), abs_bits(z5)), max(abs_bits(z6), abs_bits(z7)))),
+                         max(max(max(abs_bits(z8), abs_bits(z9)), max(abs_bits(z10), abs_bits(z11))),
+                             max(max(abs_bits(z12), abs_bits(z13)), max(abs_bits(z14), abs_bits(z15)))));
+            let tau = params.inv_temp;
+            var zm = zb;
+            if sc.st.s >= 0.0 {
+                zm = rmax(sc.z, zb);
             }
-            if !is_finite_bits(z) {
-                atomicMin(&wbad, v);
-                continue;
-            }
-            zmax = rmax(zmax, z);
-            let x = z * params.inv_temp;
-            if !is_finite_bits(x) {
-                // z/T overflowed: +∞ is an error (grpo-core reports it), −∞ contributes nothing.
-                if x > 0.0 {
-                    atomicMin(&wover, v);
+            if ab < EXP_MASK && is_finite_bits((abs(zm) + bitcast<f32>(ab)) * tau) {
+                // Fast path: every column finite, and every (z − zm)/T finite, so the
+                // per-column tests of `scan_push` cannot fire. The state moves to the new
+                // maximum m = zm/T once (rounding is monotone and 1/T > 0, so it is the largest
+                // x = z/T); then each column adds e = e^{max((z − zm)/T, D_MIN)} to a batch sum
+                // and e·(z − zm)/T to t. The shift is taken on the raw logits, so the maximum's
+                // own shift is 0·(1/T) = 0 exactly: a driver that fuses z·(1/T) − m into one
+                // FMA (NVIDIA's Vulkan driver does) would leave it ±½ ULP of m instead, and
+                // e^{−δ} < 1 below. The maximum's term e^0 = 1 is taken out of the batch sum
+                // again (`excl`), as `online_push` keeps it out; the result is ≥ 0 (a sum of
+                // non-negative terms holding that 1), and it is clamped there all the same,
+                // because s < 0 marks the empty state.
+                let m = zm * tau;
+                var st = sc.st;
+                var excl = 0.0;
+                if st.s < 0.0 {
+                    st = Online(m, 0.0, 0.0);
+                    excl = 1.0;
+                } else if m > st.m {
+                    let d = floor_shift(st.m - m, LOGP_MIN);
+                    let c = exp(d);
+                    st = Online(m, fma(c, st.s, c), c * fma(d, st.s + 1.0, st.t));
+                    excl = 1.0;
                 }
+                var sb = 0.0;
+                var t = st.t;
+                var d = 0.0;
+                var e = 0.0;
+                d = rmax((z0 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z1 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z2 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z3 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z4 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z5 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z6 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z7 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z8 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z9 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z10 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z11 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z12 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z13 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z14 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                d = rmax((z15 - zm) * tau, LOGP_MIN);
+                e = exp(d);
+                sb = sb + e;
+                t = fma(e, d, t);
+                sc.st = Online(m, rmax(st.s + (sb - excl), 0.0), t);
+                sc.z = rmax(sc.z, zb);
                 continue;
             }
-            st = online_push(st, x);
+            scan_push(&sc, z0, v);
+            scan_push(&sc, z1, v + WG);
+            scan_push(&sc, z2, v + 2u * WG);
+            scan_push(&sc, z3, v + 3u * WG);
+            scan_push(&sc, z4, v + 4u * WG);
+            scan_push(&sc, z5, v + 5u * WG);
+            scan_push(&sc, z6, v + 6u * WG);
+            scan_push(&sc, z7, v + 7u * WG);
+            scan_push(&sc, z8, v + 8u * WG);
+            scan_push(&sc, z9, v + 9u * WG);
+            scan_push(&sc, z10, v + 10u * WG);
+            scan_push(&sc, z11, v + 11u * WG);
+            scan_push(&sc, z12, v + 12u * WG);
+            scan_push(&sc, z13, v + 13u * WG);
+            scan_push(&sc, z14, v + 14u * WG);
+            scan_push(&sc, z15, v + 15u * WG);
+        }
+        for (; v < n; v += WG) {
+            scan_push(&sc, load_logit(start + v), v);
         }
     }
-    return Scan(st, zmax);
+    return sc;
 }
 
 struct RowStats {
@@ -253,6 +423,26 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
+// ∂/∂z_v of g_lp·logp(y) + g_H·H for column v holding z (row statistics o, raw maximum zmax).
+// grpo-core's grad_step: log p = (z − max z)/T − ln s floored at D_MIN; a shift that overflows
+// (p = 0 there too) leaves the gradient 0, as a masked logit does.
+fn grad_at(z: f32, v: u32, y: u32, o: RowStats, zmax: f32, g_lp: f32, g_h: f32) -> f32 {
+    var g = 0.0;
+    var dz = 0.0;
+    if !is_neg_inf_bits(z) {
+        dz = (z - zmax) * params.inv_temp;
+    }
+    if !is_neg_inf_bits(z) && is_finite_bits(dz) {
+        let lp = rmax(dz - o.ln_s, LOGP_MIN);
+        let p = exp(lp);
+        g = -g_lp * p - g_h * p * (lp + o.entropy);
+        if v == y {
+            g = g + g_lp;
+        }
+    }
+    return g * params.inv_temp;
+}
+
 // Fused backward: recomputes the row statistics, then writes
 // grad_v = (g_lp·(1[v=y] − p_v) − g_H·p_v·(log p_v + H)) / T
 // (∂logp(y)/∂z_v = (1[v=y] − p_v)/T, ∂H/∂z_v = −p_v(log p_v + H)/T; MATH.md §5), and the
@@ -279,24 +469,47 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
         let y = targets[row];
         let start = params.base + row * params.vocab;
         let out0 = row * params.vocab;
-        for (var v = lid; v < params.vocab; v += WG) {
-            let z = load_logit(start + v);
-            var g = 0.0;
-            // grpo-core's grad_step: log p = (z − max z)/T − ln s floored at D_MIN; a shift that
-            // overflows (p = 0 there too) leaves the gradient 0, as a masked logit does.
-            var dz = 0.0;
-            if !is_neg_inf_bits(z) {
-                dz = (z - zmax) * params.inv_temp;
-            }
-            if !is_neg_inf_bits(z) && is_finite_bits(dz) {
-                let lp = rmax(dz - o.ln_s, LOGP_MIN);
-                let p = exp(lp);
-                g = -g_lp * p - g_h * p * (lp + o.entropy);
-                if v == y {
-                    g = g + g_lp;
-                }
-            }
-            grad[out0 + v] = g * params.inv_temp;
+        let n = params.vocab;
+        var v = lid;
+        // SCAN_BATCH columns loaded before the first is used, as in `scan_row`.
+        for (; v < n && n - v > (SCAN_BATCH - 1u) * WG; v += SCAN_BATCH * WG) {
+            let i = start + v;
+            let z0 = load_logit(i);
+            let z1 = load_logit(i + WG);
+            let z2 = load_logit(i + 2u * WG);
+            let z3 = load_logit(i + 3u * WG);
+            let z4 = load_logit(i + 4u * WG);
+            let z5 = load_logit(i + 5u * WG);
+            let z6 = load_logit(i + 6u * WG);
+            let z7 = load_logit(i + 7u * WG);
+            let z8 = load_logit(i + 8u * WG);
+            let z9 = load_logit(i + 9u * WG);
+            let z10 = load_logit(i + 10u * WG);
+            let z11 = load_logit(i + 11u * WG);
+            let z12 = load_logit(i + 12u * WG);
+            let z13 = load_logit(i + 13u * WG);
+            let z14 = load_logit(i + 14u * WG);
+            let z15 = load_logit(i + 15u * WG);
+            let j = out0 + v;
+            grad[j] = grad_at(z0, v, y, o, zmax, g_lp, g_h);
+            grad[j + WG] = grad_at(z1, v + WG, y, o, zmax, g_lp, g_h);
+            grad[j + 2u * WG] = grad_at(z2, v + 2u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 3u * WG] = grad_at(z3, v + 3u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 4u * WG] = grad_at(z4, v + 4u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 5u * WG] = grad_at(z5, v + 5u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 6u * WG] = grad_at(z6, v + 6u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 7u * WG] = grad_at(z7, v + 7u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 8u * WG] = grad_at(z8, v + 8u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 9u * WG] = grad_at(z9, v + 9u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 10u * WG] = grad_at(z10, v + 10u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 11u * WG] = grad_at(z11, v + 11u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 12u * WG] = grad_at(z12, v + 12u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 13u * WG] = grad_at(z13, v + 13u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 14u * WG] = grad_at(z14, v + 14u * WG, y, o, zmax, g_lp, g_h);
+            grad[j + 15u * WG] = grad_at(z15, v + 15u * WG, y, o, zmax, g_lp, g_h);
+        }
+        for (; v < n; v += WG) {
+            grad[out0 + v] = grad_at(load_logit(start + v), v, y, o, zmax, g_lp, g_h);
         }
         if lid == 0u {
             stats[row * 4u] = o.lse;
