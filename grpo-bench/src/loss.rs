@@ -61,19 +61,21 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             ),
         };
         let mut fail = None;
-        let (ms, roof_ms) = interleaved_medians(
+        let [ms, roof_ms] = interleaved_medians(
             iters,
-            || {
-                let r = if on_core {
-                    grpo_core::loss::ppo_clip(&cfg, &inp, &mut value, &mut grad)
-                } else {
-                    cpu.ppo_clip(&cfg, &inp, &mut value, &mut grad)
-                };
-                if let Err(e) = r {
-                    fail = Some(e.to_string());
-                }
-            },
-            || roofline::copy(&cpu, &src, &mut dst),
+            [
+                &mut || {
+                    let r = if on_core {
+                        grpo_core::loss::ppo_clip(&cfg, &inp, &mut value, &mut grad)
+                    } else {
+                        cpu.ppo_clip(&cfg, &inp, &mut value, &mut grad)
+                    };
+                    if let Err(e) = r {
+                        fail = Some(e.to_string());
+                    }
+                },
+                &mut || roofline::copy(&cpu, &src, &mut dst),
+            ],
         );
         if let Some(e) = fail {
             return Err(format!("{name}: {e}"));

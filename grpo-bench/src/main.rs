@@ -59,25 +59,25 @@ const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32
        grpo-bench probe [--fmas 0,2,…,16] [--mib M] [--threads T] [--iters K] [--backend NAME]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";
 
-/// Median of `f`'s wall time in milliseconds over `iters` runs, interleaved with `g` (whose
-/// median is returned second). One untimed warm-up of each first.
-pub(crate) fn interleaved_medians(
+/// Median wall time in milliseconds of each of `work`'s closures over `iters` rounds; each round
+/// runs every closure once, in order, so all of them see the same machine state (shared, noisy
+/// hosts). One untimed warm-up round first.
+pub(crate) fn interleaved_medians<const N: usize>(
     iters: usize,
-    mut f: impl FnMut(),
-    mut g: impl FnMut(),
-) -> (f64, f64) {
-    f();
-    g();
-    let (mut tf, mut tg) = (Vec::with_capacity(iters), Vec::with_capacity(iters));
-    for _ in 0..iters {
-        let t = Instant::now();
-        f();
-        tf.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        g();
-        tg.push(t.elapsed().as_secs_f64() * 1e3);
+    mut work: [&mut dyn FnMut(); N],
+) -> [f64; N] {
+    for w in work.iter_mut() {
+        w();
     }
-    (median(&mut tf), median(&mut tg))
+    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(iters));
+    for _ in 0..iters {
+        for (w, t) in work.iter_mut().zip(times.iter_mut()) {
+            let start = Instant::now();
+            w();
+            t.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.map(|mut t| median(&mut t))
 }
 
 fn median(v: &mut [f64]) -> f64 {

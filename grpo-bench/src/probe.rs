@@ -60,21 +60,22 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     // again (the first of the `PASSES` passes streams, the others find the part in L2).
     let small = &big[..CACHE_VALUES_PER_THREAD * cpu.threads()];
     for &k in &fmas {
-        let (stream_ms, read_ms) = interleaved_medians(
+        let [stream_ms, read_ms] = interleaved_medians(
             iters,
-            || {
-                std::hint::black_box(roofline::read_with_fma(&cpu, &big, k, 1));
-            },
-            || {
-                std::hint::black_box(roofline::read(&cpu, &big));
-            },
+            [
+                &mut || {
+                    std::hint::black_box(roofline::read_with_fma(&cpu, &big, k, 1));
+                },
+                &mut || {
+                    std::hint::black_box(roofline::read(&cpu, &big));
+                },
+            ],
         );
-        let (cache_ms, _) = interleaved_medians(
+        let [cache_ms] = interleaved_medians(
             iters,
-            || {
+            [&mut || {
                 std::hint::black_box(roofline::read_with_fma(&cpu, small, k, PASSES));
-            },
-            || {},
+            }],
         );
         let gbps = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
         let stream = gbps(n * 4, stream_ms);

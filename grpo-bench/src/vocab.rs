@@ -204,9 +204,12 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     fail = Some(e.to_string());
                 }
             };
-            (kernel_ms, roof_ms) = interleaved_medians(c.iters, &mut f, || {
-                std::hint::black_box(roofline::read(c.cpu, &probe));
-            });
+            [kernel_ms, roof_ms] = interleaved_medians(
+                c.iters,
+                [&mut f, &mut || {
+                    std::hint::black_box(roofline::read(c.cpu, &probe));
+                }],
+            );
         } else {
             let half_elems = (read + write) / 8;
             let src = vec![1.0f32; half_elems];
@@ -231,8 +234,10 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     fail = Some(e.to_string());
                 }
             };
-            (kernel_ms, roof_ms) =
-                interleaved_medians(c.iters, &mut f, || roofline::copy(c.cpu, &src, &mut dst));
+            [kernel_ms, roof_ms] = interleaved_medians(
+                c.iters,
+                [&mut f, &mut || roofline::copy(c.cpu, &src, &mut dst)],
+            );
         }
         if let Some(e) = fail {
             return Err(format!("{kernel}: {e}"));

@@ -54,6 +54,7 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
             (5, ReadWrite),
             (6, ReadWrite),
         ],
+        ShaderId::Copy => &[(0, Read), (1, ReadWrite)],
     }
 }
 
@@ -644,9 +645,10 @@ impl GpuContext {
         })
     }
 
-    /// Benchmark hook, the roofline of [`GpuContext::resident`]: a device-side copy of `bytes`
+    /// Benchmark hook, a roofline of [`GpuContext::resident`]: a device-side copy of `bytes`
     /// bytes between two buffers (so it reads `bytes` and writes `bytes`), one
-    /// `copy_buffer_to_buffer` per [`Resident::run`].
+    /// `copy_buffer_to_buffer` per [`Resident::run`]. See also
+    /// [`GpuContext::resident_shader_copy`].
     ///
     /// # Errors
     /// [`GpuError::TooLarge`] over `max_buffer_size`; [`GpuError::Device`] when the device cannot
@@ -692,6 +694,29 @@ impl GpuContext {
     ) -> Result<Vec<Vec<u8>>> {
         let rb = self.submit(id, args, passes)?;
         rb.wait()
+    }
+
+    /// Benchmark hook, a roofline of [`GpuContext::resident`]: the same copy as
+    /// [`GpuContext::resident_copy`] (`bytes` rounded up to 16) done by a compute shader
+    /// (`copy.wgsl`: 16-byte words, grid-stride), one dispatch per [`Resident::run`]. Some devices
+    /// run `copy_buffer_to_buffer` on a copy engine far below the bandwidth shaders reach, others
+    /// the other way round; a benchmark should time both.
+    ///
+    /// # Errors
+    /// [`GpuError::TooLarge`] over the storage-binding limit; [`GpuError::Device`] when the
+    /// device cannot create the buffers.
+    #[doc(hidden)]
+    pub fn resident_shader_copy(&self, bytes: u64) -> Result<Resident<'_>> {
+        let bytes = bytes.max(16).next_multiple_of(16);
+        let groups = (bytes / 16)
+            .div_ceil(256)
+            .min(u64::from(self.limits.max_compute_workgroups_per_dimension))
+            .max(1) as u32;
+        self.resident(
+            ShaderId::Copy,
+            &[(0, Arg::Out(bytes)), (1, Arg::Out(bytes))],
+            &[("copy", [groups, 1, 1])],
+        )
     }
 
     /// Blocks until submission `index` has finished on the device.

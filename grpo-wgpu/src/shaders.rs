@@ -20,6 +20,8 @@ pub const ADVANTAGE: &str = include_str!("../../shaders/advantage.wgsl");
 /// `loss.wgsl`: per-token policy losses, KL penalties, IS weights, rejection and off-policy
 /// sequence masks, and reductions.
 pub const LOSS: &str = include_str!("../../shaders/loss.wgsl");
+/// `copy.wgsl`: a shader copy, the roofline of `grpo-bench wgpu`.
+pub const COPY: &str = include_str!("../../shaders/copy.wgsl");
 
 /// How logits are stored in memory (accumulation is always f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,16 +53,19 @@ pub enum ShaderId {
     Advantage,
     /// Per-token losses and reductions.
     Loss,
+    /// A device-side copy by a shader (the benchmark's roofline).
+    Copy,
 }
 
 impl ShaderId {
     /// Every module the crate compiles.
-    pub const ALL: [ShaderId; 5] = [
+    pub const ALL: [ShaderId; 6] = [
         ShaderId::Vocab(LogitDtype::F32),
         ShaderId::Vocab(LogitDtype::F16),
         ShaderId::Vocab(LogitDtype::Bf16),
         ShaderId::Advantage,
         ShaderId::Loss,
+        ShaderId::Copy,
     ];
 
     /// A short name (used as the wgpu label).
@@ -71,6 +76,7 @@ impl ShaderId {
             ShaderId::Vocab(LogitDtype::Bf16) => "vocab_bf16",
             ShaderId::Advantage => "advantage",
             ShaderId::Loss => "loss",
+            ShaderId::Copy => "copy",
         }
     }
 
@@ -96,6 +102,7 @@ impl ShaderId {
                 "rejection",
                 "opsm",
             ],
+            ShaderId::Copy => &["copy"],
         }
     }
 
@@ -115,6 +122,7 @@ impl ShaderId {
             ShaderId::Vocab(LogitDtype::Bf16) => ("", LOAD_BF16, VOCAB),
             ShaderId::Advantage => ("", "", ADVANTAGE),
             ShaderId::Loss => ("", "", LOSS),
+            ShaderId::Copy => ("", "", COPY),
         };
         let mut s =
             String::with_capacity(directive.len() + COMMON.len() + prelude.len() + body.len() + 2);
