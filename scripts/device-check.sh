@@ -14,11 +14,34 @@
 # and $OUT_DIR/summary.jsonl (adapter, test result, timings). OUT_DIR defaults to $OUT (the device tool's output folder) or
 # target/device-check.
 #
-# Usage: scripts/device-check.sh            (from the repository root)
+# Usage (from the repository root):
+#   scripts/device-check.sh                  build, then run the suite and the benchmark
+#   scripts/device-check.sh --pack DIR       build only, and copy the stripped executables into
+#                                            DIR (wgpu_* and grpo-bench, about 55 MB; 7 MB as
+#                                            tar.xz): for a GPU machine without a Rust toolchain
+#                                            or network, built on a machine of the same
+#                                            architecture and an older or equal glibc
+#   scripts/device-check.sh --prebuilt DIR   no build: run the suite and the benchmark from DIR's
+#                                            executables (the repository must still be there:
+#                                            the tests run from tests/, as cargo runs them)
 # Environment: WGPU_BACKEND (unset: wgpu picks; set `vulkan` to force Vulkan), GRPO_GPU_CASES,
-#              BENCH_ARGS (extra `grpo-bench wgpu` arguments, e.g. "--rows 512 --iters 20"),
+#              SUITE_TIMEOUT (seconds one test executable may run, default 120; a suite that
+#              hangs is killed and counted as failed), RUST_TEST_THREADS=1 (one test at a time,
+#              so the log names a hanging test), BENCH_ARGS (extra `grpo-bench wgpu` arguments, e.g. "--rows 512 --iters 20"),
 #              CARGO_FLAGS (e.g. --offline).
 set -euo pipefail
+
+mode=build
+dir=
+case "${1:-}" in
+"") ;;
+--pack | --prebuilt)
+    [[ $# -eq 2 ]] || { echo "device-check: $1 needs one directory argument" >&2; exit 2; }
+    mode=${1#--}
+    dir=$(realpath -m "$2")
+    ;;
+*) echo "device-check: unknown argument ${1@Q} (expected --pack DIR or --prebuilt DIR)" >&2; exit 2 ;;
+esac
 
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT_DIR:-${OUT:-target/device-check}}"
@@ -28,49 +51,86 @@ export GRPO_GPU_CASES="${GRPO_GPU_CASES:-256}"
 # Mesa/winit probe a Wayland runtime dir and print an error without one; harmless, but noisy.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 CARGO_FLAGS="${CARGO_FLAGS:-}"
+SUITE_TIMEOUT="${SUITE_TIMEOUT:-120}"
 t0=$(date +%s)
 
 status=0
 gpu_tests=(wgpu_shaders wgpu_vocab wgpu_advantage wgpu_reduce wgpu_loss wgpu_masks)
-# One cargo invocation builds the bench binary and the GPU test targets with one feature
-# resolution (a separate `cargo test -p grpo-tests` resolves `half`'s features differently and
-# would rebuild naga and wgpu); the test executables it reports are then run directly.
-# shellcheck disable=SC2086
-timeout 240 cargo build $CARGO_FLAGS --profile test --message-format=json-render-diagnostics \
-    -p grpo-bench -p grpo-tests --bin grpo-bench "${gpu_tests[@]/#/--test=}" \
-    >"$OUT_DIR/build.jsonl" 2>"$OUT_DIR/tests.log" || status=$?
+bench=target/debug/grpo-bench
+if [[ $mode != prebuilt ]]; then
+    # One cargo invocation builds the bench binary and the GPU test targets with one feature
+    # resolution (a separate `cargo test -p grpo-tests` resolves `half`'s features differently
+    # and would rebuild naga and wgpu); the test executables it reports are then run directly.
+    # shellcheck disable=SC2086
+    timeout 240 cargo build $CARGO_FLAGS --profile test --message-format=json-render-diagnostics \
+        -p grpo-bench -p grpo-tests --bin grpo-bench "${gpu_tests[@]/#/--test=}" \
+        >"$OUT_DIR/build.jsonl" 2>"$OUT_DIR/tests.log" || status=$?
+fi
+# The executable of GPU test `$1`: the newest cargo reported, or DIR/$1.
+test_exe() {
+    if [[ $mode == prebuilt ]]; then
+        [[ -x "$dir/$1" ]] && echo "$dir/$1"
+    else
+        grep -o "\"executable\":\"[^\"]*/deps/${1}-[^\"]*\"" "$OUT_DIR/build.jsonl" |
+            tail -n 1 | sed 's/^"executable":"//; s/"$//'
+    fi
+}
+if [[ $mode == pack ]]; then
+    [[ $status -eq 0 ]] || { cat "$OUT_DIR/tests.log" >&2; exit 1; }
+    mkdir -p "$dir"
+    for t in "${gpu_tests[@]}"; do
+        strip -o "$dir/$t" "$(test_exe "$t")"
+    done
+    strip -o "$dir/grpo-bench" "$bench"
+    echo "device-check: packed ${gpu_tests[*]} grpo-bench into $dir ($(du -sh "$dir" | cut -f1))"
+    exit 0
+fi
+if [[ $mode == prebuilt ]]; then
+    bench="$dir/grpo-bench"
+    : >"$OUT_DIR/tests.log"
+fi
 if [[ $status -eq 0 ]]; then
     for t in "${gpu_tests[@]}"; do
-        exe=$(grep -o "\"executable\":\"[^\"]*/deps/${t}-[^\"]*\"" "$OUT_DIR/build.jsonl" |
-            tail -n 1 | sed 's/^"executable":"//; s/"$//')
+        exe=$(test_exe "$t" || true)
         if [[ -z "$exe" ]]; then
             echo "device-check: no executable for $t" >>"$OUT_DIR/tests.log"
             status=1
             continue
         fi
-        # As `cargo test` runs them: from the package root; build and tests share 390 s.
+        # As `cargo test` runs them: from the package root; build and tests share 390 s, and
+        # one suite gets at most SUITE_TIMEOUT s (a hung suite must not starve the rest and the
+        # benchmark).
         left=$((t0 + 390 - $(date +%s)))
+        left=$((left < SUITE_TIMEOUT ? left : SUITE_TIMEOUT))
+        echo "device-check: $t" >>"$OUT_DIR/tests.log"
         (cd tests && timeout $((left > 10 ? left : 10)) "$exe" --nocapture) \
-            >>"$OUT_DIR/tests.log" 2>&1 || status=$?
+            >>"$OUT_DIR/tests.log" 2>&1 || {
+            status=$?
+            echo "device-check: $t exited with $status (124: killed at its time limit)" \
+                >>"$OUT_DIR/tests.log"
+        }
     done
 fi
 t1=$(date +%s)
 adapter=$(grep -m1 -o 'adapter "[^"]*"' "$OUT_DIR/tests.log" | sed 's/adapter "//; s/"$//' || true)
-passed=$(grep -c '^test .* ok$' "$OUT_DIR/tests.log" || true)
-failed=$(grep -c '^test .* FAILED$' "$OUT_DIR/tests.log" || true)
+# From libtest's summary lines (a test's own output can split its "test … ok" line).
+passed=$(sed -n 's/^test result: .* \([0-9]*\) passed; .*/\1/p' "$OUT_DIR/tests.log" |
+    awk '{ n += $1 } END { print n + 0 }')
+failed=$(sed -n 's/^test result: .* \([0-9]*\) failed; .*/\1/p' "$OUT_DIR/tests.log" |
+    awk '{ n += $1 } END { print n + 0 }')
 if [[ "$adapter" == *llvmpipe* || "$adapter" == *lavapipe* ]]; then
     echo "device-check: WARNING: the adapter is a software rasteriser ($adapter), not the GPU" >&2
 fi
 
 bench_status=0
-# The binary built in step 1 (test profile), not a `cargo run` (which could rebuild).
-if [[ -x target/debug/grpo-bench ]]; then
+# The binary built in step 1 (test profile) or packed, not a `cargo run` (which could rebuild).
+if [[ -x "$bench" ]]; then
     # shellcheck disable=SC2086
     timeout $((450 - (t1 - t0) > 60 ? 450 - (t1 - t0) : 60)) \
-        target/debug/grpo-bench wgpu ${BENCH_ARGS:-} \
+        "$bench" wgpu ${BENCH_ARGS:-} \
         >"$OUT_DIR/bench.jsonl" 2>"$OUT_DIR/bench.log" || bench_status=$?
 else
-    echo "device-check: target/debug/grpo-bench was not built" >"$OUT_DIR/bench.log"
+    echo "device-check: $bench was not built" >"$OUT_DIR/bench.log"
     : >"$OUT_DIR/bench.jsonl"
     bench_status=1
 fi
