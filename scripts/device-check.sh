@@ -27,7 +27,8 @@
 # Environment: WGPU_BACKEND (unset: wgpu picks; set `vulkan` to force Vulkan), GRPO_GPU_CASES,
 #              SUITE_TIMEOUT (seconds one test executable may run, default 120; a suite that
 #              hangs is killed and counted as failed), RUST_TEST_THREADS=1 (one test at a time,
-#              so the log names a hanging test), BENCH_ARGS (extra `grpo-bench wgpu` arguments, e.g. "--rows 512 --iters 20"),
+#              so the log names a hanging test), BENCH_ARGS (extra `grpo-bench wgpu`
+#              arguments, e.g. "--rows 512 --iters 20"),
 #              CARGO_FLAGS (e.g. --offline).
 set -euo pipefail
 
@@ -40,7 +41,10 @@ case "${1:-}" in
     mode=${1#--}
     dir=$(realpath -m "$2")
     ;;
-*) echo "device-check: unknown argument ${1@Q} (expected --pack DIR or --prebuilt DIR)" >&2; exit 2 ;;
+*)
+    echo "device-check: unknown argument ${1@Q} (expected --pack DIR or --prebuilt DIR)" >&2
+    exit 2
+    ;;
 esac
 
 cd "$(dirname "$0")/.."

@@ -29,9 +29,9 @@
 //! the two and `ratio = gbps / roofline_gbps`: on an NVIDIA H200 (Vulkan) the buffer copy ran at
 //! 0.34–0.80 TB/s and the shader copy at 2.3–3.3 TB/s, so a buffer copy alone would flatter the
 //! kernels (PyTorch's device copy on the same GPU: 4.06 TB/s, so even the shader copy is a
-//! Vulkan/WGSL roofline, not the memory's). Each measurement first runs all three untimed for 300 ms, so that the GPU has
-//! raised its clock. Times include submit and wait, so small shapes measure latency rather than
-//! bandwidth.
+//! Vulkan/WGSL roofline, not the memory's). Each measurement first runs all three untimed for
+//! 300 ms, so that the GPU has raised its clock. Times include submit and wait, so small shapes
+//! measure latency rather than bandwidth.
 //!
 //! Default shapes: 2048 × 151936 logits and 8 M tokens on a GPU; on a software adapter
 //! (lavapipe / llvmpipe: wgpu's `DeviceType::Cpu`) 16 × 32768 and 1 M tokens, so the run takes
