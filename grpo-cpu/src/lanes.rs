@@ -24,6 +24,13 @@ pub trait F32x16: Copy {
     /// Lane mask produced by comparisons.
     type Mask: Copy;
 
+    /// How many values of this type the ISA's vector registers hold at once: 32 on AVX-512
+    /// (32 zmm), 8 on AVX2 (16 ymm, two per value) and NEON (32 q, four per value). The
+    /// kernels size their working sets by it (see `kernels::vocab::ROOMY_REGISTERS`): a loop
+    /// whose live values exceed the register file spills them to the stack, and in the
+    /// compute-bound steps every spill and reload is an instruction more.
+    const REGISTERS: usize;
+
     /// Every lane `x`.
     fn splat(x: f32) -> Self;
     /// Lanes from an array (index order = lane order).

@@ -85,6 +85,8 @@ macro_rules! cmp {
 impl F32x16 for Avx2 {
     /// All-ones lanes where set.
     type Mask = (__m256, __m256);
+    /// 16 ymm registers, two per value.
+    const REGISTERS: usize = 8;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

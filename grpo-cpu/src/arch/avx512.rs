@@ -76,6 +76,8 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
 // they touch are in bounds; the unaligned forms are used, so no alignment is assumed.
 impl<const BF16: bool> F32x16 for Avx512<BF16> {
     type Mask = __mmask16;
+    /// 32 zmm registers, one per value.
+    const REGISTERS: usize = 32;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

@@ -82,6 +82,8 @@ macro_rules! each_u {
 impl F32x16 for Neon {
     /// All-ones lanes where set.
     type Mask = [uint32x4_t; 4];
+    /// 32 q registers, four per value.
+    const REGISTERS: usize = 8;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

@@ -49,6 +49,8 @@ fn mask(a: [f32; 16], b: [f32; 16], f: impl Fn(f32, f32) -> bool) -> [bool; 16] 
 
 impl F32x16 for Portable {
     type Mask = [bool; 16];
+    /// The lanes live in arrays; the kernels keep the layout measured on AVX-512.
+    const REGISTERS: usize = 32;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

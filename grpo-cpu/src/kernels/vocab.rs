@@ -3,9 +3,11 @@
 //! The reference fixes *what* is computed: blocks of `BLOCK` = 2048 logits, per block a
 //! reference maximum (`canon::block_reference`), then the element step in 16 strided lanes,
 //! the fixed lane tree, the tail on lane 0, and a pairwise merge of block states. This file
-//! fixes *how fast*: a block after a row's first is read once, stepped against the running
-//! maximum while the same pass takes its extrema, and a row's first block (or one whose
-//! maximum jumped) is read twice, a maximum pass and then the step from L1 (`step_block`);
+//! fixes *how fast*: a block after a row's first is read once from memory, stepped against the
+//! running maximum while the same pass takes its extrema (where the registers are few, f32 rows
+//! take them in a second pass from L1 instead: `ROOMY_REGISTERS`), and a row's first block (or
+//! one whose maximum jumped) is read twice, a maximum pass and then the step from L1
+//! (`step_block`);
 //! every step requests the cache lines 8 KiB ahead in software; the step is one vector per 16
 //! elements with the lane accumulators in registers; merges and tails use the same lane
 //! operations on lane 0, so hardware FMA replaces the reference's software `fmaf` with
@@ -28,6 +30,33 @@ use super::math::{
 use crate::arch;
 use crate::backend::Backend;
 use crate::lanes::F32x16;
+
+/// The register count ([`F32x16::REGISTERS`]) from which a backend keeps the working sets the
+/// kernels were first tuned with on AVX-512: a one-row step that tracks the block's extrema as
+/// it goes, four pairs of extrema accumulators in [`block_max_min`], four chunks per
+/// iteration in the in-place backward. Backends with fewer registers (AVX2 and NEON hold 8
+/// values) step f32 rows without tracking and take the extrema in a second pass over the
+/// block, which is in L1 by then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of
+/// accumulators, and step the in-place backward two chunks at a time ([`grad_unroll`]).
+///
+/// Why: on AVX2 the one-pass step's live values — ten exponential constants, the offset, the
+/// sums `s` and `t` and the running maximum and minimum, two registers each — exceed the 16
+/// ymm registers. Its loop issued about 70 instructions per 16 logits, 36 of them arithmetic
+/// and loads, the rest spills, reloads and re-broadcast constants, and its time followed the
+/// instruction count (about 4.8 per cycle). Measured on an AMD EPYC (Zen 3, family 25 model
+/// 1, 2 vCPUs under KVM, no AVX-512), one row of 65536 logits in L2, one thread, medians of
+/// 3000 calls, alternated with the code before:
+/// - the step without the tracking issued 54 instructions per 16 logits and took 4.5 ns
+///   instead of 5.9 ns per 16 logits;
+/// - with the extrema pass after it, fused log-prob + entropy f32 23.5–23.7 → 21.0–21.2 µs
+///   (four runs), the backward (whose statistics pass is this step) 59 → 56 µs;
+/// - bf16 rows, whose loads widen, measured 23.5 µs tracking in the step and 24.3 µs with a
+///   pass after it, so 16-bit rows keep the tracking;
+/// - the pair step (KL) measured 50.4 → 52.0 µs with a pass of its own, and 54.5 µs with one
+///   chunk pair per iteration instead of two, so it keeps both (`PairBlock`).
+///
+/// NEON, with the same 8 values of registers, follows the rule unmeasured.
+const ROOMY_REGISTERS: usize = 16;
 
 /// Chunks of 16 whose exponentials are computed together (see `exp_nonpos_clamped_n`).
 /// Measured (fused f32, 64 × 8192 in cache, one thread, median of 9 alternated runs, Zen 4):
@@ -140,27 +169,44 @@ fn fma1<V: F32x16>(a: f32, b: f32, c: f32) -> f32 {
 /// masked (−∞) logit goes straight to the reference scaling instead of running twice.
 #[inline(always)]
 fn block_max_min<V: F32x16, S: Load>(chunks: &[[S; 16]], tail: &[S]) -> (f32, f32) {
-    let mut m = [V::splat(f32::NEG_INFINITY); 4];
-    let mut lo = [V::splat(f32::INFINITY); 4];
-    let mut quads = chunks.chunks_exact(4);
-    for q in &mut quads {
-        for k in 0..4 {
+    // Four independent maxima and minima hide the latency of `max`/`min`; where the registers
+    // hold only eight values, eight accumulators would spill, and two pairs measured faster
+    // (AVX2, see `ROOMY_REGISTERS`).
+    if V::REGISTERS >= ROOMY_REGISTERS {
+        block_max_min_n::<V, S, 4>(chunks, tail)
+    } else {
+        block_max_min_n::<V, S, 2>(chunks, tail)
+    }
+}
+
+/// [`block_max_min`] with `A` pairs of accumulators.
+#[inline(always)]
+fn block_max_min_n<V: F32x16, S: Load, const A: usize>(
+    chunks: &[[S; 16]],
+    tail: &[S],
+) -> (f32, f32) {
+    let mut m = [V::splat(f32::NEG_INFINITY); A];
+    let mut lo = [V::splat(f32::INFINITY); A];
+    let mut groups = chunks.chunks_exact(A);
+    for q in &mut groups {
+        for k in 0..A {
             let x = S::load::<V>(&q[k]);
             m[k] = m[k].max(x);
             lo[k] = lo[k].min(x);
         }
     }
-    for c in quads.remainder() {
+    for c in groups.remainder() {
         let x = S::load::<V>(c);
         m[0] = m[0].max(x);
         lo[0] = lo[0].min(x);
     }
-    let r = m[0].max(m[1]).max(m[2].max(m[3])).reduce_max();
+    let (mut top, mut low) = (m[0], lo[0]);
+    for k in 1..A {
+        top = top.max(m[k]);
+        low = low.min(lo[k]);
+    }
     // The minimum is only compared, never part of a result.
-    (
-        fold_tail_max(r, tail),
-        lo[0].min(lo[1]).min(lo[2].min(lo[3])).reduce_min(),
-    )
+    (fold_tail_max(top.reduce_max(), tail), low.reduce_min())
 }
 
 /// The block maximum from the lanes' maximum `lanes` of the whole chunks and the `tail`
@@ -271,6 +317,11 @@ fn lse_step<V: F32x16>(z: V, tau: V, c: V, s: &mut V, t: &mut V) {
 trait BlockRows<V: F32x16, const N: usize> {
     /// The lane accumulators of the step.
     type Acc: Copy;
+    /// Whether a one-pass step takes the block's extrema as it goes ([`Scan`]) rather than in
+    /// a pass of its own after the step ([`extrema`](BlockRows::extrema), the block in L1 by
+    /// then). The same values either way (a NaN that either misses is caught by the sums);
+    /// which is faster depends on the registers and the storage (see [`ROOMY_REGISTERS`]).
+    const SCAN_IN_STEP: bool;
     /// The accumulators before the first step.
     fn zero() -> Self::Acc;
     /// The step over the block's whole chunks against offsets `c`, with the exponent-add
@@ -320,9 +371,14 @@ fn step_block<V: F32x16, B: BlockRows<V, N>, const N: usize>(
     let mut acc = B::zero();
     let (found, stepped) = if prior.iter().all(|&p| p > f32::NEG_INFINITY) {
         let c = prior.map(|p| p + 0.0);
-        let mut scans = [(); N].map(|()| Scan::<V>::new());
-        let ok = rows.steps(tau, c, *fast, &mut acc, &mut scans);
-        let found = rows.scanned(&scans);
+        let (ok, found) = if B::SCAN_IN_STEP {
+            let mut scans = [(); N].map(|()| Scan::<V>::new());
+            let ok = rows.steps(tau, c, *fast, &mut acc, &mut scans);
+            (ok, rows.scanned(&scans))
+        } else {
+            let ok = rows.steps(tau, c, *fast, &mut acc, &mut [(); N]);
+            (ok, rows.extrema())
+        };
         let kept = (0..N)
             .all(|i| canon::block_reference(prior[i], found[i].0, tau).to_bits() == c[i].to_bits());
         let domain = (0..N).all(|i| normal_domain_at(found[i].1, c[i], tau));
@@ -403,6 +459,7 @@ struct LseBlock<'a, S> {
 impl<V: F32x16, S: Load> BlockRows<V, 1> for LseBlock<'_, S> {
     /// `[s, t]`.
     type Acc = [V; 2];
+    const SCAN_IN_STEP: bool = V::REGISTERS >= ROOMY_REGISTERS || size_of::<S>() < 4;
     #[inline(always)]
     fn zero() -> [V; 2] {
         [V::splat(0.0); 2]
@@ -975,6 +1032,9 @@ impl<S: Load, U: Load, const SUMS: u8> PairBlock<'_, S, U, SUMS> {
 impl<V: F32x16, S: Load, U: Load, const SUMS: u8> BlockRows<V, 2> for PairBlock<'_, S, U, SUMS> {
     /// `[sz, tz, sw, tw, u, v]`.
     type Acc = [V; 6];
+    /// On every backend: a pass of its own over both rows measured slower on AVX2 too (see
+    /// [`ROOMY_REGISTERS`]).
+    const SCAN_IN_STEP: bool = true;
     #[inline(always)]
     fn zero() -> [V; 6] {
         [V::splat(0.0); 6]
@@ -1374,8 +1434,29 @@ fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
 }
 
-/// The gradient of the chunks `z` into `out` (streaming stores), `UNROLL` chunks at a time;
-/// `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`.
+/// Chunks of 16 whose gradients the in-place backward computes together: [`UNROLL`] where the
+/// registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]); eight
+/// exponential chains in flight spill on AVX2. Measured there (Zen 3, see
+/// [`ROOMY_REGISTERS`]): the in-place backward of one row of 65536 f32 in L2 (a copy of the
+/// row in included), one thread, medians of 3000 calls, took 56.2–56.9 µs with two against
+/// 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two threads, three
+/// alternated runs) 40.4–41.7 ms with two against 44.8–46.1 ms with four. The out-of-place
+/// backward keeps four on every backend ([`grad_chunks_into`]).
+#[inline(always)]
+const fn grad_unroll<V: F32x16>() -> usize {
+    if V::REGISTERS >= ROOMY_REGISTERS {
+        UNROLL
+    } else {
+        2
+    }
+}
+
+/// The gradient of the chunks `z` into `out` (streaming stores), [`UNROLL`] chunks at a time
+/// on every backend; `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`.
+/// Two at a time, as the in-place backward does on AVX2 ([`grad_unroll`]), was faster there
+/// in L2 (one row of 65536 f32: 49.4–49.9 µs with two, 56.4–57.0 with four, 53.2 with one)
+/// but slower streaming, with its streaming stores: 85.2–94.0 ms against 57.6–60.5 ms
+/// (2048 × 32768 f32, two threads, three alternated runs, Zen 3).
 #[inline(always)]
 fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &[[S; 16]],
@@ -1396,8 +1477,8 @@ fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     }
 }
 
-/// The gradient of the chunks `z` written over them, `UNROLL` chunks at a time (`w` as in
-/// [`grad_chunks_into`]).
+/// The gradient of the chunks `z` written over them, [`grad_unroll`] chunks at a time (`w` as
+/// in [`grad_chunks_into`]).
 #[inline(always)]
 fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &mut [[S; 16]],
@@ -1405,10 +1486,24 @@ fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    let whole = z.len() / UNROLL * UNROLL;
-    for j in (0..whole).step_by(UNROLL) {
-        let g = grad_chunks::<V, S, U, UNROLL, SCALED>(z, w, j, c, kl);
-        for k in 0..UNROLL {
+    match grad_unroll::<V>() {
+        UNROLL => grad_chunks_in_place_n::<V, S, U, SCALED, UNROLL>(z, w, c, kl),
+        _ => grad_chunks_in_place_n::<V, S, U, SCALED, 2>(z, w, c, kl),
+    }
+}
+
+/// [`grad_chunks_in_place`], `G` chunks at a time.
+#[inline(always)]
+fn grad_chunks_in_place_n<V: F32x16, S: Load, U: Load, const SCALED: bool, const G: usize>(
+    z: &mut [[S; 16]],
+    w: &[[U; 16]],
+    c: &GradCoef,
+    kl: KlGrad,
+) {
+    let whole = z.len() / G * G;
+    for j in (0..whole).step_by(G) {
+        let g = grad_chunks::<V, S, U, G, SCALED>(z, w, j, c, kl);
+        for k in 0..G {
             S::store_grad(g[k], &mut z[j + k]);
         }
     }
