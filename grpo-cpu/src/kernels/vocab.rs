@@ -37,7 +37,7 @@ use crate::lanes::F32x16;
 /// iteration in the in-place backward. Backends with fewer registers (AVX2 and NEON hold 8
 /// values) step f32 rows without tracking and take the extrema in a second pass over the
 /// block, which is in L1 by then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of
-/// accumulators, and step the in-place backward two chunks at a time ([`grad_unroll`]).
+/// accumulators, and step the in-place backward two chunks at a time ([`grad_chunks_in_place`]).
 ///
 /// Why: on AVX2 the one-pass step's live values — ten exponential constants, the offset, the
 /// sums `s` and `t` and the running maximum and minimum, two registers each — exceed the 16
@@ -1434,29 +1434,12 @@ fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
 }
 
-/// Chunks of 16 whose gradients the in-place backward computes together: [`UNROLL`] where the
-/// registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]); eight
-/// exponential chains in flight spill on AVX2. Measured there (Zen 3, see
-/// [`ROOMY_REGISTERS`]): the in-place backward of one row of 65536 f32 in L2 (a copy of the
-/// row in included), one thread, medians of 3000 calls, took 56.2–56.9 µs with two against
-/// 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two threads, three
-/// alternated runs) 40.4–41.7 ms with two against 44.8–46.1 ms with four. The out-of-place
-/// backward keeps four on every backend ([`grad_chunks_into`]).
-#[inline(always)]
-const fn grad_unroll<V: F32x16>() -> usize {
-    if V::REGISTERS >= ROOMY_REGISTERS {
-        UNROLL
-    } else {
-        2
-    }
-}
-
-/// The gradient of the chunks `z` into `out` (streaming stores), [`UNROLL`] chunks at a time
-/// on every backend; `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`.
-/// Two at a time, as the in-place backward does on AVX2 ([`grad_unroll`]), was faster there
-/// in L2 (one row of 65536 f32: 49.4–49.9 µs with two, 56.4–57.0 with four, 53.2 with one)
-/// but slower streaming, with its streaming stores: 85.2–94.0 ms against 57.6–60.5 ms
-/// (2048 × 32768 f32, two threads, three alternated runs, Zen 3).
+/// The gradient of the chunks `z` into `out` (streaming stores), [`UNROLL`] chunks at a time on
+/// every backend; `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`. Two at
+/// a time, as the in-place backward does on AVX2 ([`grad_chunks_in_place`]), was faster there
+/// in L2 (one row of 65536 f32: 49.4–49.9 µs with two, 56.4–57.0 with four, 53.2 with one) but
+/// slower streaming, with its streaming stores: 85.2–94.0 ms against 57.6–60.5 ms (2048 × 32768
+/// f32, two threads, three alternated runs, Zen 3).
 #[inline(always)]
 fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &[[S; 16]],
@@ -1477,8 +1460,14 @@ fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     }
 }
 
-/// The gradient of the chunks `z` written over them, [`grad_unroll`] chunks at a time (`w` as
-/// in [`grad_chunks_into`]).
+/// The gradient of the chunks `z` written over them (`w` as in [`grad_chunks_into`]),
+/// [`UNROLL`] chunks at a time where the registers hold 16 values or more, two where they hold
+/// 8 ([`ROOMY_REGISTERS`]): eight exponential chains in flight spill on AVX2. Measured there
+/// (Zen 3, see [`ROOMY_REGISTERS`]): the in-place backward of one row of 65536 f32 in L2 (a
+/// copy of the row in included), one thread, medians of 3000 calls, took 56.2–56.9 µs with two
+/// against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two threads,
+/// three alternated runs) 40.4–41.7 ms with two against 44.8–46.1 ms with four. The
+/// out-of-place backward keeps four on every backend ([`grad_chunks_into`]).
 #[inline(always)]
 fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &mut [[S; 16]],
@@ -1486,9 +1475,10 @@ fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    match grad_unroll::<V>() {
-        UNROLL => grad_chunks_in_place_n::<V, S, U, SCALED, UNROLL>(z, w, c, kl),
-        _ => grad_chunks_in_place_n::<V, S, U, SCALED, 2>(z, w, c, kl),
+    if V::REGISTERS >= ROOMY_REGISTERS {
+        grad_chunks_in_place_n::<V, S, U, SCALED, UNROLL>(z, w, c, kl)
+    } else {
+        grad_chunks_in_place_n::<V, S, U, SCALED, 2>(z, w, c, kl)
     }
 }
 
