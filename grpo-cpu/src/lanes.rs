@@ -69,10 +69,12 @@ pub trait F32x16: Copy {
             *d = half::f16::from_f32(x);
         }
     }
-    /// Stores like [`store`](F32x16::store), bypassing the caches where the ISA can and `dst`
-    /// is aligned enough (a write-only stream: saves the read-for-ownership of the line). The
-    /// entry functions of `arch/` fence after the kernel, so the data is visible to other
-    /// threads when the kernel returns.
+    /// Stores a value that is written once and not read back soon, like
+    /// [`store`](F32x16::store): AVX-512 bypasses the caches (`vmovntps`, where `dst` is
+    /// aligned enough; a write-only stream saves the read for ownership of the line) and
+    /// fences after the kernel, so the data is visible to other threads when the kernel
+    /// returns. AVX2 stores through the caches, as measured faster on the AVX2 host we have
+    /// (see `arch::avx2`), and so do NEON and the portable backend.
     fn store_stream(self, dst: &mut [f32; 16]);
     /// Hints that the cache line at `p` will be read soon. `p` is never dereferenced, so any
     /// address is allowed (a prefetch never faults).

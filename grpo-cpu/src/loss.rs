@@ -97,9 +97,9 @@ impl Cpu {
     ///
     /// - `f32`: a SIMD kernel on the [`Cpu`]'s backend repeats grpo-core's operations lane by
     ///   lane (its `exp` for `f32` is the canonical one every backend reproduces), spans of
-    ///   16384 positions, streaming stores. `grpo-bench loss` measures it against the same-run
-    ///   read + write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine (the check
-    ///   pass reads the inputs a second time, at about the memory's pace).
+    ///   16384 positions, streaming stores on AVX-512. `grpo-bench loss` measures it against
+    ///   the same-run read + write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine
+    ///   (the check pass reads the inputs a second time, at about the memory's pace).
     /// - `f64`: grpo-core's scalar `ppo_clip` per block of [`LOSS_BLOCK`] positions (each
     ///   block evaluated twice by grpo-core itself, and twice by the two passes).
     ///

@@ -432,8 +432,8 @@ impl Cpu {
     /// [`grpo_core::vocab::backward_rows`]: `out[r, v] = ∂loss_r/∂z[r, v]` for
     /// `loss_r = g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r` \[ours\], e.g.
     /// `∂logp(y)/∂z_v = (1[v=y] − p_v)/T`, `∂H/∂z_v = −p_v (log p_v + H)/T`. Every row is reduced
-    /// and validated first, then the gradient is written (streaming stores). Same bits, same
-    /// errors; on `Err`, `out` is untouched.
+    /// and validated first, then the gradient is written (streaming stores on AVX-512). Same
+    /// bits, same errors; on `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::GradTerms;

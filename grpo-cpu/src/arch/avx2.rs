@@ -3,6 +3,25 @@
 //! `vmaxps`/`vminps` implement the project's NaN rule exactly (`a > b ? a : b`; for a NaN or
 //! equal operands the second operand is returned). f16 widening uses F16C, which every
 //! AVX2+FMA CPU has; detection checks it anyway.
+//!
+//! [`F32x16::store_stream`] is a cached store here, not `vmovntps`. The out-of-place vocabulary
+//! backward, the one kernel whose output is large and never read back, measured on the AVX2
+//! host we have (AMD EPYC, Zen 3, family 25 model 1, 2 vCPUs under KVM):
+//! - `grpo-bench vocab --kernel backward` (f32, two threads, 2048 × 32768 / 512 × 151936,
+//!   four alternated runs of each binary): 53.3–59.9 / 59.2–86.9 ms with `vmovntps` against
+//!   38.8–60.0 / 39.2–52.8 ms with cached stores: a higher ratio to the read + write
+//!   roofline in all eight pairs (0.31–0.39 against 0.36–0.54), fewer milliseconds in seven;
+//! - one row of 65536 in L2, one thread, fastest of 500–3000 calls: the same kernel code with
+//!   `vmovntps` took 157–177 µs in one build of a throwaway harness and 55–75 µs in another
+//!   (deterministic per build; `perf` put three quarters of the slow build's samples on one
+//!   instruction after a run of register spills, a stall we did not explain), and with cached
+//!   stores 53–77 µs in both. Streaming stores in a plain loop were not slow on this host (a
+//!   stand-alone C loop wrote 21–34 GB/s with `vmovntps` against 13–16 GB/s with `vmovups`).
+//!
+//! The cached store has no such dependence, and the read for ownership it adds cost less than
+//! the stall. `grpo-bench loss`, whose outputs go through `store_stream` too, measured within
+//! the noise either way (ratios 0.36–0.52 with `vmovntps` against 0.39–0.53 over seven
+//! alternated runs).
 
 use core::arch::x86_64::*;
 
@@ -19,10 +38,8 @@ pub(crate) struct Avx2(__m256, __m256);
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-    let out = k.run::<Avx2>();
-    // Order the kernel's streaming stores before whatever signals completion to other threads.
-    _mm_sfence();
-    out
+    // No fence: this backend has no streaming stores (see the module documentation).
+    k.run::<Avx2>()
 }
 
 /// Runs `k` on this backend, or returns it if the CPU lacks AVX2, FMA or F16C.
@@ -171,19 +188,10 @@ impl F32x16 for Avx2 {
             );
         }
     }
+    /// A cached store (`vmovups`), not `vmovntps`: see the module documentation.
     #[inline(always)]
     fn store_stream(self, dst: &mut [f32; 16]) {
-        let p = dst.as_mut_ptr();
-        if p.addr().is_multiple_of(32) {
-            // SAFETY: as in `both!`; `vmovntps` needs the 32-byte alignment checked above (p + 8
-            // floats keeps it), and the reference covers 64 writable bytes.
-            unsafe {
-                _mm256_stream_ps(p, self.0);
-                _mm256_stream_ps(p.add(8), self.1);
-            }
-        } else {
-            self.store(dst);
-        }
+        self.store(dst);
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {

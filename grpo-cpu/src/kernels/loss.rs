@@ -15,7 +15,7 @@
 //!
 //! Two modes share the lane code: the *check* mode (no writes) gathers the diagnostics and
 //! tells whether the span is safe to write; the *write* mode stores values and gradients
-//! (streaming stores: the outputs are written once and not read back).
+//! (`F32x16::store_stream`: the outputs are written once and not read back).
 //!
 //! The check is a cheaper, conservative stand-in for grpo-core's (finite `lp`, `old`, `A`,
 //! value and gradient): it requires `d = lp − old` finite (which implies finite `lp` and `old`:

@@ -34,10 +34,11 @@ use crate::lanes::F32x16;
 /// The register count ([`F32x16::REGISTERS`]) from which a backend keeps the working sets the
 /// kernels were first tuned with on AVX-512: a one-row step that tracks the block's extrema as
 /// it goes, four pairs of extrema accumulators in [`block_max_min`], four chunks per
-/// iteration in the in-place backward. Backends with fewer registers (AVX2 and NEON hold 8
+/// iteration in the backward. Backends with fewer registers (AVX2 and NEON hold 8
 /// values) step f32 rows without tracking and take the extrema in a second pass over the
 /// block, which is in L1 by then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of
-/// accumulators, and step the in-place backward two chunks at a time ([`grad_chunks_in_place`]).
+/// accumulators, and step the backward two chunks at a time ([`grad_chunks_in_place`],
+/// [`grad_chunks_into`]).
 ///
 /// Why: on AVX2 the one-pass step's live values — ten exponential constants, the offset, the
 /// sums `s` and `t` and the running maximum and minimum, two registers each — exceed the 16
@@ -1434,12 +1435,15 @@ fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
 }
 
-/// The gradient of the chunks `z` into `out` (streaming stores), [`UNROLL`] chunks at a time on
-/// every backend; `w` holds the teacher's chunks (as many as `z`) unless `kl` is `None`. Two at
-/// a time, as the in-place backward does on AVX2 ([`grad_chunks_in_place`]), was faster there
-/// in L2 (one row of 65536 f32: 49.4–49.9 µs with two, 56.4–57.0 with four, 53.2 with one) but
-/// slower streaming, with its streaming stores: 85.2–94.0 ms against 57.6–60.5 ms (2048 × 32768
-/// f32, two threads, three alternated runs, Zen 3).
+/// The gradient of the chunks `z` into `out` (through [`F32x16::store_stream`]); `w` holds the
+/// teacher's chunks (as many as `z`) unless `kl` is `None`. [`UNROLL`] chunks at a time where
+/// the registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]), as
+/// in place ([`grad_chunks_in_place`]). Measured on AVX2 (Zen 3, cached stores, see
+/// `arch::avx2`): one row of 65536 f32 in L2, one thread, fastest of 3000 calls, 47.1–47.2 µs
+/// with two against 53.1–53.8 µs with four (three alternated runs); streaming (2048 × 32768 /
+/// 512 × 151936, two threads, four alternated runs) 39.1–46.9 / 45.3–58.6 ms against
+/// 45.2–47.5 / 50.4–55.0 ms, within the noise. (With `vmovntps` two had measured slower
+/// streaming, 85.2–94.0 against 57.6–60.5 ms at 2048 × 32768.)
 #[inline(always)]
 fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &[[S; 16]],
@@ -1448,10 +1452,26 @@ fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    let whole = z.len() / UNROLL * UNROLL;
-    for (j, o) in out[..whole].chunks_exact_mut(UNROLL).enumerate() {
-        let g = grad_chunks::<V, S, U, UNROLL, SCALED>(z, w, j * UNROLL, c, kl);
-        for k in 0..UNROLL {
+    if V::REGISTERS >= ROOMY_REGISTERS {
+        grad_chunks_into_n::<V, S, U, SCALED, UNROLL>(z, w, out, c, kl)
+    } else {
+        grad_chunks_into_n::<V, S, U, SCALED, 2>(z, w, out, c, kl)
+    }
+}
+
+/// [`grad_chunks_into`], `G` chunks at a time.
+#[inline(always)]
+fn grad_chunks_into_n<V: F32x16, S: Load, U: Load, const SCALED: bool, const G: usize>(
+    z: &[[S; 16]],
+    w: &[[U; 16]],
+    out: &mut [[f32; 16]],
+    c: &GradCoef,
+    kl: KlGrad,
+) {
+    let whole = z.len() / G * G;
+    for (j, o) in out[..whole].chunks_exact_mut(G).enumerate() {
+        let g = grad_chunks::<V, S, U, G, SCALED>(z, w, j * G, c, kl);
+        for k in 0..G {
             g[k].store_stream(&mut o[k]);
         }
     }
@@ -1467,7 +1487,7 @@ fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
 /// copy of the row in included), one thread, medians of 3000 calls, took 56.2–56.9 µs with two
 /// against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two threads,
 /// three alternated runs) 40.4–41.7 ms with two against 44.8–46.1 ms with four. The
-/// out-of-place backward keeps four on every backend ([`grad_chunks_into`]).
+/// out-of-place backward follows the same rule ([`grad_chunks_into`]).
 #[inline(always)]
 fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
     z: &mut [[S; 16]],
@@ -1520,8 +1540,8 @@ fn chunk_kl(kl: KlGrad, teacher_len: usize, n: usize) -> KlGrad {
 /// `canon::grad_step` for every element of a row except the target term (the caller patches
 /// element `y`): `out[v] = ∂(g_lp·logp(y) + g_H·H + g_KL·KL)/∂z_v` for `v ≠ y`. `w` is the
 /// teacher row (ignored when `kl` is `None`). The output is write-only, so from its first
-/// 64-byte boundary on it is written with streaming stores (the gradient is elementwise, so the
-/// split point changes no bit).
+/// 64-byte boundary on it is written with [`F32x16::store_stream`] (streaming stores where the
+/// backend uses them; the gradient is elementwise, so the split point changes no bit).
 #[inline(always)]
 fn grad_into<V: F32x16, S: Load, U: Load>(
     z: &[S],
