@@ -37,8 +37,7 @@ use crate::lanes::F32x16;
 /// iteration in the backward. Backends with fewer registers (AVX2 and NEON hold 8
 /// values) step f32 rows without tracking and take the extrema in a second pass over the
 /// block, which is in L1 by then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of
-/// accumulators, and step the backward two chunks at a time ([`grad_chunks_in_place`],
-/// [`grad_chunks_into`]).
+/// accumulators, and step the backward two chunks at a time ([`grad_row_chunks`]).
 ///
 /// Why: on AVX2 the one-pass step's live values — ten exponential constants, the offset, the
 /// sums `s` and `t` and the running maximum and minimum, two registers each — exceed the 16
@@ -1435,91 +1434,102 @@ fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
 }
 
-/// The gradient of the chunks `z` into `out` (through [`F32x16::store_stream`]); `w` holds the
-/// teacher's chunks (as many as `z`) unless `kl` is `None`. [`UNROLL`] chunks at a time where
-/// the registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]), as
-/// in place ([`grad_chunks_in_place`]). Measured on AVX2 (Zen 3, cached stores, see
-/// `arch::avx2`): one row of 65536 f32 in L2, one thread, fastest of 3000 calls, 47.1–47.2 µs
-/// with two against 53.1–53.8 µs with four (three alternated runs); streaming (2048 × 32768 /
-/// 512 × 151936, two threads, four alternated runs) 39.1–46.9 / 45.3–58.6 ms against
-/// 45.2–47.5 / 50.4–55.0 ms, within the noise. (With `vmovntps` two had measured slower
-/// streaming, 85.2–94.0 against 57.6–60.5 ms at 2048 × 32768.)
-#[inline(always)]
-fn grad_chunks_into<V: F32x16, S: Load, U: Load, const SCALED: bool>(
-    z: &[[S; 16]],
-    w: &[[U; 16]],
-    out: &mut [[f32; 16]],
-    c: &GradCoef,
-    kl: KlGrad,
-) {
-    if V::REGISTERS >= ROOMY_REGISTERS {
-        grad_chunks_into_n::<V, S, U, SCALED, UNROLL>(z, w, out, c, kl)
-    } else {
-        grad_chunks_into_n::<V, S, U, SCALED, 2>(z, w, out, c, kl)
-    }
+/// Where [`grad_row_chunks`] puts a row's gradient: a separate `f32` row ([`GradInto`]) or the
+/// logits themselves ([`GradOver`]).
+trait GradDest<S: Load> {
+    /// The whole chunks of logits the gradient is computed from.
+    fn logits(&self) -> &[[S; 16]];
+    /// Writes the gradients `g` of the `G` chunks from chunk `i` on (after they were read).
+    fn put<V: F32x16, const G: usize>(&mut self, i: usize, g: [V; G]);
 }
 
-/// [`grad_chunks_into`], `G` chunks at a time.
-#[inline(always)]
-fn grad_chunks_into_n<V: F32x16, S: Load, U: Load, const SCALED: bool, const G: usize>(
-    z: &[[S; 16]],
-    w: &[[U; 16]],
-    out: &mut [[f32; 16]],
-    c: &GradCoef,
-    kl: KlGrad,
-) {
-    let whole = z.len() / G * G;
-    for (j, o) in out[..whole].chunks_exact_mut(G).enumerate() {
-        let g = grad_chunks::<V, S, U, G, SCALED>(z, w, j * G, c, kl);
-        for k in 0..G {
-            g[k].store_stream(&mut o[k]);
+/// The gradient of the chunks `z` into `out` (as many), through [`F32x16::store_stream`]: the
+/// output is written once and not read back.
+struct GradInto<'a, S> {
+    z: &'a [[S; 16]],
+    out: &'a mut [[f32; 16]],
+}
+
+impl<S: Load> GradDest<S> for GradInto<'_, S> {
+    #[inline(always)]
+    fn logits(&self) -> &[[S; 16]] {
+        self.z
+    }
+    #[inline(always)]
+    fn put<V: F32x16, const G: usize>(&mut self, i: usize, g: [V; G]) {
+        for (g, o) in g.into_iter().zip(&mut self.out[i..i + G]) {
+            g.store_stream(o);
         }
     }
-    for i in whole..z.len() {
-        grad_chunks::<V, S, U, 1, SCALED>(z, w, i, c, kl)[0].store_stream(&mut out[i]);
+}
+
+/// The gradient of the chunks written over them, rounded to the storage type.
+struct GradOver<'a, S>(&'a mut [[S; 16]]);
+
+impl<S: Load> GradDest<S> for GradOver<'_, S> {
+    #[inline(always)]
+    fn logits(&self) -> &[[S; 16]] {
+        self.0
+    }
+    #[inline(always)]
+    fn put<V: F32x16, const G: usize>(&mut self, i: usize, g: [V; G]) {
+        for (g, z) in g.into_iter().zip(&mut self.0[i..i + G]) {
+            S::store_grad(g, z);
+        }
     }
 }
 
-/// The gradient of the chunks `z` written over them (`w` as in [`grad_chunks_into`]),
-/// [`UNROLL`] chunks at a time where the registers hold 16 values or more, two where they hold
-/// 8 ([`ROOMY_REGISTERS`]): eight exponential chains in flight spill on AVX2. Measured there
-/// (Zen 3, see [`ROOMY_REGISTERS`]): the in-place backward of one row of 65536 f32 in L2 (a
-/// copy of the row in included), one thread, medians of 3000 calls, took 56.2–56.9 µs with two
-/// against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two threads,
-/// three alternated runs) 40.4–41.7 ms with two against 44.8–46.1 ms with four. The
-/// out-of-place backward follows the same rule ([`grad_chunks_into`]).
+/// The gradient of a row's whole chunks (non-target elements) into `dest`; `w` holds the
+/// teacher's chunks (as many) unless `kl` is `None`. [`UNROLL`] chunks at a time where the
+/// registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]): eight
+/// exponential chains in flight spill on AVX2. Measured there (Zen 3, see [`ROOMY_REGISTERS`]),
+/// one row of 65536 f32 in L2, one thread:
+/// - in place (a copy of the row in included), medians of 3000 calls: 56.2–56.9 µs with two
+///   against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two
+///   threads, three alternated runs) 40.4–41.7 ms against 44.8–46.1 ms;
+/// - out of place (cached stores, see `arch::avx2`), fastest of 3000 calls: 47.1–47.2 µs
+///   against 53.1–53.8 µs (three alternated runs); streaming (2048 × 32768 / 512 × 151936,
+///   two threads, four alternated runs) 39.1–46.9 / 45.3–58.6 ms against 45.2–47.5 /
+///   50.4–55.0 ms, within the noise. (With `vmovntps` two had measured slower streaming,
+///   85.2–94.0 against 57.6–60.5 ms at 2048 × 32768.)
 #[inline(always)]
-fn grad_chunks_in_place<V: F32x16, S: Load, U: Load, const SCALED: bool>(
-    z: &mut [[S; 16]],
+fn grad_row_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>, const SCALED: bool>(
+    dest: &mut D,
     w: &[[U; 16]],
     c: &GradCoef,
     kl: KlGrad,
 ) {
     if V::REGISTERS >= ROOMY_REGISTERS {
-        grad_chunks_in_place_n::<V, S, U, SCALED, UNROLL>(z, w, c, kl)
+        grad_row_chunks_n::<V, S, U, D, SCALED, UNROLL>(dest, w, c, kl)
     } else {
-        grad_chunks_in_place_n::<V, S, U, SCALED, 2>(z, w, c, kl)
+        grad_row_chunks_n::<V, S, U, D, SCALED, 2>(dest, w, c, kl)
     }
 }
 
-/// [`grad_chunks_in_place`], `G` chunks at a time.
+/// [`grad_row_chunks`], `G` chunks at a time.
 #[inline(always)]
-fn grad_chunks_in_place_n<V: F32x16, S: Load, U: Load, const SCALED: bool, const G: usize>(
-    z: &mut [[S; 16]],
+fn grad_row_chunks_n<
+    V: F32x16,
+    S: Load,
+    U: Load,
+    D: GradDest<S>,
+    const SCALED: bool,
+    const G: usize,
+>(
+    dest: &mut D,
     w: &[[U; 16]],
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    let whole = z.len() / G * G;
+    let n = dest.logits().len();
+    let whole = n / G * G;
     for j in (0..whole).step_by(G) {
-        let g = grad_chunks::<V, S, U, G, SCALED>(z, w, j, c, kl);
-        for k in 0..G {
-            S::store_grad(g[k], &mut z[j + k]);
-        }
+        let g = grad_chunks::<V, S, U, G, SCALED>(dest.logits(), w, j, c, kl);
+        dest.put(j, g);
     }
-    for i in whole..z.len() {
-        let g = grad_chunks::<V, S, U, 1, SCALED>(z, w, i, c, kl)[0];
-        S::store_grad(g, &mut z[i]);
+    for i in whole..n {
+        let g = grad_chunks::<V, S, U, 1, SCALED>(dest.logits(), w, i, c, kl);
+        dest.put(i, g);
     }
 }
 
@@ -1565,10 +1575,11 @@ fn grad_into<V: F32x16, S: Load, U: Load>(
         w[head..n].as_chunks::<16>().0
     };
     // τ = 1: see `grad_steps`.
+    let mut dest = GradInto { z: zc, out: oc };
     if c.tau == 1.0 {
-        grad_chunks_into::<V, S, U, false>(zc, wc, oc, c, ck);
+        grad_row_chunks::<V, S, U, _, false>(&mut dest, wc, c, ck);
     } else {
-        grad_chunks_into::<V, S, U, true>(zc, wc, oc, c, ck);
+        grad_row_chunks::<V, S, U, _, true>(&mut dest, wc, c, ck);
     }
     for i in head + zc.len() * 16..n {
         out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
@@ -1596,10 +1607,11 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     } else {
         w[..done].as_chunks::<16>().0
     };
+    let mut dest = GradOver(zc);
     if c.tau == 1.0 {
-        grad_chunks_in_place::<V, S, U, false>(zc, wc, c, ck);
+        grad_row_chunks::<V, S, U, _, false>(&mut dest, wc, c, ck);
     } else {
-        grad_chunks_in_place::<V, S, U, true>(zc, wc, c, ck);
+        grad_row_chunks::<V, S, U, _, true>(&mut dest, wc, c, ck);
     }
     for (i, x) in zt.iter_mut().enumerate() {
         *x = S::from_f32(grad1::<V>(x.to_f32(), wv(done + i), false, c, kl));
