@@ -5,7 +5,7 @@
 //! AVX2+FMA CPU has; detection checks it anyway.
 //!
 //! [`F32x16::store_stream`] is a cached store here, not `vmovntps`. The out-of-place vocabulary
-//! backward, the one kernel whose output is large and never read back, measured on the AVX2
+//! backward, whose gradient (as large as the logits) is never read back, measured on the AVX2
 //! host we have (AMD EPYC, Zen 3, family 25 model 1, 2 vCPUs under KVM):
 //! - `grpo-bench vocab --kernel backward` (f32, two threads, 2048 × 32768 / 512 × 151936,
 //!   four alternated runs of each binary): 53.3–59.9 / 59.2–86.9 ms with `vmovntps` against

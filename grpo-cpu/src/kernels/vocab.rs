@@ -33,11 +33,11 @@ use crate::lanes::F32x16;
 
 /// The register count ([`F32x16::REGISTERS`]) from which a backend keeps the working sets the
 /// kernels were first tuned with on AVX-512: a one-row step that tracks the block's extrema as
-/// it goes, four pairs of extrema accumulators in [`block_max_min`], four chunks per
-/// iteration in the backward. Backends with fewer registers (AVX2 and NEON hold 8
-/// values) step f32 rows without tracking and take the extrema in a second pass over the
-/// block, which is in L1 by then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of
-/// accumulators, and step the backward two chunks at a time ([`grad_row_chunks`]).
+/// it goes, four pairs of extrema accumulators in [`block_max_min`], four chunks per iteration
+/// in the backward. Backends with fewer registers (AVX2 and NEON hold 8 values) step f32 rows
+/// without tracking and take the extrema in a second pass over the block, which is in L1 by
+/// then ([`BlockRows::SCAN_IN_STEP`]), with two pairs of accumulators, and step the backward
+/// two chunks at a time ([`grad_row_chunks`]).
 ///
 /// Why: on AVX2 the one-pass step's live values — ten exponential constants, the offset, the
 /// sums `s` and `t` and the running maximum and minimum, two registers each — exceed the 16
@@ -1480,29 +1480,31 @@ impl<S: Load> GradDest<S> for GradOver<'_, S> {
 }
 
 /// The gradient of a row's whole chunks (non-target elements) into `dest`; `w` holds the
-/// teacher's chunks (as many) unless `kl` is `None`. [`UNROLL`] chunks at a time where the
-/// registers hold 16 values or more, two where they hold 8 ([`ROOMY_REGISTERS`]): eight
-/// exponential chains in flight spill on AVX2. Measured there (Zen 3, see [`ROOMY_REGISTERS`]),
-/// one row of 65536 f32 in L2, one thread:
-/// - in place (a copy of the row in included), medians of 3000 calls: 56.2–56.9 µs with two
-///   against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, two
-///   threads, three alternated runs) 40.4–41.7 ms against 44.8–46.1 ms;
+/// teacher's chunks (as many) unless `kl` is `None`. The `·τ` is skipped at τ = 1 (see
+/// `grad_steps`). [`UNROLL`] chunks at a time where the registers hold 16 values or more, two
+/// where they hold 8 ([`ROOMY_REGISTERS`]): eight exponential chains in flight spill on AVX2.
+/// Measured there (Zen 3, see [`ROOMY_REGISTERS`]) with one row of 65536 f32 in L2 on one
+/// thread, and streaming on two:
+/// - in place (a copy of the row included), medians of 3000 calls: 56.2–56.9 µs with two
+///   against 70.9–72.0 µs with four (four alternated runs); streaming (2048 × 32768, three
+///   alternated runs) 40.4–41.7 ms against 44.8–46.1 ms;
 /// - out of place (cached stores, see `arch::avx2`), fastest of 3000 calls: 47.1–47.2 µs
 ///   against 53.1–53.8 µs (three alternated runs); streaming (2048 × 32768 / 512 × 151936,
-///   two threads, four alternated runs) 39.1–46.9 / 45.3–58.6 ms against 45.2–47.5 /
-///   50.4–55.0 ms, within the noise. (With `vmovntps` two had measured slower streaming,
-///   85.2–94.0 against 57.6–60.5 ms at 2048 × 32768.)
+///   four alternated runs) 39.1–46.9 / 45.3–58.6 ms against 45.2–47.5 / 50.4–55.0 ms, within
+///   the noise. (With `vmovntps` two had measured slower streaming, 85.2–94.0 against
+///   57.6–60.5 ms at 2048 × 32768.)
 #[inline(always)]
-fn grad_row_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>, const SCALED: bool>(
+fn grad_row_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
     dest: &mut D,
     w: &[[U; 16]],
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    if V::REGISTERS >= ROOMY_REGISTERS {
-        grad_row_chunks_n::<V, S, U, D, SCALED, UNROLL>(dest, w, c, kl)
-    } else {
-        grad_row_chunks_n::<V, S, U, D, SCALED, 2>(dest, w, c, kl)
+    match (V::REGISTERS >= ROOMY_REGISTERS, c.tau == 1.0) {
+        (true, true) => grad_row_chunks_n::<V, S, U, D, false, UNROLL>(dest, w, c, kl),
+        (true, false) => grad_row_chunks_n::<V, S, U, D, true, UNROLL>(dest, w, c, kl),
+        (false, true) => grad_row_chunks_n::<V, S, U, D, false, 2>(dest, w, c, kl),
+        (false, false) => grad_row_chunks_n::<V, S, U, D, true, 2>(dest, w, c, kl),
     }
 }
 
@@ -1574,13 +1576,7 @@ fn grad_into<V: F32x16, S: Load, U: Load>(
     } else {
         w[head..n].as_chunks::<16>().0
     };
-    // τ = 1: see `grad_steps`.
-    let mut dest = GradInto { z: zc, out: oc };
-    if c.tau == 1.0 {
-        grad_row_chunks::<V, S, U, _, false>(&mut dest, wc, c, ck);
-    } else {
-        grad_row_chunks::<V, S, U, _, true>(&mut dest, wc, c, ck);
-    }
+    grad_row_chunks::<V, S, U, _>(&mut GradInto { z: zc, out: oc }, wc, c, ck);
     for i in head + zc.len() * 16..n {
         out[i] = grad1::<V>(z[i].to_f32(), wv(i), false, c, kl);
     }
@@ -1607,12 +1603,7 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     } else {
         w[..done].as_chunks::<16>().0
     };
-    let mut dest = GradOver(zc);
-    if c.tau == 1.0 {
-        grad_row_chunks::<V, S, U, _, false>(&mut dest, wc, c, ck);
-    } else {
-        grad_row_chunks::<V, S, U, _, true>(&mut dest, wc, c, ck);
-    }
+    grad_row_chunks::<V, S, U, _>(&mut GradOver(zc), wc, c, ck);
     for (i, x) in zt.iter_mut().enumerate() {
         *x = S::from_f32(grad1::<V>(x.to_f32(), wv(done + i), false, c, kl));
     }
