@@ -2307,9 +2307,13 @@ mod tests {
             let z = logits(n as u64 + 7, n);
             let w = logits(n as u64 + 77, n);
             let y = n / 3;
-            for kl in [KlGrad::None, KlGrad::Forward, KlGrad::Reverse] {
+            // τ = 1 takes the step without the `·τ` (`grad_row_chunks`' other arm).
+            for (kl, tau) in [KlGrad::None, KlGrad::Forward, KlGrad::Reverse]
+                .into_iter()
+                .flat_map(|kl| [(kl, 1.0 / 0.7), (kl, 1.0)])
+            {
                 let c = GradCoef {
-                    tau: 1.0 / 0.7,
+                    tau,
                     p: canon::LogSoftmax {
                         max: 14.5,
                         neg_ln_sum: -3.25,
@@ -2342,7 +2346,21 @@ mod tests {
                         },
                     );
                     let got: Vec<u32> = out.iter().map(|x| x.to_bits()).collect();
-                    assert_eq!(got, want, "{b:?} n={n} {kl:?}");
+                    assert_eq!(got, want, "{b:?} n={n} {kl:?} τ={tau}");
+                    let mut over = z.clone();
+                    run(
+                        b,
+                        GradRowsInPlace::<f32, f32> {
+                            z: &mut over,
+                            w: &w,
+                            y: Some(&[y]),
+                            coef: &[c],
+                            kl,
+                            vocab: n,
+                        },
+                    );
+                    let got: Vec<u32> = over.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(got, want, "in place: {b:?} n={n} {kl:?} τ={tau}");
                 }
             }
         }
