@@ -1062,18 +1062,24 @@ impl<'c> VocabKernel<'c> {
         wait: Wait,
     ) -> Result<()> {
         let rows = targets.len();
-        let tau = self.validate(logits, vocab, rows, temperature)?;
-        // grpo-core's `backward_rows` checks, in its order (the weights named after this
-        // method's parameters): gradients scale with 1/T, weights are finite and ≤ 1e9.
+        // grpo-core's `backward_rows` checks, in its order (the slices named after this
+        // method's parameters): the temperature, also against the gradients' minimum (they
+        // scale with 1/T); every length; the weights (finite, ≤ 1e9); the target ids. Then
+        // this backend's own limits, and the rows on the device.
+        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
         ensure(
             temperature >= grpo_core::vocab::MIN_GRAD_TEMPERATURE,
             "temperature",
             "must be >= 1e-6 for gradients (they scale with 1/T)",
         )?;
-        grpo_core::vocab::validate::weights("g_logp", g_logp, rows)?;
-        Self::check_targets(targets, vocab)?;
-        grpo_core::vocab::validate::weights("g_entropy", g_entropy, rows)?;
+        Self::check_shape("logits", logits.len(), vocab, rows)?;
         check_len("grad", rows * vocab, grad.len())?;
+        check_len("g_logp", rows, g_logp.len())?;
+        check_len("g_entropy", rows, g_entropy.len())?;
+        grpo_core::vocab::validate::weights("g_logp", g_logp, rows)?;
+        grpo_core::vocab::validate::weights("g_entropy", g_entropy, rows)?;
+        Self::check_targets(targets, vocab)?;
+        self.check_limits::<L>(vocab)?;
         let upstream: Vec<f32> = g_logp
             .iter()
             .zip(g_entropy)

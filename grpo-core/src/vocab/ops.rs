@@ -43,12 +43,16 @@ pub enum KlDirection {
 /// multiplies logits by.
 ///
 /// # Errors
-/// `InvalidParam{name: "temperature"}` unless `T` is finite, `> 0` and `1/T` is finite.
+/// `InvalidParam{name: "temperature"}` unless `T` is finite, `> 0` and `1/T` is finite, i.e.
+/// `T > 2^-128` (a subnormal: the smallest valid `T` is the next float above it).
 ///
 /// ```
 /// use grpo_core::vocab::validate::inverse_temperature;
 /// assert_eq!(inverse_temperature(0.5), Ok(2.0));
 /// assert!(inverse_temperature(0.0).is_err() && inverse_temperature(f32::NAN).is_err());
+/// let two_pow_m128 = f32::from_bits(1 << 21); // 2^-149 · 2^21
+/// assert!(inverse_temperature(two_pow_m128).is_err());
+/// assert!(inverse_temperature(two_pow_m128.next_up()).is_ok());
 /// ```
 pub fn inverse_temperature(temperature: f32) -> Result<f32> {
     let ok = temperature > 0.0 && temperature.is_finite();
@@ -57,7 +61,7 @@ pub fn inverse_temperature(temperature: f32) -> Result<f32> {
     crate::error::ensure(
         tau.is_finite(),
         "temperature",
-        "must be at least 2^-126 (1/T must be finite)",
+        "must be above 2^-128 ≈ 2.9e-39 (1/T must be finite)",
     )?;
     Ok(tau)
 }
@@ -709,31 +713,50 @@ pub fn weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
     Ok(())
 }
 
-/// Validates a backward call; returns τ.
+/// Validates a backward call in the module's order — the temperature (with the gradients'
+/// minimum), `vocab > 0`, every slice length (`out`: the out-of-place gradient's, if any),
+/// the weights, the target ids, then row by row — and returns `(τ, rows)`.
 fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     logits: &[S],
     vocab: usize,
-    rows: usize,
     temperature: f32,
     terms: &GradTerms<'_, I, U>,
-) -> Result<f32> {
-    let tau = check_rows(logits, vocab, rows, temperature)?;
+    out: Option<usize>,
+) -> Result<(f32, usize)> {
+    let tau = inverse_temperature(temperature)?;
     crate::error::ensure(
         temperature >= MIN_GRAD_TEMPERATURE,
         "temperature",
         "must be >= 1e-6 for gradients (they scale with 1/T)",
     )?;
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let rows = logits.len() / vocab;
+    rows_of("logits", logits.len(), vocab, rows)?;
+    if let Some(n) = out {
+        check_len("out", logits.len(), n)?;
+    }
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
+        check_len("grad_logp", rows, g.len())?;
+    }
+    if let Some(g) = terms.entropy {
+        check_len("grad_entropy", rows, g.len())?;
+    }
+    if let Some(k) = &terms.kl {
+        rows_of("teacher", k.teacher.len(), vocab, rows)?;
+        check_len("grad_kl", rows, k.grad.len())?;
+    }
+    if let Some((_, g)) = terms.logp {
         weights("grad_logp", g, rows)?;
-        check_targets(t, vocab)?;
     }
     if let Some(g) = terms.entropy {
         weights("grad_entropy", g, rows)?;
     }
     if let Some(k) = &terms.kl {
-        rows_of("teacher", k.teacher.len(), vocab, rows)?;
         weights("grad_kl", k.grad, rows)?;
+    }
+    if let Some((t, _)) = terms.logp {
+        check_targets(t, vocab)?;
     }
     for r in 0..rows {
         let z = row_of(logits, vocab, r);
@@ -747,7 +770,7 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
             target(z, t[r].index(), m, tau, r * vocab, r)?;
         }
     }
-    Ok(tau)
+    Ok((tau, rows))
 }
 
 /// The per-row coefficients of the backward, and the target index (or usize::MAX).
@@ -812,10 +835,7 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
     out: &mut [f32],
 ) -> Result<()> {
-    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
-    let rows = logits.len() / vocab;
-    check_len("out", logits.len(), out.len())?;
-    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
+    let (tau, rows) = check_backward(logits, vocab, temperature, terms, Some(out.len()))?;
     for r in 0..rows {
         let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
@@ -858,9 +878,7 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
     temperature: f32,
     terms: &GradTerms<'_, I, U>,
 ) -> Result<()> {
-    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
-    let rows = logits.len() / vocab;
-    let tau = check_backward(logits, vocab, rows, temperature, terms)?;
+    let (tau, rows) = check_backward(logits, vocab, temperature, terms, None)?;
     for r in 0..rows {
         let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
         let z = &mut logits[r * vocab..(r + 1) * vocab];
