@@ -1,10 +1,13 @@
-//! Vocabulary row kernels from untrusted sizes and values: never panic, and every `Ok` result
-//! is finite.
+//! Vocabulary row kernels from untrusted sizes and values: never panic, every `Ok` result is
+//! finite, every `Err` leaves the outputs (or, in place, the logits) untouched, and every
+//! single-row function agrees with its batched counterpart on the same row: the same bits, or
+//! the same error.
 #![no_main]
 
+use grpo_core::Result;
 use grpo_core::vocab::{
-    GradTerms, KlDirection, KlTerm, backward_rows, backward_rows_in_place, jsd_rows, kl_rows,
-    logprob_entropy_rows, stats_rows,
+    self, GradTerms, KlDirection, KlTerm, Logit, backward_rows, backward_rows_in_place, jsd_rows,
+    kl_rows, logprob_entropy_rows, stats_rows,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -38,6 +41,12 @@ const EDGE: [f32; 12] = [
     f32::NAN,
 ];
 
+const DIRECTIONS: [KlDirection; 2] = [KlDirection::Forward, KlDirection::Reverse];
+
+/// What the outputs are filled with before each call. No function writes a NaN on `Ok`, and
+/// the payload tells this one apart from any NaN a broken kernel might compute.
+const SENTINEL: f32 = f32::from_bits(0x7fc0_5a5a);
+
 fn value((sel, bits): (u8, u32)) -> f32 {
     if sel & 0x80 != 0 {
         EDGE[(sel as usize) % EDGE.len()]
@@ -51,6 +60,113 @@ fn value((sel, bits): (u8, u32)) -> f32 {
 
 fn all_finite(x: &[f32]) -> bool {
     x.iter().all(|v| v.is_finite())
+}
+
+fn fresh(len: usize) -> Vec<f32> {
+    vec![SENTINEL; len]
+}
+
+fn untouched(x: &[f32]) -> bool {
+    x.iter().all(|v| v.to_bits() == SENTINEL.to_bits())
+}
+
+/// The outcome contract of a batched call: every output finite on `Ok`, all still the
+/// sentinel on `Err`.
+fn check(res: Result<()>, outs: &[&[f32]]) -> bool {
+    let ok = res.is_ok();
+    for o in outs {
+        assert!(
+            if ok { all_finite(o) } else { untouched(o) },
+            "{res:?}: {o:?}"
+        );
+    }
+    ok
+}
+
+/// Exact bit patterns (any NaN included), for "untouched" checks on logits.
+fn raw<S: Logit>(x: &[S]) -> Vec<u32> {
+    x.iter().map(|v| v.to_f32().to_bits()).collect()
+}
+
+/// Asserts that a single-row result equals the batched function's on that row alone: `Ok`
+/// with the same (finite) bits, or the same error with the batched outputs untouched.
+fn agree<const N: usize>(single: Result<[f32; N]>, batched: Result<()>, outs: [f32; N]) {
+    match (single, batched) {
+        (Ok(a), Ok(())) => {
+            assert!(all_finite(&a));
+            assert_eq!(a.map(f32::to_bits), outs.map(f32::to_bits));
+        }
+        (Err(a), Err(b)) => {
+            assert_eq!(a, b);
+            assert!(untouched(&outs), "{outs:?}");
+        }
+        (a, b) => panic!("single row {a:?}, batched {b:?}"),
+    }
+}
+
+/// Bit patterns of a result, so that results can be compared with `==` (and `Err`s by value).
+fn bits<const N: usize>(r: Result<[f32; N]>) -> Result<[u32; N]> {
+    r.map(|a| a.map(f32::to_bits))
+}
+
+/// The single-row results for one row, kept for the check against the whole batch.
+struct Single {
+    stats: Result<[f32; 2]>,
+    logprob: Result<[f32; 2]>,
+    kl: [Result<[f32; 1]>; 2],
+    jsd: Result<[f32; 1]>,
+}
+
+/// Every single-row function on one student row `z`, teacher row `w` and target `y` (any
+/// lengths), each against its batched function on that row alone, and the derived functions
+/// (`log_sum_exp`, `entropy`, `token_logprob`) against the ones they derive from.
+fn single_row<S: Logit>(z: &[S], w: &[S], y: u32, t: f32, beta: f32) -> Single {
+    let v = z.len();
+    let stats = vocab::row_stats(z, t).map(|s| [s.lse, s.entropy]);
+    let (mut l, mut h) = ([SENTINEL], [SENTINEL]);
+    agree(stats, stats_rows(z, v, t, &mut l, &mut h), [l[0], h[0]]);
+    assert_eq!(
+        bits(vocab::log_sum_exp(z, t).map(|x| [x])),
+        bits(stats.map(|s| [s[0]]))
+    );
+    assert_eq!(
+        bits(vocab::entropy(z, t).map(|x| [x])),
+        bits(stats.map(|s| [s[1]]))
+    );
+
+    let logprob = vocab::logprob_entropy(z, y, t).map(|(lp, h)| [lp, h]);
+    let (mut lp, mut h) = ([SENTINEL], [SENTINEL]);
+    let batched = logprob_entropy_rows(z, v, &[y], t, &mut lp, Some(&mut h));
+    agree(logprob, batched, [lp[0], h[0]]);
+    let token = vocab::token_logprob(z, y, t).map(|x| [x]);
+    assert_eq!(bits(token), bits(logprob.map(|r| [r[0]])));
+    if let (Ok(s), Ok(r)) = (stats, logprob) {
+        // One row state, one entropy.
+        assert_eq!(s[1].to_bits(), r[1].to_bits());
+        assert!(r[0] <= 1e-5);
+    }
+
+    let kl = DIRECTIONS.map(|dir| {
+        let single = vocab::kl_divergence(z, w, t, dir).map(|x| [x]);
+        let mut k = [SENTINEL];
+        agree(single, kl_rows(z, w, v, t, dir, &mut k), k);
+        single
+    });
+    let jsd = vocab::jsd(z, w, beta, t).map(|x| [x]);
+    let mut j = [SENTINEL];
+    agree(jsd, jsd_rows(z, w, v, beta, t, &mut j), j);
+    Single {
+        stats,
+        logprob,
+        kl,
+        jsd,
+    }
+}
+
+/// Row `r` of a `[rows, vocab]` slice, clipped to what `x` holds (possibly short or empty).
+fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
+    let end = ((r + 1) * vocab).min(x.len());
+    &x[(r * vocab).min(end)..end]
 }
 
 fuzz_target!(|inp: Input| {
@@ -84,27 +200,65 @@ fuzz_target!(|inp: Input| {
         .take(rows)
         .collect();
 
-    let mut lse = vec![0.0f32; rows];
-    let mut h = vec![0.0f32; rows];
-    if stats_rows(&z, vocab, temperature, &mut lse, &mut h).is_ok() {
-        assert!(all_finite(&lse) && all_finite(&h));
-    }
-    let mut lp = vec![0.0f32; targets.len()];
-    let mut h2 = vec![0.0f32; targets.len()];
-    if logprob_entropy_rows(&z, vocab, &targets, temperature, &mut lp, Some(&mut h2)).is_ok() {
-        assert!(all_finite(&lp) && all_finite(&h2));
-        assert!(lp.iter().all(|&x| x <= 1e-5));
-    }
-    for dir in [KlDirection::Forward, KlDirection::Reverse] {
-        let mut kl = vec![0.0f32; rows];
-        if kl_rows(&z, &w, vocab, temperature, dir, &mut kl).is_ok() {
-            assert!(all_finite(&kl), "{kl:?}");
+    // The single-row functions on each row of the student (a trailing partial row included;
+    // one empty row when there is none), with the teacher's and the target of the same row.
+    let single_rows = if vocab == 0 {
+        1
+    } else {
+        z.len().div_ceil(vocab).max(1)
+    };
+    let target = |r: usize| targets.get(r).copied().unwrap_or(0);
+    let singles: Vec<Single> = (0..single_rows)
+        .map(|r| {
+            let (zr, wr) = (row_of(&z, vocab, r), row_of(&w, vocab, r));
+            if inp.bf16 {
+                let to_bf16 = |x: &[f32]| -> Vec<half::bf16> {
+                    x.iter().map(|&v| half::bf16::from_f32(v)).collect()
+                };
+                let (zb, wb) = (to_bf16(zr), to_bf16(wr));
+                single_row(&zb, &wb, target(r), temperature, beta);
+            }
+            single_row(zr, wr, target(r), temperature, beta)
+        })
+        .collect();
+    // When a batched call succeeds, `singles` holds its `rows` rows (the lengths matched).
+    let same = |single: Result<[f32; 2]>, a: f32, b: f32| {
+        assert_eq!(bits(single), Ok([a.to_bits(), b.to_bits()]));
+    };
+
+    let (mut lse, mut h) = (fresh(rows), fresh(rows));
+    if check(
+        stats_rows(&z, vocab, temperature, &mut lse, &mut h),
+        &[&lse, &h],
+    ) {
+        for r in 0..rows {
+            same(singles[r].stats, lse[r], h[r]);
         }
     }
-    let mut j = vec![0.0f32; rows];
-    if jsd_rows(&z, &w, vocab, beta, temperature, &mut j).is_ok() {
-        assert!(all_finite(&j));
+    let (mut lp, mut h2) = (fresh(targets.len()), fresh(targets.len()));
+    let res = logprob_entropy_rows(&z, vocab, &targets, temperature, &mut lp, Some(&mut h2));
+    if check(res, &[&lp, &h2]) {
+        assert!(lp.iter().all(|&x| x <= 1e-5));
+        // `targets` may be shorter than `rows`: the batch then has `targets.len()` rows.
+        for r in 0..lp.len() {
+            same(singles[r].logprob, lp[r], h2[r]);
+        }
     }
+    for (d, dir) in DIRECTIONS.into_iter().enumerate() {
+        let mut kl = fresh(rows);
+        if check(kl_rows(&z, &w, vocab, temperature, dir, &mut kl), &[&kl]) {
+            for r in 0..rows {
+                assert_eq!(bits(singles[r].kl[d]), Ok([kl[r].to_bits()]));
+            }
+        }
+    }
+    let mut j = fresh(rows);
+    if check(jsd_rows(&z, &w, vocab, beta, temperature, &mut j), &[&j]) {
+        for r in 0..rows {
+            assert_eq!(bits(singles[r].jsd), Ok([j[r].to_bits()]));
+        }
+    }
+
     let terms = GradTerms {
         logp: Some((&targets[..], &weights[..])),
         entropy: Some(&weights[..]),
@@ -118,18 +272,21 @@ fuzz_target!(|inp: Input| {
             },
         }),
     };
-    let mut g = vec![0.0f32; z.len()];
-    if backward_rows(&z, vocab, temperature, &terms, &mut g).is_ok() {
-        assert!(all_finite(&g));
-    }
+    let mut g = fresh(z.len());
+    check(backward_rows(&z, vocab, temperature, &terms, &mut g), &[&g]);
     if inp.bf16 {
         let mut zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
-        let _ = backward_rows_in_place(&mut zb, vocab, temperature, &terms);
+        let before = raw(&zb);
+        if backward_rows_in_place(&mut zb, vocab, temperature, &terms).is_ok() {
+            assert!(zb.iter().all(|v| v.to_f32().is_finite()));
+        } else {
+            assert_eq!(raw(&zb), before);
+        }
     } else {
         let mut zz = z.clone();
-        if backward_rows_in_place(&mut zz, vocab, temperature, &terms).is_ok() {
-            assert!(all_finite(&zz));
-            assert_eq!(zz, g);
+        match backward_rows_in_place(&mut zz, vocab, temperature, &terms) {
+            Ok(()) => assert_eq!(zz, g),
+            Err(_) => assert_eq!(raw(&zz), raw(&z)),
         }
     }
 });

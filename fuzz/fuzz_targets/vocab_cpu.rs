@@ -1,10 +1,14 @@
 //! grpo-cpu's vocabulary kernels against grpo-core on untrusted shapes and values: never
 //! panic, and every result — Ok values bit for bit, or the same `Err` with the outputs
-//! untouched — equals grpo-core's (differential fuzzing), on every backend of the CPU.
+//! untouched — equals grpo-core's (differential fuzzing), on every backend of the CPU, on the
+//! caller's pool and on pools of 1 to 3 threads.
 #![no_main]
 
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
-use grpo_cpu::{Backend, Cpu};
+use std::sync::OnceLock;
+
+use grpo_core::Result;
+use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, Logit, MAX_GRAD_WEIGHT};
+use grpo_cpu::{Backend, Cpu, Storage};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -13,10 +17,35 @@ struct Input {
     rows: u8,
     temperature: u8,
     beta: u8,
-    reverse: bool,
+    /// Bit 0: reverse KL; bit 1: `logprob_entropy_rows` also writes entropies; bits 2–4: leave
+    /// the backward's log-probability, entropy, KL term out; bits 5–6: the executors' pool.
+    flags: u8,
+    /// Which length is off by one, if any ([`Slot`]).
+    wrong: u8,
     logits: Vec<(u8, u16)>,
+    teacher: Vec<(u8, u16)>,
     targets: Vec<u8>,
+    /// Backward weights, three per row (log-probability, entropy, KL).
+    weights: Vec<u32>,
 }
+
+/// The slices whose length an input can get wrong: `wrong % 16` is the slot's number (8–15:
+/// every length exact) and `wrong & 16` makes it one too long instead of one too short.
+#[derive(Clone, Copy)]
+enum Slot {
+    Teacher,
+    /// The per-row outputs (`lse_out`, `logp_out`, KL and JSD `out`).
+    Out,
+    Entropy,
+    Grad,
+    GradLogp,
+    GradEntropy,
+    GradKl,
+    Targets,
+}
+
+/// What the outputs are filled with before each call; no kernel writes NaN on `Ok`.
+const SENTINEL: f32 = f32::from_bits(0x7fc0_5a5a);
 
 /// A logit from a selector and payload: mostly ordinary values, sometimes the edge cases.
 fn value(sel: u8, x: u16) -> f32 {
@@ -31,114 +60,224 @@ fn value(sel: u8, x: u16) -> f32 {
     }
 }
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter()
-        .map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() })
-        .collect()
+/// A teacher logit: the student's, shifted (sharing its masks and poison, so that the KL is
+/// mostly defined) unless the selector's top bit asks for an independent value — which puts
+/// −∞, NaN and +∞ where the student has none: KL support violations and teacher-only errors.
+fn teacher_value(z: f32, (sel, x): (u8, u16)) -> f32 {
+    if sel & 0x80 == 0 {
+        z * 0.5 + (f32::from(x) - 32768.0) / 4096.0
+    } else {
+        value(sel, x)
+    }
 }
 
-/// Bit patterns of a 16-bit row (NaN compared as "both NaN", as in [`bits`]).
-fn bits16<S: grpo_core::vocab::Logit>(x: &[S], to_bits: fn(S) -> u16) -> Vec<u32> {
+/// A backward weight: mostly moderate, sometimes exactly at or just past the accepted bound,
+/// sometimes any bit pattern (NaN, ±∞, huge).
+fn weight(b: u32) -> f32 {
+    let sign = if b & 8 == 0 { 1.0 } else { -1.0 };
+    match b % 8 {
+        0 => f32::from_bits(b),
+        1 => sign * MAX_GRAD_WEIGHT,
+        2 => sign * f32::from_bits(MAX_GRAD_WEIGHT.to_bits() + 1),
+        _ => sign * (b >> 4) as f32 / 65536.0,
+    }
+}
+
+/// Bit patterns of a row, NaN compared as "both NaN" (grpo-core does not pin NaN payloads).
+/// Widening to f32 is exact and injective for bf16 and f16, so this compares their own bits.
+fn bits<S: Logit>(x: &[S]) -> Vec<u32> {
     x.iter()
         .map(|&v| {
-            if v.to_f32().is_nan() {
-                u32::MAX
-            } else {
-                u32::from(to_bits(v))
-            }
+            let v = v.to_f32();
+            if v.is_nan() { u32::MAX } else { v.to_bits() }
         })
         .collect()
 }
 
+/// Exact bit patterns (NaN payloads included), for "untouched" checks.
+fn raw<S: Logit>(x: &[S]) -> Vec<u32> {
+    x.iter().map(|v| v.to_f32().to_bits()).collect()
+}
+
+fn untouched(x: &[f32]) -> bool {
+    x.iter().all(|v| v.to_bits() == SENTINEL.to_bits())
+}
+
+/// Every backend of this CPU, each on the caller's pool and on pools of 1, 2 and 3 threads
+/// (`[backend][pool]`). Built once: a pool per input would cost more than the kernels. With
+/// few threads a task gets several rows (`Cpu::rows_per_task`), so one kernel call spans rows.
+fn executors() -> &'static [[Cpu; 4]] {
+    static CPUS: OnceLock<Vec<[Cpu; 4]>> = OnceLock::new();
+    CPUS.get_or_init(|| {
+        Backend::available()
+            .map(|b| {
+                let cpu = Cpu::new(b).expect("an available backend");
+                let pool = |n| cpu.clone().with_threads(n).expect("a thread pool");
+                [cpu.clone(), pool(1), pool(2), pool(3)]
+            })
+            .collect()
+    })
+}
+
+/// One decoded input, for every storage type of the student.
+struct Case<'a> {
+    cpus: Vec<&'static Cpu>,
+    vocab: usize,
+    t: f32,
+    beta: f32,
+    dir: KlDirection,
+    teacher: &'a [f32],
+    targets: &'a [u32],
+    terms: GradTerms<'a, u32, f32>,
+    /// Output lengths: per-row outputs, entropies, the out-of-place gradient.
+    out: usize,
+    entropy: usize,
+    grad: usize,
+    /// Whether `logprob_entropy_rows` is asked for entropies.
+    with_entropy: bool,
+}
+
+/// Runs `op` with grpo-core (`None`), then with every executor, each time on fresh outputs of
+/// lengths `lens` filled with [`SENTINEL`]: every executor must return grpo-core's result and
+/// output bits, and on `Err` every output must still be the sentinel.
+fn differential<const N: usize>(
+    cpus: &[&Cpu],
+    lens: [usize; N],
+    op: impl Fn(Option<&Cpu>, &mut [Vec<f32>; N]) -> Result<()>,
+) {
+    let fresh = || lens.map(|len| vec![SENTINEL; len]);
+    let mut want = fresh();
+    let res = op(None, &mut want);
+    let want_bits = want.each_ref().map(|o| bits(o));
+    for cpu in cpus {
+        let mut got = fresh();
+        assert_eq!(op(Some(cpu), &mut got), res, "{cpu:?}");
+        assert_eq!(got.each_ref().map(|o| bits(o)), want_bits, "{cpu:?}");
+        if res.is_err() {
+            assert!(got.iter().chain(&want).all(|o| untouched(o)), "{res:?}");
+        }
+    }
+}
+
+/// The forward operations on student logits stored as `S`.
+fn forward<S: Storage>(c: &Case<'_>, z: &[S]) {
+    let (v, t, w) = (c.vocab, c.t, c.teacher);
+    differential(&c.cpus, [c.out, c.entropy], |cpu, [l, h]| match cpu {
+        None => vocab::stats_rows(z, v, t, l, h),
+        Some(cpu) => cpu.stats_rows(z, v, t, l, h),
+    });
+    differential(&c.cpus, [c.out, c.entropy], |cpu, [lp, h]| {
+        let h = c.with_entropy.then_some(&mut h[..]);
+        match cpu {
+            None => vocab::logprob_entropy_rows(z, v, c.targets, t, lp, h),
+            Some(cpu) => cpu.logprob_entropy_rows(z, v, c.targets, t, lp, h),
+        }
+    });
+    differential(&c.cpus, [c.out], |cpu, [k]| match cpu {
+        None => vocab::kl_rows(z, w, v, t, c.dir, k),
+        Some(cpu) => cpu.kl_rows(z, w, v, t, c.dir, k),
+    });
+    differential(&c.cpus, [c.out], |cpu, [j]| match cpu {
+        None => vocab::jsd_rows(z, w, v, c.beta, t, j),
+        Some(cpu) => cpu.jsd_rows(z, w, v, c.beta, t, j),
+    });
+}
+
+/// Both backwards on student logits stored as `S`; in place, the gradient is rounded to `S`
+/// (vector roundings in grpo-cpu, `half`'s scalar ones in grpo-core).
+fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
+    let (v, t) = (c.vocab, c.t);
+    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
+        None => vocab::backward_rows(z, v, t, &c.terms, g),
+        Some(cpu) => cpu.backward_rows(z, v, t, &c.terms, g),
+    });
+    let mut want = z.to_vec();
+    let res = vocab::backward_rows_in_place(&mut want, v, t, &c.terms);
+    for cpu in &c.cpus {
+        let mut got = z.to_vec();
+        let r = cpu.backward_rows_in_place(&mut got, v, t, &c.terms);
+        assert_eq!(r, res, "{cpu:?}");
+        assert_eq!(bits(&got), bits(&want), "{cpu:?}");
+        if res.is_err() {
+            assert!(raw(&got) == raw(z) && raw(&want) == raw(z), "{res:?}");
+        }
+    }
+}
+
 fuzz_target!(|inp: Input| {
     let vocab = usize::from(inp.vocab % 72);
-    let rows = usize::from(inp.rows % 4);
+    // Up to 9 rows: with 1 or 2 threads, tasks then hold several rows.
+    let rows = usize::from(inp.rows % 10);
     let n = rows * vocab;
     let mut z: Vec<f32> = inp.logits.iter().map(|&(s, x)| value(s, x)).collect();
     z.resize(n, 0.5);
-    // The teacher: the student shifted, sharing its masks (and its poison).
-    let w: Vec<f32> = z.iter().map(|&v| v * 0.5 - 1.0).collect();
-    let targets: Vec<u32> = (0..rows)
+
+    let wrong = (inp.wrong % 16 < 8).then_some(inp.wrong % 16);
+    let len = |slot: Slot, exact: usize| match wrong {
+        Some(s) if s == slot as u8 && inp.wrong & 16 != 0 => exact + 1,
+        Some(s) if s == slot as u8 => exact.saturating_sub(1),
+        _ => exact,
+    };
+    let mut w: Vec<f32> = (0..n)
+        .map(|i| {
+            inp.teacher
+                .get(i)
+                .map_or(z[i] * 0.5 - 1.0, |&p| teacher_value(z[i], p))
+        })
+        .collect();
+    w.resize(len(Slot::Teacher, n), 0.0);
+    let targets: Vec<u32> = (0..len(Slot::Targets, rows))
         .map(|r| u32::from(inp.targets.get(r).copied().unwrap_or(0)))
         .collect();
-    let t = [1.0f32, 0.5, 2.0, 0.0, -1.0, f32::NAN, 1e-30, 7.0][usize::from(inp.temperature % 8)];
-    let beta = f32::from(inp.beta) / 255.0;
-    let dir = if inp.reverse {
-        KlDirection::Reverse
-    } else {
-        KlDirection::Forward
+    let weights = |slot: Slot, k: usize| -> Vec<f32> {
+        (0..len(slot, rows))
+            .map(|r| inp.weights.get(3 * r + k).map_or(0.75, |&b| weight(b)))
+            .collect()
     };
-    let g = vec![0.75f32; rows];
-    let terms: GradTerms<'_, u32, f32> = GradTerms {
-        logp: Some((&targets, &g)),
-        entropy: Some(&g),
-        kl: Some(KlTerm {
-            teacher: &w,
-            grad: &g,
-            direction: dir,
-        }),
-    };
-    let sentinel = || vec![-3.5f32; rows];
-    let (mut l0, mut h0, mut p0, mut k0, mut j0) =
-        (sentinel(), sentinel(), sentinel(), sentinel(), sentinel());
-    let mut g0 = vec![-3.5f32; n];
-    let r0 = (
-        grpo_core::vocab::stats_rows(&z, vocab, t, &mut l0, &mut h0),
-        grpo_core::vocab::logprob_entropy_rows(&z, vocab, &targets, t, &mut p0, None),
-        grpo_core::vocab::kl_rows(&z, &w, vocab, t, dir, &mut k0),
-        grpo_core::vocab::jsd_rows(&z, &w, vocab, beta, t, &mut j0),
-        grpo_core::vocab::backward_rows(&z, vocab, t, &terms, &mut g0),
+    let (g_lp, g_h, g_kl) = (
+        weights(Slot::GradLogp, 0),
+        weights(Slot::GradEntropy, 1),
+        weights(Slot::GradKl, 2),
     );
-    // In place in 16-bit storage: the gradients rounded to the logits' own type (vector
-    // roundings in grpo-cpu, `half`'s scalar ones in grpo-core).
+    let t = [1.0f32, 0.5, 2.0, 0.0, -1.0, f32::NAN, 1e-30, 7.0][usize::from(inp.temperature % 8)];
+    let dir = if inp.flags & 1 == 0 {
+        KlDirection::Forward
+    } else {
+        KlDirection::Reverse
+    };
+    let has = |bit: u8| inp.flags & (4 << bit) == 0;
+    let pool = usize::from(inp.flags >> 5) % 4;
+    let case = Case {
+        cpus: executors().iter().map(|e| &e[pool]).collect(),
+        vocab,
+        t,
+        beta: f32::from(inp.beta) / 255.0,
+        dir,
+        teacher: &w,
+        targets: &targets,
+        terms: GradTerms {
+            logp: has(0).then_some((&targets[..], &g_lp[..])),
+            entropy: has(1).then_some(&g_h[..]),
+            kl: has(2).then_some(KlTerm {
+                teacher: &w,
+                grad: &g_kl,
+                direction: dir,
+            }),
+        },
+        out: len(Slot::Out, rows),
+        entropy: len(Slot::Entropy, rows),
+        grad: len(Slot::Grad, n),
+        with_entropy: inp.flags & 2 != 0,
+    };
+
+    // Forward in f32 and one 16-bit type; the backwards in every storage type. (Each kernel is
+    // compiled per backend and type, and this target is the slowest fuzz build: f16 forwards
+    // would add their instantiations for little new code — f16 loads run in the backwards.)
     let zb: Vec<half::bf16> = z.iter().map(|&v| half::bf16::from_f32(v)).collect();
     let zh: Vec<half::f16> = z.iter().map(|&v| half::f16::from_f32(v)).collect();
-    let (mut b0, mut f0) = (zb.clone(), zh.clone());
-    let rb0 = grpo_core::vocab::backward_rows_in_place(&mut b0, vocab, t, &terms);
-    let rf0 = grpo_core::vocab::backward_rows_in_place(&mut f0, vocab, t, &terms);
-    for b in Backend::available() {
-        let cpu = Cpu::new(b).unwrap();
-        let (mut bb, mut ff) = (zb.clone(), zh.clone());
-        assert_eq!(
-            cpu.backward_rows_in_place(&mut bb, vocab, t, &terms),
-            rb0,
-            "{b:?}"
-        );
-        assert_eq!(
-            cpu.backward_rows_in_place(&mut ff, vocab, t, &terms),
-            rf0,
-            "{b:?}"
-        );
-        assert_eq!(
-            bits16(&bb, half::bf16::to_bits),
-            bits16(&b0, half::bf16::to_bits),
-            "{b:?}"
-        );
-        assert_eq!(
-            bits16(&ff, half::f16::to_bits),
-            bits16(&f0, half::f16::to_bits),
-            "{b:?}"
-        );
-        let (mut l, mut h, mut p, mut k, mut j) =
-            (sentinel(), sentinel(), sentinel(), sentinel(), sentinel());
-        let mut gr = vec![-3.5f32; n];
-        let r = (
-            cpu.stats_rows(&z, vocab, t, &mut l, &mut h),
-            cpu.logprob_entropy_rows(&z, vocab, &targets, t, &mut p, None),
-            cpu.kl_rows(&z, &w, vocab, t, dir, &mut k),
-            cpu.jsd_rows(&z, &w, vocab, beta, t, &mut j),
-            cpu.backward_rows(&z, vocab, t, &terms, &mut gr),
-        );
-        assert_eq!(r, r0, "{b:?}");
-        for (a, c) in [
-            (&l, &l0),
-            (&h, &h0),
-            (&p, &p0),
-            (&k, &k0),
-            (&j, &j0),
-            (&gr, &g0),
-        ] {
-            assert_eq!(bits(a), bits(c), "{b:?}");
-        }
-    }
+    forward(&case, &z);
+    forward(&case, &zb);
+    backward(&case, &z);
+    backward(&case, &zb);
+    backward(&case, &zh);
 });
