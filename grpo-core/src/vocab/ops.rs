@@ -126,13 +126,17 @@ pub fn row<S: super::Logit>(
 ///
 /// # Errors
 /// `TokenOutOfRange{index, token: y, vocab}` when `y ≥ V`; `NonFinite{what: "logits[target]",
-/// index: base + y}` when `(z_y − max)·τ` is not finite (a −∞ target logit).
+/// index: base + y}` when `(z_y − max)·τ` is not finite: a −∞ target logit, or a finite one so
+/// far below the maximum that its log-probability overflows f32 (e.g. `z = [3e38, −3e38]`,
+/// `y = 1`, `T = 1`: log p = −6e38).
 ///
 /// ```
 /// use grpo_core::vocab::validate::target;
 /// let z = [0.0f32, f32::NEG_INFINITY];
 /// assert!(target(&z, 0, 0.0, 1.0, 0, 0).is_ok());
 /// assert!(target(&z, 1, 0.0, 1.0, 0, 0).is_err() && target(&z, 2, 0.0, 1.0, 0, 0).is_err());
+/// // finite, but log p = −6e38 does not fit in f32
+/// assert!(target(&[3e38f32, -3e38], 1, 3e38, 1.0, 0, 0).is_err());
 /// ```
 pub fn target<S: super::Logit>(
     row: &[S],
@@ -267,8 +271,9 @@ pub fn entropy<S: super::Logit>(logits: &[S], temperature: f32) -> Result<f32> {
 ///
 /// # Errors
 /// Those of [`row_stats`], plus `TokenOutOfRange{index: 0, ..}` when `target ≥ V` and
-/// `NonFinite{what: "logits[target]", index: target}` when the target's logit is −∞ (its
-/// log-probability would be −∞).
+/// `NonFinite{what: "logits[target]", index: target}` when the target's log-probability is not
+/// finite in f32 ([`validate::target`](super::validate::target)): its logit is −∞, or lies so
+/// far below the maximum that `(z_y − max)/T` overflows.
 ///
 /// ```
 /// use grpo_core::vocab::logprob_entropy;
@@ -518,7 +523,8 @@ pub fn stats_rows<S: super::Logit>(
 /// `InvalidParam` (temperature, `vocab = 0`), `LengthMismatch` (`logits`, `logp_out`,
 /// `entropy_out`), `TokenOutOfRange{index: r, ..}` for the first bad target, then per row in
 /// order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`,
-/// `NonFinite{what: "logits[target]", index: r·V + y}` (target logit −∞). On `Err` no output
+/// `NonFinite{what: "logits[target]", index: r·V + y}` (target log-probability not finite in
+/// f32: see [`validate::target`](super::validate::target)). On `Err` no output
 /// is written.
 ///
 /// ```
