@@ -587,10 +587,10 @@ impl<'c> VocabKernel<'c> {
     /// name: "vocab" }` for `vocab = 0`; `LengthMismatch { what: "student" | "teacher" }`; then
     /// row by row, student before teacher: `NonFinite { what: "student" | "teacher", index:
     /// r·vocab + v }` for the first NaN or +∞, `EmptySegment { segment: r }` for a row of only
-    /// −∞, `NonFinite { what: "logits / temperature" }` when a row's maximum overflows once
-    /// divided by `T`, and `NonFinite` when the expectation's distribution has mass where the
-    /// other's is 0 (the KL is +∞). Plus this backend's [`GpuError::TooLarge`] and, for f16,
-    /// [`GpuError::MissingFeature`].
+    /// −∞, `NonFinite { what: "student / temperature" | "teacher / temperature" }` when a
+    /// row's maximum overflows once divided by `T`, and `NonFinite` when the expectation's
+    /// distribution has mass where the other's is 0 (the KL is +∞). Plus this backend's
+    /// [`GpuError::TooLarge`] and, for f16, [`GpuError::MissingFeature`].
     pub fn kl<L: LogitStorage>(
         &self,
         student: &[L],
@@ -757,8 +757,9 @@ impl<'c> VocabKernel<'c> {
     /// `vocab = 0`; `LengthMismatch { what: "student" | "teacher" }`; then row by row, student
     /// before teacher: `NonFinite { what: "student" | "teacher", index: r·vocab + v }` for the
     /// first NaN or +∞, `EmptySegment { segment: r }` for a row of only −∞, and
-    /// `NonFinite { what: "logits / temperature" }` when a row's maximum overflows once divided
-    /// by `T`. Plus this backend's [`GpuError::TooLarge`] and, for f16,
+    /// `NonFinite { what: "student / temperature" | "teacher / temperature" }` when a row's
+    /// maximum overflows once divided by `T`. Plus this backend's [`GpuError::TooLarge`] and,
+    /// for f16,
     /// [`GpuError::MissingFeature`].
     pub fn jsd<L: LogitStorage>(
         &self,

@@ -81,13 +81,20 @@ fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<
 ///
 /// # Errors
 /// `NonFinite{what, index: base + v}` for the first NaN or +∞ at `v`; `EmptySegment{segment}`
-/// when every logit is −∞; `NonFinite{what: "logits / temperature", index: base + v}` when the
-/// maximum (first found at `v`) times τ overflows.
+/// when every logit is −∞; `NonFinite{what: "<what> / temperature", index: base + v}` when the
+/// maximum (first found at `v`) times τ overflows — `"logits / temperature"`, `"student /
+/// temperature"` or `"teacher / temperature"` after the names grpo-core's operations pass
+/// (any other `what` is reported as `"logits / temperature"`).
 ///
 /// ```
+/// use grpo_core::Error;
 /// use grpo_core::vocab::validate::row;
 /// assert_eq!(row(&[1.0f32, -2.0], "logits", 0, 0, 1.0), Ok(1.0));
 /// assert!(row(&[f32::NEG_INFINITY; 3], "logits", 0, 5, 1.0).is_err());
+/// assert_eq!(
+///     row(&[0.5f32, 3e38], "teacher", 10, 5, 2.0),
+///     Err(Error::NonFinite { what: "teacher / temperature", index: 11 })
+/// );
 /// ```
 pub fn row<S: super::Logit>(
     row: &[S],
@@ -113,8 +120,13 @@ pub fn row<S: super::Logit>(
     if !(m * tau).is_finite() {
         // The largest logit overflows once divided by T: report where it is.
         let v = row.iter().position(|x| x.to_f32() == m).unwrap_or(0);
+        let what = match what {
+            "student" => "student / temperature",
+            "teacher" => "teacher / temperature",
+            _ => "logits / temperature",
+        };
         return Err(Error::NonFinite {
-            what: "logits / temperature",
+            what,
             index: base + v,
         });
     }
@@ -346,8 +358,10 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// # Errors
 /// `InvalidParam` (temperature, empty rows), `LengthMismatch{what: "teacher"}`,
 /// `NonFinite{what: "student" | "teacher", index}` for NaN/+∞, `EmptySegment{segment: 0}` for an
-/// all-−∞ row, and `NonFinite` when the expectation's distribution is positive where the other
-/// is 0 (the KL is +∞): Forward needs `w_v = −∞ ⇒ z_v = −∞`, Reverse the converse.
+/// all-−∞ row, `NonFinite{what: "student / temperature" | "teacher / temperature"}` when a
+/// row's maximum overflows once divided by T, and `NonFinite` when the expectation's
+/// distribution is positive where the other is 0 (the KL is +∞): Forward needs
+/// `w_v = −∞ ⇒ z_v = −∞`, Reverse the converse.
 ///
 /// ```
 /// use grpo_core::vocab::{kl_divergence, KlDirection};

@@ -526,7 +526,7 @@ fn in_row_1(e: Error, v: usize) -> Error {
 fn single_row_errors_are_exact_and_match_the_batched_ops() {
     // The rule (ops.rs, validate): temperature (finite, > 0, then 1/T finite), β (JSD), an
     // empty row (`vocab`), the teacher's length, the target id, then the student row (first
-    // NaN/+∞, all −∞ → EmptySegment, max/T overflow → "logits / temperature"), the teacher
+    // NaN/+∞, all −∞ → EmptySegment, max/T overflow → "<row> / temperature"), the teacher
     // row (same checks) and last the target's logit. Single-row ops name the row "logits"
     // alone and "student"/"teacher" in a pair; the batched ops check in the same order.
     let (ninf, nan, inf) = (f32::NEG_INFINITY, f32::NAN, f32::INFINITY);
@@ -631,16 +631,20 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
             label: "student max / T overflows",
             z: set(&z0, 2, 3e38),
             t: 0.5,
-            expect: [nf("logits / temperature", 2); 4],
+            expect: [
+                nf("logits / temperature", 2),
+                nf("logits / temperature", 2),
+                nf("student / temperature", 2),
+                nf("student / temperature", 2),
+            ],
             ..base()
         },
         BadRow {
-            // the error names the scaled logits, not which row holds them
             label: "teacher max / T overflows",
             w: set(&w0, 3, 3e38),
             t: 0.5,
             expect: pair(Error::NonFinite {
-                what: "logits / temperature",
+                what: "teacher / temperature",
                 index: 3,
             }),
             ..base()
