@@ -759,8 +759,7 @@ impl<'c> VocabKernel<'c> {
     /// first NaN or +∞, `EmptySegment { segment: r }` for a row of only −∞, and
     /// `NonFinite { what: "student / temperature" | "teacher / temperature" }` when a row's
     /// maximum overflows once divided by `T`. Plus this backend's [`GpuError::TooLarge`] and,
-    /// for f16,
-    /// [`GpuError::MissingFeature`].
+    /// for f16, [`GpuError::MissingFeature`].
     pub fn jsd<L: LogitStorage>(
         &self,
         student: &[L],
