@@ -85,21 +85,25 @@ impl Cpu {
     /// only `lp[t]`, `old[t]`, `adv[t]`), so the batch is cut into spans of positions regardless
     /// of sequence boundaries (only the mask decides validity: every position of a valid layout
     /// lies in some sequence). Two parallel passes, because outputs must stay untouched on `Err`:
-    /// the first checks every span and gathers the diagnostics without writing; the second —
-    /// only if every span passed — writes each span's values and gradients (spans in reverse
+    /// the first checks every span without writing; the second — only if every span passed —
+    /// writes each span's values and gradients and gathers its diagnostics (spans in reverse
     /// order, so it starts on inputs the first pass left in the last-level cache). If anything
     /// fails, grpo-core is called on the whole batch, which returns its own error and writes
-    /// nothing, so the error value is exactly grpo-core's. The `f32` check is conservative
-    /// (finite `lp − old` and finite `A·max(ρ, hi, c_dual)`, which bound every value and
-    /// gradient): the rare batch it rejects although grpo-core accepts it — an unclamped
-    /// log-ratio so large that `A·ρ` overflows in the branch the clip discards — also goes to
-    /// grpo-core, and gets grpo-core's result.
+    /// nothing, so the error value is exactly grpo-core's. The `f32` check is conservative and
+    /// needs no exponential: finite `lp − old` and finite `A·M`, where `M = max(R, hi, c_dual)`
+    /// and `R` bounds every ratio (`e^c` under a log-ratio clamp `c ≤ 80`; otherwise `e^80`,
+    /// and the check also requires `lp − old ≤ 80`), which bounds every value and gradient.
+    /// The rare batch it rejects although grpo-core accepts it — an `|A|` near `f32::MAX / M`,
+    /// or a log-ratio above 80 without such a clamp — also goes to grpo-core, and gets
+    /// grpo-core's result.
     ///
     /// - `f32`: a SIMD kernel on the [`Cpu`]'s backend repeats grpo-core's operations lane by
     ///   lane (its `exp` for `f32` is the canonical one every backend reproduces), spans of
-    ///   16384 positions, streaming stores on AVX-512. `grpo-bench loss` measures it against
-    ///   the same-run read + write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine
-    ///   (the check pass reads the inputs a second time, at about the memory's pace).
+    ///   16384 positions, streaming stores on AVX-512, one loop per combination of the
+    ///   configuration's options. `grpo-bench loss` measures it against the same-run read +
+    ///   write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine, 0.51–0.64 on the
+    ///   2-core AVX2 (Zen 3) one (the check pass reads the inputs a second time, at about the
+    ///   memory's pace).
     /// - `f64`: grpo-core's scalar `ppo_clip` per block of [`LOSS_BLOCK`] positions (each
     ///   block evaluated twice by grpo-core itself, and twice by the two passes).
     ///
@@ -182,27 +186,27 @@ impl Cpu {
             mask: inp.tokens.mask.map(|m| &m[r]),
             out,
         };
-        // Pass 1: check and gather diagnostics (no writes).
-        let spans: Vec<SpanDiag> = self.install(|| {
+        // Pass 1: check every span (no writes).
+        let all_ok = self.install(|| {
             (0..n.div_ceil(SPAN))
                 .into_par_iter()
-                .map(|k| arch::run(backend, kernel(span(k), None)))
-                .collect()
+                .all(|k| arch::run(backend, kernel(span(k), None)).ok)
         });
-        if !spans.iter().all(|d| d.ok) {
+        if !all_ok {
             return ppo_clip(cfg, inp, value, grad);
         }
-        // Pass 2: every span is known to succeed; write each into its own slices.
-        self.install(|| {
+        // Pass 2: every span is known to succeed; write each into its own slices and gather
+        // its diagnostics (collected in span order: the spans' `kl` fold in that order).
+        let mut spans: Vec<SpanDiag> = self.install(|| {
             value
                 .par_chunks_mut(SPAN)
                 .zip(grad.par_chunks_mut(SPAN))
                 .enumerate()
                 .rev()
-                .for_each(|(k, (v, g))| {
-                    arch::run(backend, kernel(span(k), Some((v, g))));
-                })
+                .map(|(k, (v, g))| arch::run(backend, kernel(span(k), Some((v, g)))))
+                .collect()
         });
+        spans.reverse();
         let mut d = LossDiagnostics::<f32>::empty(LossLevel::Token);
         let mut kl = PairwiseFold::new();
         for s in &spans {

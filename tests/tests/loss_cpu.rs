@@ -452,3 +452,52 @@ fn overflow_in_the_unselected_branch_matches_core() {
         check_f32(&cfg, &inp, n);
     }
 }
+
+/// Batches just outside the SIMD check's bounds, which grpo-core accepts: grpo-cpu hands them to
+/// grpo-core and must return its result bit for bit. Without a log-ratio clamp (TRL) the check
+/// passes log-ratios up to 80 only — `lp − old = 85` with `A = 1e-6` has a finite `A·ρ ≈ 8e30`;
+/// under the default clamp of 20 it passes `|A| ≤ f32::MAX / e^20 ≈ 7e29` only — `A = 1e31`
+/// at `ρ ≈ 1` is finite everywhere. Just inside the bounds (80, 7e29) the SIMD kernel runs; the
+/// results are the same.
+#[test]
+fn beyond_the_check_bounds_matches_core() {
+    let trl = PpoClipConfig::<f32>::from_preset(Preset::Trl);
+    let default = PpoClipConfig::<f32>::default();
+    assert_eq!(
+        (trl.log_ratio_clamp, default.log_ratio_clamp),
+        (None, Some(20.0))
+    );
+    let n = 2 * 16384 + 3 * 16 + 5;
+    for (cfg, lp_at, a_at) in [
+        (&trl, 85.0f32, 1e-6f32),
+        (&trl, 80.0, 1e-6),
+        (&default, -0.1, 1e31),
+        (&default, -0.1, -1e31),
+        (&default, -0.1, 7e29),
+    ] {
+        for at in [20, n - 2] {
+            let lp: Vec<f32> = (0..n)
+                .map(|t| {
+                    if t == at {
+                        lp_at
+                    } else {
+                        -0.001 * (t % 1000) as f32
+                    }
+                })
+                .collect();
+            let old = vec![0.0f32; n];
+            let adv: Vec<f32> = (0..n).map(|t| if t == at { a_at } else { 1.0 }).collect();
+            let inp = PolicyInputs {
+                lp: &lp,
+                old: &old,
+                adv: &adv,
+                tokens: Tokens::padded(1, n, None),
+            };
+            let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+            let d = ppo_clip(cfg, &inp, &mut v, &mut g).unwrap();
+            assert!(v[at].is_finite() && v[at] != 0.0, "{} at {at}", v[at]);
+            assert_eq!(d.tokens, n);
+            check_f32(cfg, &inp, n);
+        }
+    }
+}

@@ -13,18 +13,22 @@
 //! of whole blocks starting at a block boundary and folds its blocks with a
 //! [`PairwiseFold`]; spans of a power-of-two number of blocks fold into the same association.
 //!
-//! Two modes share the lane code: the *check* mode (no writes) gathers the diagnostics and
-//! tells whether the span is safe to write; the *write* mode stores values and gradients
-//! (`F32x16::store_stream`: the outputs are written once and not read back).
+//! Two modes: the *check* mode (no writes) only tells whether the span is safe to write; the
+//! *write* mode stores values and gradients (`F32x16::store_stream`: the outputs are written
+//! once and not read back) and gathers the diagnostics. The check reads the inputs at about the
+//! memory's pace — no exponential — and the write mode's arithmetic is done once.
 //!
 //! The check is a cheaper, conservative stand-in for grpo-core's (finite `lp`, `old`, `A`,
-//! value and gradient): it requires `d = lp − old` finite (which implies finite `lp` and `old`:
-//! `±∞ − y` and NaN stay non-finite) and `B = A·max(ρ, hi, c_dual)` finite. Since
-//! `|value| ≤ |A|·max(ρ', clip(ρ), c_dual) ≤ |B|` and `|grad| ∈ {0, |A·ρ|} ≤ |B|`, and `B` is
-//! non-finite for non-finite `A` (`max(…) ≥ hi > 1`), a span that passes would pass grpo-core.
-//! The converse can fail only when `A·ρ` overflows while the selected branch stays finite (an
-//! unclamped log-ratio above ~88 − ln|A|); such a span reports "not ok" and the caller falls
-//! back to grpo-core, which returns the correct result — slower, never different.
+//! value and gradient). It requires `d = lp − old` finite (which implies finite `lp` and `old`:
+//! `±∞ − y` and NaN stay non-finite) and `A·M` finite, where `M = max(R, hi, c_dual)` and `R` is
+//! an upper bound of every ratio `ρ` the span can hold: `e^c` (rounded up) under a clamp
+//! `c ≤ 80`; otherwise `e^80`, and the check also requires `d ≤ 80` (so `x = clamp(d) ≤ 80`).
+//! Since `|value| ≤ |A|·max(ρ', clip(ρ), c_dual) ≤ |A|·M` and `|grad| ∈ {0, |A·ρ|} ≤ |A|·M`,
+//! rounding is monotonic, and `A·M` is non-finite for non-finite `A` (`M ≥ hi > 1`), a span
+//! that passes would pass grpo-core. The converse can fail: an `|A|` above `f32::MAX / M`
+//! (about 7e29 under the default clamp of 20) or, without a clamp of at most 80, a log-ratio
+//! above 80 whose ratio the clip logic never overflows. Such a span reports "not ok" and the
+//! caller falls back to grpo-core, which returns the correct result — slower, never different.
 
 use grpo_core::vocab::canon::{BLOCK, LANES, PairwiseFold, tree};
 
@@ -40,10 +44,23 @@ pub(crate) struct PpoParams {
     pub(crate) clamp: Option<f32>,
     pub(crate) dual: Option<f32>,
     pub(crate) cap: Option<f32>,
-    /// `max(hi, dual)`: with `ρ`, bounds every ratio the value multiplies `A` by.
-    pub(crate) value_bound: f32,
     /// The clamp keeps every finite log-ratio within `exp_moderate`'s range.
     pub(crate) moderate: bool,
+    /// `M = max(R, hi, c_dual)`, where `R ≥ ρ` for every log-ratio the check passes: `R` is
+    /// `e^c` for a clamp `c ≤ 80` ([`Self::moderate`]), else `e^80` (the check also requires
+    /// `lp − old ≤ 80`, [`CHECK_LOG_RATIO_MAX`]), rounded up (see the module docs).
+    pub(crate) check_bound: f32,
+}
+
+/// The largest log-ratio `lp − old` the check passes when the clamp does not bound `ρ`'s
+/// argument by 80 (no clamp, or a wider one); above it the batch goes to grpo-core.
+const CHECK_LOG_RATIO_MAX: f32 = EXP_MODERATE_MAX;
+
+/// An `f32` at least `e^x` and at least the canonical `exp(x)` (which is within 2 ULP of
+/// `e^x`, 2^-22 relative): `e^x·(1 + 2^-20)` in `f64`, rounded to `f32` (at most 2^-24
+/// relative down).
+fn exp_upper_bound(x: f32) -> f32 {
+    (f64::from(x).exp() * (1.0 + 2f64.powi(-20))) as f32
 }
 
 impl PpoParams {
@@ -51,17 +68,34 @@ impl PpoParams {
     /// `grpo_core::loss::PpoClipConfig::validate`.
     pub(crate) fn new(cfg: &grpo_core::loss::PpoClipConfig<f32>) -> Self {
         let hi = cfg.bounds.hi;
+        let moderate = cfg.log_ratio_clamp.is_some_and(|c| c <= EXP_MODERATE_MAX);
+        let ratio_bound = exp_upper_bound(match cfg.log_ratio_clamp {
+            Some(c) if moderate => c,
+            _ => CHECK_LOG_RATIO_MAX,
+        });
         PpoParams {
             lo: cfg.bounds.lo,
             hi,
             clamp: cfg.log_ratio_clamp,
             dual: cfg.dual_clip,
             cap: cfg.delta_cap,
-            value_bound: cfg.dual_clip.map_or(hi, |c| c.max(hi)),
-            moderate: cfg.log_ratio_clamp.is_some_and(|c| c <= EXP_MODERATE_MAX),
+            moderate,
+            check_bound: ratio_bound.max(hi).max(cfg.dual_clip.unwrap_or(hi)),
         }
     }
 }
+
+/// The configuration's options as bits of a const generic parameter `O` ([`PpoSpan::run`]
+/// picks the variant once per span): each combination compiles to its own loop, without the
+/// per-chunk tests of the options and the mask repacking that LLVM emitted where one loop
+/// served them all (`grpo-bench loss`, one thread in L2: see [`PpoSpan::run`]).
+const CLAMP: u8 = 1;
+/// [`PpoParams::moderate`] (only together with [`CLAMP`]).
+const MODERATE: u8 = 2;
+/// The δ cap on the unclipped ratio.
+const CAP: u8 = 4;
+/// The dual clip.
+const DUAL: u8 = 8;
 
 /// One span of the batch: positions `start..start + lp.len()` (the slices are that span),
 /// `start` a multiple of `BLOCK`; `batch_len` is the whole batch's length (it decides where the
@@ -97,8 +131,6 @@ pub(crate) struct SpanDiag {
 struct TokenLanes<V: F32x16> {
     value: V,
     grad: V,
-    /// `lp − old` before the clamp.
-    d: V,
     x: V,
     rho: V,
     clamped: V::Mask,
@@ -122,32 +154,41 @@ fn neg_mul0<V: F32x16>(a: V, dr: V) -> V {
 }
 
 /// grpo-core's PPO-clip token step (`ppo_clip`'s closure and `ppo_core`) per lane.
+/// `O`: the options' bits ([`CLAMP`], …), which the configuration `p` matches.
 #[inline(always)]
-fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
+fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
     let zero = V::splat(0.0);
     let d = lp.sub(old);
-    let (x, clamped) = match p.clamp {
-        Some(c) => {
-            let (c, mc) = (V::splat(c), V::splat(-c));
-            let above = d.gt(c);
-            let below = d.lt(mc);
-            (
-                V::select(above, c, V::select(below, mc, d)),
-                V::mask_or(above, below),
-            )
-        }
-        None => (d, V::mask_none()),
+    let (x, clamped) = if O & CLAMP != 0 {
+        let c = p.clamp.unwrap_or(f32::INFINITY);
+        let (c, mc) = (V::splat(c), V::splat(-c));
+        let above = d.gt(c);
+        let below = d.lt(mc);
+        (
+            V::select(above, c, V::select(below, mc, d)),
+            V::mask_or(above, below),
+        )
+    } else {
+        (d, V::mask_none())
     };
     // Inside the clamp the cheaper form of the same exponential applies.
-    let rho = if p.moderate { exp_moderate(x) } else { exp(x) };
-    let drho = V::select(clamped, zero, rho);
+    let rho = if O & MODERATE != 0 {
+        exp_moderate(x)
+    } else {
+        exp(x)
+    };
+    let drho = if O & CLAMP != 0 {
+        V::select(clamped, zero, rho)
+    } else {
+        rho
+    };
     // Unclipped branch, optionally capped at δ.
-    let (r1, dr1, cap) = match p.cap {
-        Some(dc) => {
-            let m = rho.gt(V::splat(dc));
-            (V::select(m, V::splat(dc), rho), V::select(m, zero, drho), m)
-        }
-        None => (rho, drho, V::mask_none()),
+    let (r1, dr1, cap) = if O & CAP != 0 {
+        let dc = V::splat(p.cap.unwrap_or(f32::INFINITY));
+        let m = rho.gt(dc);
+        (V::select(m, dc, rho), V::select(m, zero, drho), m)
+    } else {
+        (rho, drho, V::mask_none())
     };
     let v1 = neg(a.mul(r1));
     let g1 = neg_mul0(a, dr1);
@@ -163,18 +204,22 @@ fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
     let mut grad = V::select(second, g2, g1);
     let a_neg = a.lt(zero);
     let a_pos = a.gt(zero);
-    let capped = V::mask_and(V::mask_and(cap, a_neg), v1.ge(v2));
+    let capped = if O & CAP != 0 {
+        V::mask_and(V::mask_and(cap, a_neg), v1.ge(v2))
+    } else {
+        V::mask_none()
+    };
     let clip_high = V::mask_and(a_pos, above);
     let clip_low = V::mask_and(a_neg, below);
-    let dual = match p.dual {
-        Some(c) => {
-            let v3 = neg(V::splat(c).mul(a));
-            let m = V::mask_and(a_neg, v3.lt(value));
-            value = V::select(m, v3, value);
-            grad = V::select(m, zero, grad);
-            m
-        }
-        None => V::mask_none(),
+    let dual = if O & DUAL != 0 {
+        let c = p.dual.unwrap_or(f32::INFINITY);
+        let v3 = neg(V::splat(c).mul(a));
+        let m = V::mask_and(a_neg, v3.lt(value));
+        value = V::select(m, v3, value);
+        grad = V::select(m, zero, grad);
+        m
+    } else {
+        V::mask_none()
     };
     // A = 0 (either sign): value and gradient +0, no flag (the flags above need A ≠ 0).
     let a_zero = a.eq(zero);
@@ -183,7 +228,6 @@ fn token_lanes<V: F32x16>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
     TokenLanes {
         value,
         grad,
-        d,
         x,
         rho,
         clamped,
@@ -225,30 +269,44 @@ fn masked_inputs<V: F32x16>(valid: Option<V::Mask>, lp: V, old: V, a: V) -> (V, 
     }
 }
 
-/// One chunk of 16 positions: its lanes, its (masked) advantages and its validity.
+/// One chunk of 16 positions: its lanes and its validity.
 ///
 /// A function rather than a closure: a closure is a separate function, and if LLVM declines to
 /// inline it, its intrinsics are compiled without the ISA's features.
 #[inline(always)]
-fn chunk<V: F32x16>(
+fn chunk<V: F32x16, const O: u8>(
     p: &PpoParams,
     lp: &[f32; 16],
     old: &[f32; 16],
     adv: &[f32; 16],
     mask: Option<&[bool; 16]>,
-) -> (TokenLanes<V>, V, Option<V::Mask>) {
+) -> (TokenLanes<V>, Option<V::Mask>) {
     let valid = mask.map(valid_lanes::<V>);
     let (l, o, a) = masked_inputs(valid, V::load(lp), V::load(old), V::load(adv));
-    (token_lanes(p, l, o, a), a, valid)
+    (token_lanes::<V, O>(p, l, o, a), valid)
 }
 
-/// Running diagnostics of the check mode, in lanes (counts as exact f32 lane counts: a span
+/// The check mode's term for one chunk: `+0` in every lane that passes, a positive number,
+/// +∞ or NaN in a lane that does not (see the module docs):
+/// `d·0 + (A·M)·0` (NaN unless `d` and `A·M` are finite, `M` = [`PpoParams::check_bound`]),
+/// plus `max(d, 80) − 80` where the clamp does not keep `ρ`'s argument at most 80 (positive
+/// exactly when `d > 80`).
+#[inline(always)]
+fn check_term<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> V {
+    let zero = V::splat(0.0);
+    let d = lp.sub(old);
+    let t = d.mul_add(zero, a.mul(V::splat(p.check_bound)).mul(zero));
+    if O & MODERATE != 0 {
+        t
+    } else {
+        let lim = V::splat(CHECK_LOG_RATIO_MAX);
+        t.add(d.max(lim).sub(lim))
+    }
+}
+
+/// Running diagnostics of the write mode, in lanes (counts as exact f32 lane counts: a span
 /// holds far fewer than 2^24 tokens per lane).
 struct Acc<V: F32x16> {
-    /// `Σ (d·0 + B·0)` with `B = A·max(ρ, hi, c_dual)`: finite (a sum of zeros) exactly when
-    /// every `d` and `B` was finite, NaN otherwise (`±∞·0 = NaN`, and NaN propagates through
-    /// `+`). See the module docs for why this is a safe stand-in for grpo-core's check.
-    check: V,
     tokens: V,
     clipped_low: V,
     clipped_high: V,
@@ -271,7 +329,6 @@ impl<V: F32x16> Acc<V> {
     fn new() -> Self {
         let zero = V::splat(0.0);
         Acc {
-            check: zero,
             tokens: zero,
             clipped_low: zero,
             clipped_high: zero,
@@ -285,24 +342,18 @@ impl<V: F32x16> Acc<V> {
 
     /// Adds one chunk; `valid = None` means every lane is valid. Masked lanes hold zeroed inputs
     /// ([`masked_inputs`]), so they only need excluding from the count and the ratio range.
-    /// Flags that the configuration cannot raise are not counted (the branches are the same for
-    /// every chunk).
+    /// Flags that the configuration cannot raise are not counted (`O` says which it can).
     #[inline(always)]
-    fn add(&mut self, p: &PpoParams, t: &TokenLanes<V>, a: V, valid: Option<V::Mask>) {
-        let zero = V::splat(0.0);
-        // |value| ≤ |A|·max(ρ, hi, c_dual) and |grad| ≤ |A|·ρ (module docs).
-        let bound = a.mul(t.rho.max(V::splat(p.value_bound)));
-        let nan_if_inf = t.d.mul_add(zero, bound.mul(zero));
-        self.check = self.check.add(nan_if_inf);
+    fn add<const O: u8>(&mut self, t: &TokenLanes<V>, valid: Option<V::Mask>) {
         self.clipped_low = count(self.clipped_low, t.clip_low);
         self.clipped_high = count(self.clipped_high, t.clip_high);
-        if p.dual.is_some() {
+        if O & DUAL != 0 {
             self.dual = count(self.dual, t.dual);
         }
-        if p.cap.is_some() {
+        if O & CAP != 0 {
             self.capped = count(self.capped, t.capped);
         }
-        if p.clamp.is_some() {
+        if O & CLAMP != 0 {
             self.clamped = count(self.clamped, t.clamped);
         }
         match valid {
@@ -334,7 +385,7 @@ impl<V: F32x16> Acc<V> {
             .into_iter()
             .fold(f32::NEG_INFINITY, |m, r| if r > m { r } else { m });
         SpanDiag {
-            ok: self.check.to_array().iter().all(|c| c.is_finite()),
+            ok: true,
             tokens: unmasked + total(self.tokens),
             clipped_low: total(self.clipped_low),
             clipped_high: total(self.clipped_high),
@@ -351,99 +402,389 @@ impl<V: F32x16> Acc<V> {
 impl Kernel for PpoSpan<'_> {
     type Output = SpanDiag;
 
+    /// Runs the loop compiled for the configuration's options ([`CLAMP`], [`MODERATE`],
+    /// [`CAP`], [`DUAL`]). With one loop for every configuration, LLVM tested the options in
+    /// every chunk and carried masks across those branches packed to 16 bits and unpacked
+    /// again (`perf annotate` of the AVX2 loops, default configuration).
     #[inline(always)]
     fn run<V: F32x16>(self) -> SpanDiag {
-        let PpoSpan {
-            p,
-            lp,
-            old,
-            adv,
-            mask,
-            mut out,
-        } = self;
-        let n = lp.len();
-        let mut acc = Acc::<V>::new();
-        let mut unmasked = 0;
-        let mut fold = PairwiseFold::new();
-        let zero = V::splat(0.0);
-        let mut start = 0;
-        while start < n {
-            let end = (start + BLOCK).min(n);
-            let n16 = start + (end - start) / LANES * LANES;
-            let mut kl = zero;
-            let (lpc, _) = lp[start..n16].as_chunks::<16>();
-            let (oldc, _) = old[start..n16].as_chunks::<16>();
-            let (advc, _) = adv[start..n16].as_chunks::<16>();
-            let maskc = mask.map(|m| m[start..n16].as_chunks::<16>().0);
-            match out.as_mut() {
-                Some((value, grad)) => {
-                    let (vc, _) = value[start..n16].as_chunks_mut::<16>();
-                    let (gc, _) = grad[start..n16].as_chunks_mut::<16>();
-                    for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
-                        let (lanes, _, _) =
-                            chunk::<V>(&p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
-                        lanes.value.store_stream(v);
-                        lanes.grad.store_stream(g);
-                    }
-                }
-                None => {
-                    for k in 0..lpc.len() {
-                        let (lanes, a, valid) =
-                            chunk::<V>(&p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
-                        acc.add(&p, &lanes, a, valid);
-                        kl = kl.sub(lanes.x);
-                    }
-                    if mask.is_none() {
-                        unmasked += n16 - start;
-                    }
-                }
+        let p = &self.p;
+        match (
+            p.clamp.is_some(),
+            p.moderate,
+            p.cap.is_some(),
+            p.dual.is_some(),
+        ) {
+            (false, _, false, false) => self.run_with::<V, 0>(),
+            (false, _, false, true) => self.run_with::<V, DUAL>(),
+            (false, _, true, false) => self.run_with::<V, CAP>(),
+            (false, _, true, true) => self.run_with::<V, { CAP | DUAL }>(),
+            (true, false, false, false) => self.run_with::<V, CLAMP>(),
+            (true, false, false, true) => self.run_with::<V, { CLAMP | DUAL }>(),
+            (true, false, true, false) => self.run_with::<V, { CLAMP | CAP }>(),
+            (true, false, true, true) => self.run_with::<V, { CLAMP | CAP | DUAL }>(),
+            (true, true, false, false) => self.run_with::<V, { CLAMP | MODERATE }>(),
+            (true, true, false, true) => self.run_with::<V, { CLAMP | MODERATE | DUAL }>(),
+            (true, true, true, false) => self.run_with::<V, { CLAMP | MODERATE | CAP }>(),
+            (true, true, true, true) => self.run_with::<V, { CLAMP | MODERATE | CAP | DUAL }>(),
+        }
+    }
+}
+
+impl PpoSpan<'_> {
+    /// [`Kernel::run`] for the options `O`, which `self.p` has.
+    #[inline(always)]
+    fn run_with<V: F32x16, const O: u8>(self) -> SpanDiag {
+        match self.out {
+            None => check_span::<V, O>(&self.p, self.lp, self.old, self.adv, self.mask),
+            Some((value, grad)) => {
+                write_span::<V, O>(&self.p, self.lp, self.old, self.adv, self.mask, value, grad)
             }
-            // Tail (only in the batch's last block): the same lanes on a zero-padded chunk, then
-            // the canonical order — tree first, tail elements added in index order.
-            let tail = end - n16;
-            let mut kl_lanes = kl.to_array();
-            tree(&mut kl_lanes);
-            let mut s = kl_lanes[0];
-            if tail > 0 {
-                let pad = |src: &[f32]| {
-                    let mut a = [0.0f32; 16];
-                    a[..tail].copy_from_slice(&src[n16..end]);
-                    a
-                };
-                let mut m = [false; 16];
-                for (l, b) in m.iter_mut().enumerate().take(tail) {
-                    *b = mask.is_none_or(|mk| mk[n16 + l]);
-                }
-                let valid = Some(valid_lanes::<V>(&m));
+        }
+    }
+}
+
+/// The check mode over one span: `ok` only (see the module docs).
+#[inline(always)]
+fn check_span<V: F32x16, const O: u8>(
+    p: &PpoParams,
+    lp: &[f32],
+    old: &[f32],
+    adv: &[f32],
+    mask: Option<&[bool]>,
+) -> SpanDiag {
+    let (lpc, lp_tail) = lp.as_chunks::<16>();
+    let (oldc, old_tail) = old.as_chunks::<16>();
+    let (advc, adv_tail) = adv.as_chunks::<16>();
+    let n16 = lpc.len() * LANES;
+    let mut check = V::splat(0.0);
+    match mask {
+        None => {
+            for k in 0..lpc.len() {
+                let (l, o, a) = (V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
+                check = check.add(check_term::<V, O>(p, l, o, a));
+            }
+        }
+        Some(m) => {
+            let (mc, _) = m[..n16].as_chunks::<16>();
+            for k in 0..lpc.len() {
+                let valid = Some(valid_lanes::<V>(&mc[k]));
                 let (l, o, a) = masked_inputs(
                     valid,
-                    V::load(&pad(lp)),
-                    V::load(&pad(old)),
-                    V::load(&pad(adv)),
+                    V::load(&lpc[k]),
+                    V::load(&oldc[k]),
+                    V::load(&advc[k]),
                 );
-                let lanes = token_lanes(&p, l, o, a);
-                match out.as_mut() {
-                    Some((value, grad)) => {
-                        value[n16..end].copy_from_slice(&lanes.value.to_array()[..tail]);
-                        grad[n16..end].copy_from_slice(&lanes.grad.to_array()[..tail]);
-                    }
-                    None => {
-                        acc.add(&p, &lanes, a, valid);
-                        let x = lanes.x.to_array();
-                        for l in 0..tail {
-                            if m[l] {
-                                s += -x[l];
-                            }
+                check = check.add(check_term::<V, O>(p, l, o, a));
+            }
+        }
+    }
+    let tail = lp_tail.len();
+    if tail > 0 {
+        let (l, o, a, _) = padded_tail::<V>(lp_tail, old_tail, adv_tail, mask.map(|m| &m[n16..]));
+        check = check.add(check_term::<V, O>(p, l, o, a));
+    }
+    SpanDiag {
+        ok: check.to_array().iter().all(|&c| c == 0.0),
+        ..SpanDiag::default()
+    }
+}
+
+/// The inputs of a span's last `< 16` positions, zero-padded to a chunk, with the invalid lanes
+/// (masked, or beyond the tail) zeroed ([`masked_inputs`]), and the validity.
+#[inline(always)]
+fn padded_tail<V: F32x16>(
+    lp: &[f32],
+    old: &[f32],
+    adv: &[f32],
+    mask: Option<&[bool]>,
+) -> (V, V, V, Option<V::Mask>) {
+    let tail = lp.len();
+    let pad = |src: &[f32]| {
+        let mut a = [0.0f32; 16];
+        a[..tail].copy_from_slice(src);
+        a
+    };
+    let mut m = [false; 16];
+    for (l, b) in m.iter_mut().enumerate().take(tail) {
+        *b = mask.is_none_or(|mk| mk[l]);
+    }
+    let valid = Some(valid_lanes::<V>(&m));
+    let (l, o, a) = masked_inputs(
+        valid,
+        V::load(&pad(lp)),
+        V::load(&pad(old)),
+        V::load(&pad(adv)),
+    );
+    (l, o, a, valid)
+}
+
+/// The write mode over one span: values, gradients and the diagnostics.
+#[inline(always)]
+fn write_span<V: F32x16, const O: u8>(
+    p: &PpoParams,
+    lp: &[f32],
+    old: &[f32],
+    adv: &[f32],
+    mask: Option<&[bool]>,
+    value: &mut [f32],
+    grad: &mut [f32],
+) -> SpanDiag {
+    let n = lp.len();
+    let mut acc = Acc::<V>::new();
+    let mut unmasked = 0;
+    let mut fold = PairwiseFold::new();
+    let zero = V::splat(0.0);
+    let mut start = 0;
+    while start < n {
+        let end = (start + BLOCK).min(n);
+        let n16 = start + (end - start) / LANES * LANES;
+        let mut kl = zero;
+        let (lpc, _) = lp[start..n16].as_chunks::<16>();
+        let (oldc, _) = old[start..n16].as_chunks::<16>();
+        let (advc, _) = adv[start..n16].as_chunks::<16>();
+        let maskc = mask.map(|m| m[start..n16].as_chunks::<16>().0);
+        let (vc, _) = value[start..n16].as_chunks_mut::<16>();
+        let (gc, _) = grad[start..n16].as_chunks_mut::<16>();
+        for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
+            let (lanes, valid) =
+                chunk::<V, O>(p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
+            lanes.value.store_stream(v);
+            lanes.grad.store_stream(g);
+            acc.add::<O>(&lanes, valid);
+            kl = kl.sub(lanes.x);
+        }
+        if mask.is_none() {
+            unmasked += n16 - start;
+        }
+        // Tail (only in the batch's last block): the same lanes on a zero-padded chunk, then
+        // the canonical order — tree first, tail elements added in index order.
+        let mut kl_lanes = kl.to_array();
+        tree(&mut kl_lanes);
+        let mut s = kl_lanes[0];
+        if end > n16 {
+            let (l, o, a, valid) = padded_tail::<V>(
+                &lp[n16..end],
+                &old[n16..end],
+                &adv[n16..end],
+                mask.map(|m| &m[n16..end]),
+            );
+            let lanes = token_lanes::<V, O>(p, l, o, a);
+            let tail = end - n16;
+            value[n16..end].copy_from_slice(&lanes.value.to_array()[..tail]);
+            grad[n16..end].copy_from_slice(&lanes.grad.to_array()[..tail]);
+            acc.add::<O>(&lanes, valid);
+            let x = lanes.x.to_array();
+            for (l, &xl) in x.iter().enumerate().take(tail) {
+                if mask.is_none_or(|m| m[n16 + l]) {
+                    s += -xl;
+                }
+            }
+        }
+        fold.push(s, |a, b| a + b);
+        start = end;
+    }
+    acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0), unmasked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CHECK_LOG_RATIO_MAX, PpoParams, PpoSpan, exp_upper_bound};
+    use crate::Cpu;
+    use crate::backend::Backend;
+    use grpo_core::Tokens;
+    use grpo_core::divergence::RatioBounds;
+    use grpo_core::loss::{PolicyInputs, PpoClipConfig, ppo_clip};
+    use grpo_core::presets::Preset;
+    use grpo_core::vocab::exp_ln::exp;
+
+    /// Each of the twelve loops [`PpoSpan::run`] picks — no clamp, a clamp of 20 (`exp_moderate`)
+    /// or of 100, each with and without the δ cap and the dual clip — gives grpo-core's values,
+    /// gradients and diagnostics bit for bit on every backend (two threads, two spans and a
+    /// tail, masked and not; the log-ratios cross the clip bounds, δ = 5, c = 3 and both clamps).
+    #[test]
+    fn every_option_combination_matches_core_on_every_backend() {
+        let n = 16384 + 2048 + 37;
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+        let old: Vec<f32> = (0..n)
+            .map(|t| {
+                let d = match t % 97 {
+                    0 => 25.0,
+                    1 => -25.0,
+                    2 => -120.0,
+                    _ => 2.0 * next() - 1.0,
+                };
+                lp[t] - d
+            })
+            .collect();
+        let adv: Vec<f32> = (0..n)
+            .map(|t| if t % 13 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
+            .collect();
+        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        let mut loops = 0;
+        for clamp in [None, Some(20.0f32), Some(100.0)] {
+            for delta_cap in [None, Some(5.0f32)] {
+                for dual_clip in [None, Some(3.0f32)] {
+                    let cfg = PpoClipConfig {
+                        bounds: RatioBounds { lo: 0.8, hi: 1.28 },
+                        dual_clip,
+                        delta_cap,
+                        log_ratio_clamp: clamp,
+                    };
+                    loops += 1;
+                    for m in [None, Some(&mask[..])] {
+                        let inp = PolicyInputs {
+                            lp: &lp,
+                            old: &old,
+                            adv: &adv,
+                            tokens: Tokens::padded(1, n, m),
+                        };
+                        let (mut v0, mut g0) = (vec![0.0f32; n], vec![0.0f32; n]);
+                        let want = ppo_clip(&cfg, &inp, &mut v0, &mut g0).unwrap();
+                        if clamp.is_some() {
+                            assert!(want.clamped > 0, "{cfg:?}");
+                        }
+                        if delta_cap.is_some() {
+                            assert!(want.delta_capped > 0, "{cfg:?}");
+                        }
+                        if dual_clip.is_some() {
+                            assert!(want.dual_clipped > 0, "{cfg:?}");
+                        }
+                        assert!(want.clipped_low > 0 && want.clipped_high > 0, "{cfg:?}");
+                        for b in Backend::available() {
+                            let cpu = Cpu::new(b).unwrap().with_threads(2).unwrap();
+                            let (mut v, mut g) = (vec![9.0f32; n], vec![9.0f32; n]);
+                            let got = cpu.ppo_clip(&cfg, &inp, &mut v, &mut g).unwrap();
+                            let who = format!("{b:?}, mask {}, {cfg:?}", m.is_some());
+                            assert_eq!(got, want, "{who}");
+                            assert_eq!(got.kl_sum.to_bits(), want.kl_sum.to_bits(), "{who}");
+                            let bits =
+                                |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                            assert!(bits(&v) == bits(&v0), "{who}: values");
+                            assert!(bits(&g) == bits(&g0), "{who}: gradients");
                         }
                     }
                 }
             }
-            fold.push(s, |a, b| a + b);
-            start = end;
         }
-        match out {
-            Some(_) => SpanDiag::default(),
-            None => acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0), unmasked),
+        assert_eq!(loops, 12);
+    }
+
+    /// The check mode's verdict on one span on every backend this CPU has (asserted equal).
+    fn check_ok(
+        cfg: &PpoClipConfig<f32>,
+        lp: &[f32],
+        old: &[f32],
+        adv: &[f32],
+        mask: Option<&[bool]>,
+    ) -> bool {
+        let p = PpoParams::new(cfg);
+        let verdicts: Vec<bool> = Backend::available()
+            .map(|b| {
+                let span = PpoSpan {
+                    p,
+                    lp,
+                    old,
+                    adv,
+                    mask,
+                    out: None,
+                };
+                crate::arch::run(b, span).ok
+            })
+            .collect();
+        assert!(verdicts.iter().all(|&v| v == verdicts[0]), "{verdicts:?}");
+        verdicts[0]
+    }
+
+    /// A span of `n` ordinary tokens with `lp[at] = lp_at`, `adv[at] = adv_at` (old = 0).
+    fn span_with(n: usize, at: usize, lp_at: f32, adv_at: f32) -> [Vec<f32>; 3] {
+        let lp = (0..n)
+            .map(|t| if t == at { lp_at } else { -0.01 * t as f32 })
+            .collect();
+        let adv = (0..n).map(|t| if t == at { adv_at } else { 1.0 }).collect();
+        [lp, vec![0.0; n], adv]
+    }
+
+    /// The bound `R` is above the canonical exponential of every argument it covers: every
+    /// 997th float of [−90, 80], the clamps the presets use, and 80 itself.
+    #[test]
+    fn the_ratio_bound_covers_the_canonical_exp() {
+        let negative = ((-0.0f32).to_bits()..=(-90.0f32).to_bits()).step_by(997);
+        let positive = (0..=CHECK_LOG_RATIO_MAX.to_bits()).step_by(997);
+        let mut count = 0;
+        for x in negative.chain(positive).map(f32::from_bits) {
+            assert!(exp(x) <= exp_upper_bound(x), "x = {x:e}");
+            assert!(exp(x) <= exp_upper_bound(CHECK_LOG_RATIO_MAX), "x = {x:e}");
+            count += 1;
+        }
+        assert!(count > 2_000_000, "{count}");
+        for c in [0.2f32, 1.0, 10.0, 20.0, 80.0] {
+            assert!(exp(c) <= exp_upper_bound(c) && exp_upper_bound(c) <= exp(c) * 1.00001);
+        }
+    }
+
+    /// Where the check passes and where it hands the span to grpo-core, at each of its
+    /// bounds, in the body (chunks of 16) and in the tail, masked and not.
+    #[test]
+    fn the_check_passes_exactly_inside_its_bounds() {
+        let clamped = PpoClipConfig::<f32>::default();
+        assert_eq!(clamped.log_ratio_clamp, Some(20.0));
+        let unclamped = PpoClipConfig::<f32>::from_preset(Preset::Trl);
+        assert_eq!(unclamped.log_ratio_clamp, None);
+        let wide = PpoClipConfig {
+            log_ratio_clamp: Some(100.0),
+            ..clamped
+        };
+        let dual = PpoClipConfig {
+            dual_clip: Some(1e30),
+            ..clamped
+        };
+        let up = |x: f32| f32::from_bits(x.to_bits() + 1);
+        // The largest |A| whose A·M is finite under the default clamp: M = e^20 (rounded up).
+        let m = exp_upper_bound(20.0);
+        let a_max = f32::MAX / m;
+        for (n, at) in [(48, 20), (53, 50)] {
+            let cases: [(&PpoClipConfig<f32>, f32, f32, bool); 16] = [
+                (&clamped, -0.5, 1.0, true),
+                // A clamped log-ratio: ρ ≤ e^20 whatever lp − old is.
+                (&clamped, 1e30, 1.0, true),
+                (&clamped, f32::NAN, 1.0, false),
+                (&clamped, f32::INFINITY, 1.0, false),
+                (&clamped, -0.5, f32::INFINITY, false),
+                (&clamped, -0.5, f32::NAN, false),
+                (&clamped, -0.5, a_max * 0.99, true),
+                (&clamped, -0.5, -a_max * 0.99, true),
+                (&clamped, -0.5, a_max * 1.01, false),
+                // Without a clamp, or with one above 80: log-ratios up to 80.
+                (&unclamped, CHECK_LOG_RATIO_MAX, 1.0, true),
+                (&unclamped, up(CHECK_LOG_RATIO_MAX), 1e-30, false),
+                (&unclamped, -1e30, 1.0, true),
+                (&wide, CHECK_LOG_RATIO_MAX, 1.0, true),
+                (&wide, up(CHECK_LOG_RATIO_MAX), 1.0, false),
+                // M takes the dual clip's constant.
+                (&dual, -0.5, 1e8, true),
+                (&dual, -0.5, 1e9, false),
+            ];
+            for (cfg, lp_at, adv_at, want) in cases {
+                let [lp, old, adv] = span_with(n, at, lp_at, adv_at);
+                let what = format!("n = {n}, lp = {lp_at:e}, A = {adv_at:e}, {cfg:?}");
+                assert_eq!(check_ok(cfg, &lp, &old, &adv, None), want, "{what}");
+                // Masked out, the token is not checked; masked in, it is.
+                let mut mask = vec![true; n];
+                assert_eq!(check_ok(cfg, &lp, &old, &adv, Some(&mask)), want, "{what}");
+                mask[at] = false;
+                assert!(
+                    check_ok(cfg, &lp, &old, &adv, Some(&mask)),
+                    "masked: {what}"
+                );
+            }
         }
     }
 }
