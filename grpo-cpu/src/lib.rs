@@ -32,6 +32,8 @@ mod vocab;
 mod arch;
 mod kernels;
 mod lanes;
+#[cfg(test)]
+mod test_data;
 
 pub use backend::Backend;
 pub use cpu::Cpu;

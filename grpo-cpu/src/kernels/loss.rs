@@ -605,13 +605,7 @@ mod tests {
     #[test]
     fn every_option_combination_matches_core_on_every_backend() {
         let n = 16384 + 2048 + 37;
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32
-        };
+        let mut next = crate::test_data::uniform_f32(0x2545_f491_4f6c_dd1d);
         let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
         let old: Vec<f32> = (0..n)
             .map(|t| {
