@@ -88,7 +88,7 @@ impl PpoParams {
 /// The configuration's options as bits of a const generic parameter `O` ([`PpoSpan::run`]
 /// picks the variant once per span): each combination compiles to its own loop, without the
 /// per-chunk tests of the options and the mask repacking that LLVM emitted where one loop
-/// served them all (`grpo-bench loss`, one thread in L2: see [`PpoSpan::run`]).
+/// served them all (see [`PpoSpan::run`]).
 const CLAMP: u8 = 1;
 /// [`PpoParams::moderate`] (only together with [`CLAMP`]).
 const MODERATE: u8 = 2;
@@ -110,10 +110,11 @@ pub(crate) struct PpoSpan<'a> {
     pub(crate) out: Option<(&'a mut [f32], &'a mut [f32])>,
 }
 
-/// What the check mode found in a span (the write mode returns the default).
+/// What a span's pass found: the check mode sets only `ok` (the rest is the default), the write
+/// mode (which runs only after every span passed) the diagnostics, with `ok = true`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SpanDiag {
-    /// Every valid input, `lp − old`, value and gradient is finite.
+    /// The check passed: every valid input, value and gradient would be finite (module docs).
     pub(crate) ok: bool,
     pub(crate) tokens: usize,
     pub(crate) clipped_low: usize,
