@@ -101,9 +101,9 @@ impl Cpu {
     ///   lane (its `exp` for `f32` is the canonical one every backend reproduces), spans of
     ///   16384 positions, streaming stores on AVX-512, one loop per combination of the
     ///   configuration's options. `grpo-bench loss` measures it against the same-run read +
-    ///   write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine, 0.51–0.64 on the
-    ///   2-core AVX2 (Zen 3) one (the check pass reads the inputs a second time, at about the
-    ///   memory's pace).
+    ///   write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine, 0.44–0.64 over 15
+    ///   runs on the noisy 2-core AVX2 (Zen 3) one, mostly above 0.5 (README; the check pass
+    ///   reads the inputs a second time, at about the memory's pace).
     /// - `f64`: grpo-core's scalar `ppo_clip` per block of [`LOSS_BLOCK`] positions (each
     ///   block evaluated twice by grpo-core itself, and twice by the two passes).
     ///
