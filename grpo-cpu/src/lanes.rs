@@ -31,6 +31,24 @@ pub trait F32x16: Copy {
     /// compute-bound steps every spill and reload is an instruction more.
     const REGISTERS: usize;
 
+    /// Whether the kernels compile their specialised loops for these lanes beside the general
+    /// one: the steps without the `·τ` at τ = 1 and with the exponent-add exponential
+    /// (`NORMAL`) in `kernels::vocab`. Which loop runs never changes a bit; the choice only
+    /// trades speed against compiled code.
+    ///
+    /// True for the SIMD backends, whose steps are bound by their arithmetic. False for the
+    /// portable lanes: there every lane operation is a scalar loop and `mul_add` a software
+    /// `fmaf` (about 60 times slower than AVX2), so a multiply or a clamp saved per element
+    /// gains little, while each specialisation is one more copy of every step for every
+    /// storage type (the pair step had eight per student/teacher type pair and need). Without
+    /// them, `cargo test -p grpo-cpu --no-run` took 126 s instead of 168 s on the 2-core build
+    /// machine, and the portable kernels measured 2–4 % slower (`grpo-bench vocab --backend
+    /// portable`, 64 × 32768 f32, one thread, fastest of three to five alternated runs: fused
+    /// 44.6 → 46.4 ms, KL 84.6 → 87.7 ms, backward 95.9 → 98.4 ms). The kernels test this
+    /// constant in `const` blocks, which the compiler decides before it instantiates what
+    /// they guard.
+    const SPECIALIZED_LOOPS: bool;
+
     /// Every lane `x`.
     fn splat(x: f32) -> Self;
     /// Lanes from an array (index order = lane order).

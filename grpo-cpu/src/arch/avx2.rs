@@ -104,6 +104,7 @@ impl F32x16 for Avx2 {
     type Mask = (__m256, __m256);
     /// 16 ymm registers, two per value.
     const REGISTERS: usize = 8;
+    const SPECIALIZED_LOOPS: bool = true;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

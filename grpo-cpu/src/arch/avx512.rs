@@ -78,6 +78,7 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
     type Mask = __mmask16;
     /// 32 zmm registers, one per value.
     const REGISTERS: usize = 32;
+    const SPECIALIZED_LOOPS: bool = true;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

@@ -84,6 +84,7 @@ impl F32x16 for Neon {
     type Mask = [uint32x4_t; 4];
     /// 32 q registers, four per value.
     const REGISTERS: usize = 8;
+    const SPECIALIZED_LOOPS: bool = true;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

@@ -51,6 +51,7 @@ impl F32x16 for Portable {
     type Mask = [bool; 16];
     /// The lanes live in arrays; the kernels keep the layout measured on AVX-512.
     const REGISTERS: usize = 32;
+    const SPECIALIZED_LOOPS: bool = false;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {

@@ -172,7 +172,7 @@ fn block_max_min<V: F32x16, S: Load>(chunks: &[[S; 16]], tail: &[S]) -> (f32, f3
     // Four independent maxima and minima hide the latency of `max`/`min`; where the registers
     // hold only eight values, eight accumulators would spill, and two pairs measured faster
     // (AVX2, see `ROOMY_REGISTERS`).
-    if V::REGISTERS >= ROOMY_REGISTERS {
+    if const { V::REGISTERS >= ROOMY_REGISTERS } {
         block_max_min_n::<V, S, 4>(chunks, tail)
     } else {
         block_max_min_n::<V, S, 2>(chunks, tail)
@@ -546,11 +546,15 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
     let whole = &chunks[..chunks.len() / UNROLL * UNROLL];
     // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
     // of the step's ~18 vector operations, in a compute-bound loop.
-    let ok = match (tau == 1.0, normal) {
-        (true, true) => lse_steps::<V, S, T, false, true>(whole, vt, vc, s, t, track),
-        (true, false) => lse_steps::<V, S, T, false, false>(whole, vt, vc, s, t, track),
-        (false, true) => lse_steps::<V, S, T, true, true>(whole, vt, vc, s, t, track),
-        (false, false) => lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track),
+    let ok = if const { !V::SPECIALIZED_LOOPS } {
+        lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track)
+    } else {
+        match (tau == 1.0, normal) {
+            (true, true) => lse_steps::<V, S, T, false, true>(whole, vt, vc, s, t, track),
+            (true, false) => lse_steps::<V, S, T, false, false>(whole, vt, vc, s, t, track),
+            (false, true) => lse_steps::<V, S, T, true, true>(whole, vt, vc, s, t, track),
+            (false, false) => lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track),
+        }
     };
     for c in &chunks[whole.len()..] {
         let x = S::load(c);
@@ -1167,14 +1171,22 @@ fn pair_chunks<V: F32x16, S: Load, U: Load, T: Track<V>, const SUMS: u8>(
     let (vt, cz, cw) = (V::splat(tau), V::splat(c[0]), V::splat(c[1]));
     let whole = zc.len() / 2 * 2;
     let (zs, ws) = (&zc[..whole], &wc[..whole]);
-    let ok = match (tau == 1.0, normal) {
-        (true, true) => pair_steps::<V, S, U, T, false, true, SUMS>(zs, ws, vt, cz, cw, acc, track),
-        (true, false) => {
-            pair_steps::<V, S, U, T, false, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
-        }
-        (false, true) => pair_steps::<V, S, U, T, true, true, SUMS>(zs, ws, vt, cz, cw, acc, track),
-        (false, false) => {
-            pair_steps::<V, S, U, T, true, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
+    let ok = if const { !V::SPECIALIZED_LOOPS } {
+        pair_steps::<V, S, U, T, true, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
+    } else {
+        match (tau == 1.0, normal) {
+            (true, true) => {
+                pair_steps::<V, S, U, T, false, true, SUMS>(zs, ws, vt, cz, cw, acc, track)
+            }
+            (true, false) => {
+                pair_steps::<V, S, U, T, false, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
+            }
+            (false, true) => {
+                pair_steps::<V, S, U, T, true, true, SUMS>(zs, ws, vt, cz, cw, acc, track)
+            }
+            (false, false) => {
+                pair_steps::<V, S, U, T, true, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
+            }
         }
     };
     for (a, b) in zc[whole..].iter().zip(&wc[whole..]) {
@@ -1500,11 +1512,18 @@ fn grad_row_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
     c: &GradCoef,
     kl: KlGrad,
 ) {
-    match (V::REGISTERS >= ROOMY_REGISTERS, c.tau == 1.0) {
-        (true, true) => grad_row_chunks_n::<V, S, U, D, false, UNROLL>(dest, w, c, kl),
-        (true, false) => grad_row_chunks_n::<V, S, U, D, true, UNROLL>(dest, w, c, kl),
-        (false, true) => grad_row_chunks_n::<V, S, U, D, false, 2>(dest, w, c, kl),
-        (false, false) => grad_row_chunks_n::<V, S, U, D, true, 2>(dest, w, c, kl),
+    // The conditions on `V` are `const` blocks, which the compiler decides before it
+    // instantiates the branches: only those this `V` can take are compiled.
+    if const { V::REGISTERS >= ROOMY_REGISTERS } {
+        if const { V::SPECIALIZED_LOOPS } && c.tau == 1.0 {
+            grad_row_chunks_n::<V, S, U, D, false, UNROLL>(dest, w, c, kl)
+        } else {
+            grad_row_chunks_n::<V, S, U, D, true, UNROLL>(dest, w, c, kl)
+        }
+    } else if const { V::SPECIALIZED_LOOPS } && c.tau == 1.0 {
+        grad_row_chunks_n::<V, S, U, D, false, 2>(dest, w, c, kl)
+    } else {
+        grad_row_chunks_n::<V, S, U, D, true, 2>(dest, w, c, kl)
     }
 }
 
