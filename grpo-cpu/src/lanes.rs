@@ -208,6 +208,14 @@ pub trait F32x16: Copy {
     fn mask_none() -> Self::Mask;
     /// Whether any lane of the mask is set.
     fn mask_any(m: Self::Mask) -> bool;
+    /// A lane counter: `acc + 1` as a wrapping `u32` add on the lanes' bit patterns where `m`
+    /// is set, `acc` elsewhere. The default is an integer add under the mask (one masked
+    /// `vpaddd` on AVX-512); backends whose set mask lanes are all ones subtract the mask
+    /// (−1) instead, one operation where a float count took an add and a blend.
+    #[inline(always)]
+    fn count_lanes(acc: Self, m: Self::Mask) -> Self {
+        Self::select(m, acc.add_i32(Self::from_bits(1)), acc)
+    }
 
     /// The largest lane, in an unspecified order (exact for non-NaN lanes except the sign of a
     /// zero; a NaN lane may or may not be the result). The default folds the lanes in order;

@@ -377,6 +377,11 @@ impl F32x16 for Avx2 {
         unsafe { (_mm256_setzero_ps(), _mm256_setzero_ps()) }
     }
     #[inline(always)]
+    fn count_lanes(acc: Self, m: Self::Mask) -> Self {
+        // A set lane of the mask is all ones: −1 as an integer.
+        acc.sub_i32(Avx2(m.0, m.1))
+    }
+    #[inline(always)]
     fn mask_any(m: Self::Mask) -> bool {
         // SAFETY: as in `both!`.
         unsafe { _mm256_movemask_ps(_mm256_or_ps(m.0, m.1)) != 0 }

@@ -111,6 +111,9 @@ mod tests {
                 push(V::select(V::mask_or(a.gt(b), b.gt(c)), a, c));
                 push(V::splat(if V::mask_any(a.gt(b)) { 1.0 } else { 0.0 }));
                 push(V::from_array(a.to_array()));
+                push(V::count_lanes(a, a.gt(b)));
+                push(V::count_lanes(c, V::mask_andnot(a.gt(b), b.gt(c))));
+                push(V::count_lanes(b, V::mask_none()));
             }
             out.extend(out_f);
             out

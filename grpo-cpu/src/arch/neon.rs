@@ -334,6 +334,13 @@ impl F32x16 for Neon {
         unsafe { Neon(arr4!(|i| vbslq_f32(m[i], a.0[i], b.0[i]))) }
     }
     #[inline(always)]
+    fn count_lanes(acc: Self, m: Self::Mask) -> Self {
+        // A set lane of the mask is all ones: −1 as an integer.
+        // SAFETY: as in `each!`.
+        let minus_one = unsafe { Neon(arr4!(|i| vreinterpretq_f32_u32(m[i]))) };
+        acc.sub_i32(minus_one)
+    }
+    #[inline(always)]
     fn mask_and(a: Self::Mask, b: Self::Mask) -> Self::Mask {
         // SAFETY: as in `each!`.
         unsafe { arr4!(|i| vandq_u32(a[i], b[i])) }
