@@ -545,7 +545,8 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
     let (vt, vc) = (V::splat(tau), V::splat(c));
     let whole = &chunks[..chunks.len() / UNROLL * UNROLL];
     // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
-    // of the step's ~18 vector operations, in a compute-bound loop.
+    // of the step's ~18 vector operations, in a compute-bound loop. Lanes without
+    // `SPECIALIZED_LOOPS` compile only the general step (a `const` block: see there).
     let ok = if const { !V::SPECIALIZED_LOOPS } {
         lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track)
     } else {
@@ -1171,6 +1172,7 @@ fn pair_chunks<V: F32x16, S: Load, U: Load, T: Track<V>, const SUMS: u8>(
     let (vt, cz, cw) = (V::splat(tau), V::splat(c[0]), V::splat(c[1]));
     let whole = zc.len() / 2 * 2;
     let (zs, ws) = (&zc[..whole], &wc[..whole]);
+    // As in `lse_chunks`: the general step only, for lanes without `SPECIALIZED_LOOPS`.
     let ok = if const { !V::SPECIALIZED_LOOPS } {
         pair_steps::<V, S, U, T, true, false, SUMS>(zs, ws, vt, cz, cw, acc, track)
     } else {
