@@ -97,14 +97,17 @@ impl<S: Storage> Case<S> {
                 *b = S::from_f32(f32::NEG_INFINITY);
             }
         }
-        // Targets on unmasked logits (a masked target is an error, tested separately).
+        // Targets on unmasked logits (a masked target is an error, tested separately): the
+        // first unmasked one from a start that depends on the row and the seed. A row masked
+        // throughout (an error for every operation) keeps its start.
         let targets = (0..rows)
             .map(|r| {
-                let mut y = (r * 7919 + seed as usize) % vocab.max(1);
-                while vocab > 0 && z[r * vocab + y].to_f32() == f32::NEG_INFINITY {
-                    y = (y + 1) % vocab;
-                }
-                y as u32
+                let row = &z[r * vocab..(r + 1) * vocab];
+                let start = (r * 7919).wrapping_add(seed as usize) % vocab.max(1);
+                let y = (0..vocab)
+                    .map(|k| (start + k) % vocab)
+                    .find(|&y| row[y].to_f32() != f32::NEG_INFINITY);
+                y.unwrap_or(start) as u32
             })
             .collect();
         Case {
@@ -369,6 +372,24 @@ fn long_rows_match_core() {
     }
     check_all(&Case::<half::f16>::new(2, 32768, 8, 1.0), "f16 V=32768");
     check_all(&Case::<half::f16>::new(1, 151936, 7, 1.0), "f16 V=151936");
+}
+
+/// Random masking can mask a whole row when rows are short (here V = 1, masked at rate 1/23):
+/// the case builder must still pick targets (it searched for an unmasked logit without end
+/// before, which hung `random_batches_match_core` when proptest drew such a case), and every
+/// operation reports grpo-core's error for the row.
+#[test]
+fn rows_masked_throughout_by_the_generator_are_errors_everywhere() {
+    let seed = (0..10_000u64)
+        .find(|&s| logits(s, 1, 9.0, 23)[0] == f32::NEG_INFINITY)
+        .expect("a seed that masks the first logit");
+    let c = Case::<f32>::shaped(3, 1, seed, 1.0, 9.0, 23);
+    assert_eq!(c.z[0], f32::NEG_INFINITY, "row 0 is masked throughout");
+    // Every one of grpo-core's 14 calls reads row 0 and fails; every Cpu hands each to it.
+    let seen = check_all(&c, "V = 1, row 0 masked");
+    assert_eq!(seen.errors, 14);
+    assert_eq!(seen.fallbacks, 14 * cpus().len());
+    check_all(&c.to_bf16(), "V = 1, row 0 masked, bf16");
 }
 
 /// Each invalid input, in every storage type: grpo-core's `Err`s (counted among its 14 calls:
