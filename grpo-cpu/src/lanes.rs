@@ -209,9 +209,10 @@ pub trait F32x16: Copy {
     /// Whether any lane of the mask is set.
     fn mask_any(m: Self::Mask) -> bool;
     /// A lane counter: `acc + 1` as a wrapping `u32` add on the lanes' bit patterns where `m`
-    /// is set, `acc` elsewhere. The default is an integer add under the mask (which AVX-512
-    /// can do in one masked `vpaddd`); backends whose set mask lanes are all ones subtract the mask
-    /// (−1) instead, one operation where a float count took an add and a blend.
+    /// is set, `acc` elsewhere. The default is an integer add under the mask (on AVX-512 one
+    /// masked `vpaddd`, as in the release `grpo-bench` binary); backends whose set mask lanes
+    /// are all ones subtract the mask (−1) instead, one operation where a float count took an
+    /// add and a blend.
     #[inline(always)]
     fn count_lanes(acc: Self, m: Self::Mask) -> Self {
         Self::select(m, acc.add_i32(Self::from_bits(1)), acc)
