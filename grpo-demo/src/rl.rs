@@ -26,8 +26,8 @@ pub enum LossKind {
     Dapo,
     /// Dr.GRPO: A = s − μ (no std), symmetric clip 0.2, seq-mean-token-sum-norm, dynamic
     /// sampling (without it, at the low success rates after warm-up most groups carry no signal
-    /// and 150 steps improved held-out accuracy far less; seed 0 on an AVX-512 host: 7.8 % →
-    /// 11.0 %, against 25.0 %).
+    /// and 150 steps improved held-out accuracy far less; seed 0 on the Intel host of README's
+    /// first table: 7.8 % → 11.0 %, against 25.0 %).
     DrGrpo,
     /// ATR-GRPO: z-score, PPO-clip with the KL3 trust region ρ − 1 − ln ρ ≤ δ (δ = 0.05),
     /// token-mean, dynamic sampling.
