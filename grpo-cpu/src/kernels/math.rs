@@ -397,7 +397,7 @@ mod tests {
     ///
     /// | function | inputs | reference |
     /// |---|---|---|
-    /// | `exp` (also the public `math::exp`) | all 2^32 | `exp_ln::exp` |
+    /// | `exp` (the lane function behind the public `math::exp`) | all 2^32 | `exp_ln::exp` |
     /// | `exp_nonpos` (the public `math::exp_nonpos`) | all 2^32 | `exp_ln::exp_nonpos` |
     /// | `ln` (the public `math::ln`) | all 2^32 | `exp_ln::ln` |
     /// | `exp_moderate` | `|x| ≤ 80`, NaN | `exp_ln::exp` |
