@@ -71,8 +71,9 @@ impl Cpu {
         })
     }
 
-    /// Row states of a validated-shape batch.
-    fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32) -> Vec<LseState> {
+    /// Row states of a validated-shape batch; their `dot` (the entropy's sum) only if `dot`
+    /// (otherwise unspecified, see `LseRows`).
+    fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32, dot: bool) -> Vec<LseState> {
         let mut st = vec![LseState::EMPTY; z.len() / vocab];
         let backend = self.backend();
         self.par_rows(&mut st, |r0, out| {
@@ -82,6 +83,7 @@ impl Cpu {
                     z: &z[r0 * vocab..(r0 + out.len()) * vocab],
                     vocab,
                     tau,
+                    dot,
                     out,
                 },
             )
@@ -146,7 +148,7 @@ impl Cpu {
         if !shape_ok(logits.len(), vocab, rows) || entropy_out.len() != rows {
             return fallback(core)(lse_out, entropy_out);
         }
-        let st = self.lse_states(logits, vocab, tau);
+        let st = self.lse_states(logits, vocab, tau, true);
         if !st.iter().all(|s| lse_ok(s, tau)) {
             return fallback(core)(lse_out, entropy_out);
         }
@@ -201,7 +203,8 @@ impl Cpu {
         if !shapes {
             return fallback(core)(logp_out, entropy_out);
         }
-        let st = self.lse_states(logits, vocab, tau);
+        // Without entropies the step leaves out the entropy's sum (`LseRows::dot`).
+        let st = self.lse_states(logits, vocab, tau, entropy_out.is_some());
         let zy = |r: usize| logits[r * vocab + targets[r].index()].to_f32();
         let ok = st
             .iter()
@@ -399,7 +402,10 @@ impl Cpu {
                 (v, dir)
             }
             None => {
-                let st = self.lse_states(logits, vocab, tau);
+                // The entropy's sum even without an entropy term: the coefficient
+                // `fma(g_h, log p + H, g_lp)` at `g_h = 0` is `g_lp` only up to the sign of
+                // a zero `g_lp`, which follows the sign of `log p + H`.
+                let st = self.lse_states(logits, vocab, tau, true);
                 let mut v = Vec::with_capacity(rows);
                 for (r, s) in st.iter().enumerate() {
                     if !lse_ok(s, tau) {

@@ -450,13 +450,13 @@ impl<V: F32x16> Scan<V> {
     }
 }
 
-/// One row's block for [`step_block`].
-struct LseBlock<'a, S> {
+/// One row's block for [`step_block`]; `DOT` as in [`lse_row`].
+struct LseBlock<'a, S, const DOT: bool> {
     chunks: &'a [[S; 16]],
     tail: &'a [S],
 }
 
-impl<V: F32x16, S: Load> BlockRows<V, 1> for LseBlock<'_, S> {
+impl<V: F32x16, S: Load, const DOT: bool> BlockRows<V, 1> for LseBlock<'_, S, DOT> {
     /// `[s, t]`.
     type Acc = [V; 2];
     const SCAN_IN_STEP: bool = V::REGISTERS >= ROOMY_REGISTERS || size_of::<S>() < 4;
@@ -474,7 +474,7 @@ impl<V: F32x16, S: Load> BlockRows<V, 1> for LseBlock<'_, S> {
         track: &mut [T; 1],
     ) -> bool {
         let [s, t] = acc;
-        lse_chunks::<V, S, T>(self.chunks, tau, c[0], normal, s, t, &mut track[0])
+        lse_chunks::<V, S, T, DOT>(self.chunks, tau, c[0], normal, s, t, &mut track[0])
     }
     #[inline(always)]
     fn extrema(&mut self) -> [(f32, f32); 1] {
@@ -491,7 +491,7 @@ impl<V: F32x16, S: Load> BlockRows<V, 1> for LseBlock<'_, S> {
 /// (one pass or two, `fast` carried between blocks), then the fixed lane tree and the tail on
 /// lane 0.
 #[inline(always)]
-fn lse_block<V: F32x16, S: Load>(
+fn lse_block<V: F32x16, S: Load, const DOT: bool>(
     z: &[S],
     tau: f32,
     prior: f32,
@@ -499,7 +499,7 @@ fn lse_block<V: F32x16, S: Load>(
 ) -> (LseState, f32) {
     let (chunks, tail) = z.as_chunks::<16>();
     let ([s, t], [r], [running]) =
-        step_block::<V, _, 1>(&mut LseBlock { chunks, tail }, tau, [prior], fast);
+        step_block::<V, _, 1>(&mut LseBlock::<S, DOT> { chunks, tail }, tau, [prior], fast);
     let (vt, vc) = (V::splat(tau), V::splat(canon::offset(r)));
     let (mut sa, mut ta) = (s.to_array(), t.to_array());
     canon::tree(&mut sa);
@@ -533,7 +533,7 @@ fn normal_domain_at(low: f32, c: f32, tau: f32) -> bool {
 /// met a NaN (the sums are then meaningless).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
+fn lse_chunks<V: F32x16, S: Load, T: Track<V>, const DOT: bool>(
     chunks: &[[S; 16]],
     tau: f32,
     c: f32,
@@ -548,13 +548,13 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
     // of the step's ~18 vector operations, in a compute-bound loop. Lanes without
     // `SPECIALIZED_LOOPS` compile only the general step (a `const` block: see there).
     let ok = if const { !V::SPECIALIZED_LOOPS } {
-        lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track)
+        lse_steps::<V, S, T, true, false, DOT>(whole, vt, vc, s, t, track)
     } else {
         match (tau == 1.0, normal) {
-            (true, true) => lse_steps::<V, S, T, false, true>(whole, vt, vc, s, t, track),
-            (true, false) => lse_steps::<V, S, T, false, false>(whole, vt, vc, s, t, track),
-            (false, true) => lse_steps::<V, S, T, true, true>(whole, vt, vc, s, t, track),
-            (false, false) => lse_steps::<V, S, T, true, false>(whole, vt, vc, s, t, track),
+            (true, true) => lse_steps::<V, S, T, false, true, DOT>(whole, vt, vc, s, t, track),
+            (true, false) => lse_steps::<V, S, T, false, false, DOT>(whole, vt, vc, s, t, track),
+            (false, true) => lse_steps::<V, S, T, true, true, DOT>(whole, vt, vc, s, t, track),
+            (false, false) => lse_steps::<V, S, T, true, false, DOT>(whole, vt, vc, s, t, track),
         }
     };
     for c in &chunks[whole.len()..] {
@@ -575,7 +575,10 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
 /// (`normal_domain`) before, a one-pass step's caller checks it after from the tracked
 /// minimum. A NaN argument — which the minimum may miss — makes `t` NaN (`e·NaN`): the
 /// function returns `false` then (the sums are meaningless and the caller reruns with
-/// `NORMAL = false`), and `true` otherwise and for `NORMAL = false`. Inside the domain
+/// `NORMAL = false`), and `true` otherwise and for `NORMAL = false`. Without `DOT` (no `t`,
+/// see [`lse_row`]) a separate `+` accumulates the arguments for that check, as in
+/// `pair_steps`: NaN is sticky under addition, the ≤ 2048 arguments in [−86, 8] of a block
+/// cannot overflow, and the add leaves the FMA ports to the exponentials. Inside the domain
 /// (`EXP_NORMAL_MIN` = −86 > `D_MIN` = −88) the clamp `max_r(D_MIN, d)` is the identity, so
 /// the `NORMAL` step skips it; its results are used only once the domain holds. Skipping it
 /// measured no faster when every block was read twice, but the one-pass step is bound by its
@@ -586,7 +589,14 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>>(
 /// `pair_steps` uses the same scheme (alone it measured no faster with all six pair sums, but
 /// with only the sums the caller needs it does; see there).
 #[inline(always)]
-fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: bool>(
+fn lse_steps<
+    V: F32x16,
+    S: Load,
+    T: Track<V>,
+    const SCALED: bool,
+    const NORMAL: bool,
+    const DOT: bool,
+>(
     chunks: &[[S; 16]],
     vt: V,
     vc: V,
@@ -595,6 +605,7 @@ fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: 
     track: &mut T,
 ) -> bool {
     let dmin = V::splat(D_MIN);
+    let mut nan = V::splat(0.0);
     for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
         for k in 0..UNROLL {
             prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
@@ -614,10 +625,14 @@ fn lse_steps<V: F32x16, S: Load, T: Track<V>, const SCALED: bool, const NORMAL: 
         };
         for k in 0..UNROLL {
             *s = s.add(e[k]);
-            *t = e[k].mul_add(dc[k], *t);
+            if DOT {
+                *t = e[k].mul_add(dc[k], *t);
+            } else if NORMAL {
+                nan = nan.add(dc[k]);
+            }
         }
     }
-    !NORMAL || !any_nan(*t)
+    !NORMAL || !any_nan(if DOT { *t } else { nan })
 }
 
 /// `(δc, e^δc)` of `canon`'s `rescale` for two maxima at once (lanes 0 and 1).
@@ -750,7 +765,7 @@ fn fold_blocks<B: Blocks>(len: usize, b: &mut B) -> Option<B::St> {
     acc
 }
 
-struct LseBlocks<'a, V, S> {
+struct LseBlocks<'a, V, S, const DOT: bool> {
     z: &'a [S],
     tau: f32,
     /// Running maximum of the blocks so far (`canon::block_reference`).
@@ -760,13 +775,13 @@ struct LseBlocks<'a, V, S> {
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load> Blocks for LseBlocks<'_, V, S> {
+impl<V: F32x16, S: Load, const DOT: bool> Blocks for LseBlocks<'_, V, S, DOT> {
     type St = LseState;
     #[inline(always)]
     fn block(&mut self, start: usize, end: usize) -> LseState {
         let st;
         (st, self.prior) =
-            lse_block::<V, S>(&self.z[start..end], self.tau, self.prior, &mut self.fast);
+            lse_block::<V, S, DOT>(&self.z[start..end], self.tau, self.prior, &mut self.fast);
         st
     }
     #[inline(always)]
@@ -909,10 +924,14 @@ impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
     }
 }
 
-/// The merged [`LseState`] of a whole row (`EMPTY` for an empty row).
+/// The merged [`LseState`] of a whole row (`EMPTY` for an empty row). `DOT = false` leaves
+/// the whole chunks' `t = Σ e·δ` out of the step (one FMA per 16 logits of the ~11 the FMA
+/// ports carry): the returned `dot` is then unspecified (finite garbage, as the sums a
+/// [`PairNeed`] leaves out), while `max` and `sum` keep the reference's bits — neither ever
+/// reads `t`, in the steps or in the merges.
 #[inline(always)]
-pub(crate) fn lse_row<V: F32x16, S: Load>(z: &[S], tau: f32) -> LseState {
-    let mut b = LseBlocks::<V, S> {
+pub(crate) fn lse_row<V: F32x16, S: Load, const DOT: bool>(z: &[S], tau: f32) -> LseState {
+    let mut b = LseBlocks::<V, S, DOT> {
         z,
         tau,
         prior: f32::NEG_INFINITY,
@@ -1664,6 +1683,8 @@ pub(crate) struct LseRows<'a, S> {
     pub(crate) z: &'a [S],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
+    /// Whether the states' `dot` (the entropy's sum) is computed ([`lse_row`]'s `DOT`).
+    pub(crate) dot: bool,
     pub(crate) out: &'a mut [LseState],
 }
 
@@ -1676,7 +1697,11 @@ impl<S: Load> Kernel for LseRows<'_, S> {
                 .z
                 .get(r * self.vocab..(r + 1) * self.vocab)
                 .unwrap_or(&[]);
-            *o = lse_row::<V, S>(row, self.tau);
+            *o = if self.dot {
+                lse_row::<V, S, true>(row, self.tau)
+            } else {
+                lse_row::<V, S, false>(row, self.tau)
+            };
         }
     }
 }
@@ -1999,17 +2024,25 @@ mod tests {
                 let want = ref_lse(&z, tau);
                 let want_p = ref_pair(&z, &w, tau);
                 for b in Backend::available() {
-                    let mut out = [LseState::EMPTY];
-                    run(
-                        b,
-                        LseRows {
-                            z: &z,
-                            vocab: n,
-                            tau,
-                            out: &mut out,
-                        },
-                    );
-                    assert_eq!(bits_lse(&out[0]), bits_lse(&want), "{b:?} n={n} tau={tau}");
+                    for dot in [true, false] {
+                        let mut out = [LseState::EMPTY];
+                        run(
+                            b,
+                            LseRows {
+                                z: &z,
+                                vocab: n,
+                                tau,
+                                dot,
+                                out: &mut out,
+                            },
+                        );
+                        // Without `dot` the state's `dot` is unspecified: compare the rest.
+                        let keep = |s: &LseState| {
+                            let x = bits_lse(s);
+                            [x[0], x[1], if dot { x[2] } else { 0 }]
+                        };
+                        assert_eq!(keep(&out[0]), keep(&want), "{b:?} n={n} tau={tau} {dot}");
+                    }
                     let (f, r) = (0..n).fold((false, false), |(f, r), i| {
                         let (mz, mw) = (z[i] == f32::NEG_INFINITY, w[i] == f32::NEG_INFINITY);
                         (f | (mw & !mz), r | (mz & !mw))
@@ -2074,19 +2107,26 @@ mod tests {
                 let want = bits_lse(&ref_lse(z, tau));
                 let want_p = bits_pair(&ref_pair(z, w, tau));
                 for b in Backend::available() {
-                    let mut out = [LseState::EMPTY];
-                    run(
-                        b,
-                        LseRows {
-                            z,
-                            vocab: n,
-                            tau,
-                            out: &mut out,
-                        },
-                    );
-                    let got = bits_lse(&out[0]);
-                    for i in 0..3 {
-                        assert!(same(got[i], want[i]), "{b:?} lse {i}: {got:x?} {want:x?}");
+                    for dot in [true, false] {
+                        let mut out = [LseState::EMPTY];
+                        run(
+                            b,
+                            LseRows {
+                                z,
+                                vocab: n,
+                                tau,
+                                dot,
+                                out: &mut out,
+                            },
+                        );
+                        let got = bits_lse(&out[0]);
+                        // Without `dot` the state's `dot` is unspecified.
+                        for i in 0..if dot { 3 } else { 2 } {
+                            assert!(
+                                same(got[i], want[i]),
+                                "{b:?} lse {i} dot={dot}: {got:x?} {want:x?}"
+                            );
+                        }
                     }
                     for need in PairNeed::ALL {
                         let mut out = [(PairState::EMPTY, PairFlags::default())];
@@ -2250,7 +2290,7 @@ mod tests {
         #[inline(always)]
         fn run<V: F32x16>(self) -> Self::Output {
             let mut fast = self.fast;
-            let lse = lse_block::<V, f32>(self.z, self.tau, self.prior[0], &mut fast);
+            let lse = lse_block::<V, f32, true>(self.z, self.tau, self.prior[0], &mut fast);
             let mut fast = self.fast;
             let mut flags = PairFlags::default();
             let pair = pair_block::<V, f32, f32, { PairNeed::GradForward.sums() }>(
