@@ -103,8 +103,8 @@ fn untouched(x: &[f32]) -> bool {
     x.iter().all(|v| v.to_bits() == SENTINEL.to_bits())
 }
 
-/// Every backend of this CPU, each on the caller's pool and on pools of 1, 2 and 3 threads
-/// (`[backend][pool]`). Built once: a pool per input would cost more than the kernels. With
+/// Every backend of this CPU, each on the caller's pool and on pools of 1, 2 (with software
+/// prefetches flipped from the backend's default) and 3 threads (`[backend][pool]`). Built once: a pool per input would cost more than the kernels. With
 /// few threads a task gets several rows (`Cpu::rows_per_task`), so one kernel call spans rows.
 fn executors() -> &'static [[Cpu; 4]] {
     static CPUS: OnceLock<Vec<[Cpu; 4]>> = OnceLock::new();
@@ -113,7 +113,9 @@ fn executors() -> &'static [[Cpu; 4]] {
             .map(|b| {
                 let cpu = Cpu::new(b).expect("an available backend");
                 let pool = |n| cpu.clone().with_threads(n).expect("a thread pool");
-                [cpu.clone(), pool(1), pool(2), pool(3)]
+                // The 2-thread pool runs the other software-prefetch instantiation.
+                let flipped = pool(2).with_software_prefetch(!cpu.software_prefetch());
+                [cpu.clone(), pool(1), flipped, pool(3)]
             })
             .collect()
     })

@@ -2,12 +2,12 @@
 //!
 //! ```text
 //! cargo run --release -p grpo-bench -- vocab [--rows N --vocab V --dtype f32|bf16|f16|all
-//!     --threads T --backend NAME --kernel NAME --iters K --temperature T]
+//!     --threads T --backend NAME --prefetch on|off --kernel NAME --iters K --temperature T]
 //! cargo run --release -p grpo-bench -- loss [--tokens N --threads T --iters K --clip ppo|kl3|all]
 //! cargo run --release -p grpo-bench -- wgpu [--rows N --vocab V --dtype f32|f16|bf16|all
 //!     --tokens N --iters K]
 //! cargo run --release -p grpo-bench -- probe [--fmas 0,4,8 --mib M --threads T --iters K
-//!     --backend NAME]
+//!     --backend NAME --prefetch on|off]
 //! cargo run --release -p grpo-bench [-- all]    # vocab, then loss, with their defaults
 //! ```
 //!
@@ -52,11 +52,12 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
-[--threads T] [--backend avx512|avx2-fma|neon|portable] [--kernel NAME] [--iters K] \
-[--temperature T] [--masked K (every K-th logit −∞)]
+[--threads T] [--backend avx512|avx2-fma|neon|portable] [--prefetch on|off] [--kernel NAME] \
+[--iters K] [--temperature T] [--masked K (every K-th logit −∞)]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
-       grpo-bench probe [--fmas 0,2,…,16] [--mib M] [--threads T] [--iters K] [--backend NAME]
+       grpo-bench probe [--fmas 0,2,…,16] [--mib M] [--threads T] [--iters K] [--backend NAME] \
+[--prefetch on|off]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";
 
 /// Median wall time in milliseconds of each of `work`'s closures over `iters` rounds; each round
@@ -120,7 +121,9 @@ impl Args {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The pool `--backend NAME` (default: the detected one) and `--threads T` (default 2) ask for.
+    /// The pool `--backend NAME` (default: the detected one), `--threads T` (default 2) and
+    /// `--prefetch on|off` (default: the backend's, `Backend::software_prefetch_default`) ask
+    /// for.
     pub(crate) fn cpu(&self) -> Result<grpo_cpu::Cpu, String> {
         let backend = match self.get("backend") {
             None => grpo_cpu::Backend::detect(),
@@ -129,8 +132,15 @@ impl Args {
                 .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
         };
         let threads = self.num("threads")?.unwrap_or(2);
+        let prefetch = match self.get("prefetch") {
+            None => backend.software_prefetch_default(),
+            Some("on") => true,
+            Some("off") => false,
+            Some(v) => return Err(format!("--prefetch: {v:?} is neither \"on\" nor \"off\"")),
+        };
         grpo_cpu::Cpu::new(backend)
             .ok_or("backend unavailable")?
+            .with_software_prefetch(prefetch)
             .with_threads(threads)
             .map_err(|e| e.to_string())
     }

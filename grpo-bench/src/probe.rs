@@ -4,7 +4,8 @@
 //!
 //! Fields of each JSON line in this mode: `probe` = `"read_fma"`; `fmas` = dependent fused
 //! multiply-adds per 16-lane vector (the vocabulary steps issue about 17 vector operations per
-//! vector, 10–12 of them FMAs); `backend`; `threads`; `mib` = size of the streamed buffer;
+//! vector, 9–11 of them FMAs); `backend`; `prefetch` (whether the stand-in issues the kernels'
+//! software prefetches, `--prefetch on|off`); `threads`; `mib` = size of the streamed buffer;
 //! `iters`; `stream_gbps` = the probe reading that buffer from memory; `read_gbps` = the plain
 //! read of the same buffer, timed interleaved with it; `ratio = stream_gbps / read_gbps` (what
 //! the vocabulary kernels' `ratio` is, for this stand-in); `cache_gbps` = the probe's
@@ -28,7 +29,10 @@ const CACHE_VALUES_PER_THREAD: usize = 256 << 10;
 const PASSES: usize = 32;
 
 pub(crate) fn main(args: &[String]) -> Result<(), String> {
-    let a = Args::parse(args, &["fmas", "mib", "threads", "iters", "backend"])?;
+    let a = Args::parse(
+        args,
+        &["fmas", "mib", "threads", "iters", "backend", "prefetch"],
+    )?;
     let fmas: Vec<usize> = match a.get("fmas") {
         None => FMAS.to_vec(),
         Some(list) => list
@@ -82,8 +86,9 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         let read = gbps(n * 4, read_ms);
         let cache = gbps(small.len() * 4 * PASSES, cache_ms);
         println!(
-            "{{\"probe\":\"read_fma\",\"fmas\":{k},\"backend\":\"{}\",\"threads\":{},\"mib\":{mib},\"iters\":{iters},\"stream_gbps\":{stream:.2},\"read_gbps\":{read:.2},\"ratio\":{:.3},\"cache_gbps\":{cache:.2},\"headroom\":{:.2}}}",
+            "{{\"probe\":\"read_fma\",\"fmas\":{k},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"mib\":{mib},\"iters\":{iters},\"stream_gbps\":{stream:.2},\"read_gbps\":{read:.2},\"ratio\":{:.3},\"cache_gbps\":{cache:.2},\"headroom\":{:.2}}}",
             cpu.backend().name(),
+            cpu.software_prefetch(),
             cpu.threads(),
             stream / read,
             cache / read,

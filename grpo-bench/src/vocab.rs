@@ -29,6 +29,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             "dtype",
             "threads",
             "backend",
+            "prefetch",
             "kernel",
             "iters",
             "temperature",
@@ -246,13 +247,14 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let gbps = bytes / kernel_ms / 1e6;
         let roof = roof_bytes as f64 / roof_ms / 1e6;
         println!(
-            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
+            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
             c.dtype,
             c.rows,
             c.vocab,
             c.temperature,
             c.masked,
             c.cpu.backend().name(),
+            c.cpu.software_prefetch(),
             c.cpu.threads(),
             c.iters,
             gbps / roof,

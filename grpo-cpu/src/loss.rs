@@ -176,7 +176,7 @@ impl Cpu {
         }
         let p = PpoParams::new(cfg);
         let n = inp.lp.len();
-        let backend = self.backend();
+        let target = self.target();
         let span = |k: usize| k * SPAN..((k + 1) * SPAN).min(n);
         let kernel = |r: Range<usize>, out| PpoSpan {
             p,
@@ -190,7 +190,7 @@ impl Cpu {
         let all_ok = self.install(|| {
             (0..n.div_ceil(SPAN))
                 .into_par_iter()
-                .all(|k| arch::run(backend, kernel(span(k), None)).ok)
+                .all(|k| arch::run(target, kernel(span(k), None)).ok)
         });
         if !all_ok {
             return ppo_clip(cfg, inp, value, grad);
@@ -203,7 +203,7 @@ impl Cpu {
                 .zip(grad.par_chunks_mut(SPAN))
                 .enumerate()
                 .rev()
-                .map(|(k, (v, g))| arch::run(backend, kernel(span(k), Some((v, g)))))
+                .map(|(k, (v, g))| arch::run(target, kernel(span(k), Some((v, g)))))
                 .collect()
         });
         spans.reverse();

@@ -22,10 +22,10 @@ const CHUNK: usize = 1 << 16;
 /// assert_eq!(grpo_cpu::roofline::read(&cpu, &[1.0; 1000]), 1000.0);
 /// ```
 pub fn read(cpu: &Cpu, data: &[f32]) -> f32 {
-    let backend = cpu.backend();
+    let target = cpu.target();
     cpu.install(|| {
         data.par_chunks(CHUNK)
-            .map(|c| arch::run(backend, ReadSum(c)))
+            .map(|c| arch::run(target, ReadSum(c)))
             .sum()
     })
 }
@@ -74,12 +74,12 @@ pub fn read_with_fma(cpu: &Cpu, data: &[f32], fmas: usize, passes: usize) -> f32
 
 /// [`read_with_fma`] for a fixed count.
 fn read_parts<const FMAS: usize>(cpu: &Cpu, data: &[f32], passes: usize) -> f32 {
-    let backend = cpu.backend();
+    let target = cpu.target();
     cpu.install(|| {
         data.par_chunks(CHUNK)
             .map(|c| {
                 (0..passes)
-                    .map(|_| arch::run(backend, ReadFma::<FMAS>(c)))
+                    .map(|_| arch::run(target, ReadFma::<FMAS>(c)))
                     .sum::<f32>()
             })
             .sum()
@@ -99,11 +99,11 @@ fn read_parts<const FMAS: usize>(cpu: &Cpu, data: &[f32], passes: usize) -> f32 
 /// ```
 pub fn copy(cpu: &Cpu, src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "roofline::copy: lengths differ");
-    let backend = cpu.backend();
+    let target = cpu.target();
     cpu.install(|| {
         src.par_chunks(CHUNK)
             .zip(dst.par_chunks_mut(CHUNK))
-            .for_each(|(s, d)| arch::run(backend, Copy(s, d)))
+            .for_each(|(s, d)| arch::run(target, Copy(s, d)))
     })
 }
 

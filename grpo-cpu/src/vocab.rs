@@ -75,10 +75,10 @@ impl Cpu {
     /// (otherwise unspecified, see `LseRows`).
     fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32, dot: bool) -> Vec<LseState> {
         let mut st = vec![LseState::EMPTY; z.len() / vocab];
-        let backend = self.backend();
+        let target = self.target();
         self.par_rows(&mut st, |r0, out| {
             arch::run(
-                backend,
+                target,
                 LseRows {
                     z: &z[r0 * vocab..(r0 + out.len()) * vocab],
                     vocab,
@@ -102,7 +102,7 @@ impl Cpu {
         need: PairNeed,
     ) -> Vec<(PairState, PairFlags)> {
         let mut st = vec![(PairState::EMPTY, PairFlags::default()); z.len() / vocab];
-        let backend = self.backend();
+        let target = self.target();
         self.par_rows(&mut st, |r0, out| {
             PairRows {
                 z: &z[r0 * vocab..(r0 + out.len()) * vocab],
@@ -112,7 +112,7 @@ impl Cpu {
                 need,
                 out,
             }
-            .run_on(backend)
+            .run_on(target)
         });
         st
     }
@@ -317,10 +317,10 @@ impl Cpu {
             return fallback(core)(out);
         }
         let mut res = vec![(f32::NAN, PairFlags::default()); rows];
-        let backend = self.backend();
+        let target = self.target();
         self.par_rows(&mut res, |r0, o| {
             arch::run(
-                backend,
+                target,
                 JsdRows {
                     z: &student[r0 * vocab..(r0 + o.len()) * vocab],
                     w: &teacher[r0 * vocab..(r0 + o.len()) * vocab],
@@ -469,13 +469,13 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let backend = self.backend();
+        let target = self.target();
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
                 let (r0, n) = (i * per / vocab, o.len() / vocab);
                 arch::run(
-                    backend,
+                    target,
                     GradRows {
                         z: &logits[r0 * vocab..(r0 + n) * vocab],
                         w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
@@ -517,13 +517,13 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let backend = self.backend();
+        let target = self.target();
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
                 let (r0, n) = (i * per / vocab, z.len() / vocab);
                 arch::run(
-                    backend,
+                    target,
                     GradRowsInPlace {
                         z,
                         w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),

@@ -1,8 +1,8 @@
 //! grpo-cpu's vocabulary kernels against grpo-core, bit for bit: every available backend ×
 //! every row operation × f32/bf16/f16 storage × row lengths (0..=65, around multiples of 16 and
-//! of the 2048-element block, 32768, 151936) × 1/2/3 threads. Errors must be the same `Err`
-//! value with every output untouched. Also every SIMD lane of `exp`/`ln` against the scalar
-//! functions.
+//! of the 2048-element block, 32768, 151936) × 1/2/3 threads × software prefetches on and off.
+//! Errors must be the same `Err` value with every output untouched. Also every SIMD lane of
+//! `exp`/`ln` against the scalar functions.
 
 use std::sync::OnceLock;
 
@@ -11,14 +11,18 @@ use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
-/// Every backend of this CPU with pools of 1, 2 and 3 threads.
+/// Every backend of this CPU with pools of 1, 2 and 3 threads; the 2-thread pool runs the
+/// backend's other software-prefetch instantiation (`Cpu::with_software_prefetch`), so both
+/// are checked without a fourth pool.
 fn cpus() -> &'static [Cpu] {
     static CPUS: OnceLock<Vec<Cpu>> = OnceLock::new();
     CPUS.get_or_init(|| {
         let mut v = Vec::new();
         for b in Backend::available() {
             for t in [1, 2, 3] {
-                v.push(Cpu::new(b).unwrap().with_threads(t).unwrap());
+                let cpu = Cpu::new(b).unwrap().with_threads(t).unwrap();
+                let prefetch = cpu.software_prefetch() != (t == 2);
+                v.push(cpu.with_software_prefetch(prefetch));
             }
         }
         v

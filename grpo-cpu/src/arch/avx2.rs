@@ -29,27 +29,35 @@ use crate::kernels::Kernel;
 use crate::lanes::F32x16;
 
 /// 16 lanes in two 256-bit registers. Created only inside [`run`] after detection.
+/// `PREFETCH = false` makes [`F32x16::prefetch`] and [`F32x16::prefetch_l2`] no-ops.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx2(__m256, __m256);
+pub(crate) struct Avx2<const PREFETCH: bool = true>(__m256, __m256);
 
-/// Runs `k` compiled for AVX2 + FMA + F16C.
+/// Runs `k` compiled for AVX2 + FMA + F16C, with software prefetches if `PREFETCH`.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
     // No fence: this backend has no streaming stores (see the module documentation).
-    k.run::<Avx2>()
+    k.run::<Avx2<PREFETCH>>()
 }
 
-/// Runs `k` on this backend, or returns it if the CPU lacks AVX2, FMA or F16C.
-pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
+/// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
+/// or returns it if the CPU lacks AVX2, FMA or F16C.
+pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
     {
         // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
-        Ok(unsafe { entry(k) })
+        Ok(unsafe {
+            if prefetch {
+                entry::<K, true>(k)
+            } else {
+                entry::<K, false>(k)
+            }
+        })
     } else {
         Err(k)
     }
@@ -99,7 +107,7 @@ macro_rules! cmp {
     };
 }
 
-impl F32x16 for Avx2 {
+impl<const PREFETCH: bool> F32x16 for Avx2<PREFETCH> {
     /// All-ones lanes where set.
     type Mask = (__m256, __m256);
     /// 16 ymm registers, two per value.
@@ -196,13 +204,17 @@ impl F32x16 for Avx2 {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        // SAFETY: a prefetch never dereferences architecturally and never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        if PREFETCH {
+            // SAFETY: a prefetch never dereferences architecturally and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        // SAFETY: as `prefetch`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+        if PREFETCH {
+            // SAFETY: as `prefetch`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+        }
     }
 
     #[inline(always)]
@@ -343,7 +355,7 @@ impl F32x16 for Avx2 {
     }
     #[inline(always)]
     fn eq_i32(self, b: Self) -> Self::Mask {
-        let m = both_i!(_mm256_cmpeq_epi32, self, b);
+        let m: Self = both_i!(_mm256_cmpeq_epi32, self, b);
         (m.0, m.1)
     }
     #[inline(always)]

@@ -11,17 +11,39 @@ use crate::lanes::{F32x16, bf16_round_bits};
 /// 16 lanes in one 512-bit register. Created only inside [`entry`] and [`entry_bf16`], after
 /// [`run`]'s detection. `BF16` is set in [`entry_bf16`] only, which is also compiled for (and
 /// entered after detecting) AVX512_BF16 and AVX512DQ: its [`F32x16::store_bf16`] rounds with
-/// `vcvtneps2bf16`.
+/// `vcvtneps2bf16`. `PREFETCH = false` makes [`F32x16::prefetch`] and
+/// [`F32x16::prefetch_l2`] no-ops (see [`prefetch_by_default`]).
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512<const BF16: bool = false>(__m512);
+pub(crate) struct Avx512<const BF16: bool = false, const PREFETCH: bool = true>(__m512);
 
-/// Runs `k` compiled for AVX-512F + FMA.
+/// Whether the kernels should issue software prefetches on this CPU: not on AMD's AVX-512
+/// cores. Measured on an AMD EPYC Zen 4 host (family 25 model 17, 2 vCPUs, 2026-12-05): eight
+/// runs of `grpo-bench vocab --dtype all` alternating `--prefetch on` and `off`, two threads,
+/// median per-pair time ratios off/on at 2048 × 32768 / 512 × 151936 of fused log-prob +
+/// entropy 0.83 / 0.81, log-prob 0.74 / 0.77, KL 0.85 / 0.87, backward 0.82 / 0.87, bf16 fused
+/// 0.84 / 0.86 (every kernel's: `kernels::vocab`'s `PREFETCH_BYTES`). There the hardware
+/// prefetchers keep a core streaming at the step's in-cache rate: a copy of the one-pass step
+/// over 256 MB on one thread moved 19.4–19.9 GB/s without software prefetches against
+/// 15.5–19.2 GB/s with them (three alternated runs). Why the requests slow it down is not
+/// established; leaving out only the L2 request (`prefetcht1`) was no cure (KL 1.07 / 1.07,
+/// backward 0.92 / 1.03, six pairs). On the Intel host the same prefetches cut fused
+/// streaming from 22.2 / 25.4 to 16.0 / 17.1 ms, so other vendors keep them; other AMD
+/// AVX-512 cores (Zen 5) follow Zen 4 unmeasured.
+pub(crate) fn prefetch_by_default() -> bool {
+    // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth" "enti" "cAMD").
+    let id = __cpuid(0);
+    !(id.ebx == u32::from_le_bytes(*b"Auth")
+        && id.edx == u32::from_le_bytes(*b"enti")
+        && id.ecx == u32::from_le_bytes(*b"cAMD"))
+}
+
+/// Runs `k` compiled for AVX-512F + FMA, with software prefetches if `PREFETCH`.
 ///
 /// # Safety
 /// The CPU must support AVX-512F and FMA.
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-    let out = k.run::<Avx512>();
+unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
+    let out = k.run::<Avx512<false, PREFETCH>>();
     // Order the kernel's streaming stores before whatever signals completion to other threads.
     _mm_sfence();
     out
@@ -34,8 +56,8 @@ unsafe fn entry<K: Kernel>(k: K) -> K::Output {
 /// # Safety
 /// The CPU must support AVX-512F, FMA, AVX512_BF16 and AVX512DQ.
 #[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
-unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
-    let out = k.run::<Avx512<true>>();
+unsafe fn entry_bf16<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
+    let out = k.run::<Avx512<true, PREFETCH>>();
     // As in `entry`.
     _mm_sfence();
     out
@@ -46,8 +68,9 @@ unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
 /// bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
 /// backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05, four runs
 /// alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0 ms at
-/// 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936).
-pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
+/// 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936). `prefetch` picks the
+/// instantiation with or without software prefetches (same bits).
+pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if K::STORES_BF16
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("fma")
@@ -55,18 +78,30 @@ pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
         && std::arch::is_x86_feature_detected!("avx512dq")
     {
         // SAFETY: all four features `entry_bf16` is compiled for were detected just above.
-        return Ok(unsafe { entry_bf16(k) });
+        return Ok(unsafe {
+            if prefetch {
+                entry_bf16::<K, true>(k)
+            } else {
+                entry_bf16::<K, false>(k)
+            }
+        });
     }
-    run_without_bf16(k)
+    run_without_bf16(k, prefetch)
 }
 
 /// [`run`] from [`entry`] only: every kernel that does not store bf16, and in tests the
 /// integer bf16 rounding on a CPU that has AVX512_BF16.
-pub(crate) fn run_without_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
+pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
     {
         // SAFETY: the features `entry` is compiled for were detected just above.
-        Ok(unsafe { entry(k) })
+        Ok(unsafe {
+            if prefetch {
+                entry::<K, true>(k)
+            } else {
+                entry::<K, false>(k)
+            }
+        })
     } else {
         Err(k)
     }
@@ -76,7 +111,7 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
 // which run only after `run` detected AVX-512F and FMA, so the intrinsics' target features are
 // present. Loads and stores go through references to 16-element arrays, so the 64 (or 32) bytes
 // they touch are in bounds; the unaligned forms are used, so no alignment is assumed.
-impl<const BF16: bool> F32x16 for Avx512<BF16> {
+impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
     type Mask = __mmask16;
     /// 32 zmm registers, one per value.
     const REGISTERS: usize = 32;
@@ -174,13 +209,17 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        // SAFETY: a prefetch never dereferences architecturally and never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        if PREFETCH {
+            // SAFETY: a prefetch never dereferences architecturally and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        // SAFETY: as `prefetch`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+        if PREFETCH {
+            // SAFETY: as `prefetch`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+        }
     }
 
     #[inline(always)]
@@ -382,7 +421,7 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
 }
 
 #[inline(always)]
-fn bits<const BF16: bool>(v: Avx512<BF16>) -> __m512i {
+fn bits<const BF16: bool, const PREFETCH: bool>(v: Avx512<BF16, PREFETCH>) -> __m512i {
     // SAFETY: see the impl comment (a reinterpretation, no instruction).
     unsafe { _mm512_castps_si512(v.0) }
 }

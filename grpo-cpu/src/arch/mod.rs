@@ -15,24 +15,51 @@ pub(crate) mod avx512;
 pub(crate) mod neon;
 pub(crate) mod portable;
 
-/// Runs `k` on `backend`, falling back to the portable path if this CPU cannot run `backend`
+/// The compiled code a kernel runs: the instruction set and whether the kernels issue
+/// software prefetches (each SIMD backend is compiled both ways; the bits are the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) backend: Backend,
+    pub(crate) prefetch: bool,
+}
+
+/// A backend with its default prefetching ([`Backend::software_prefetch_default`]).
+impl From<Backend> for Target {
+    fn from(backend: Backend) -> Target {
+        Target {
+            backend,
+            prefetch: backend.software_prefetch_default(),
+        }
+    }
+}
+
+/// Every backend of this CPU, each with and without software prefetches (for tests: the two
+/// instantiations must give the same bits).
+#[cfg(test)]
+pub(crate) fn targets() -> impl Iterator<Item = Target> {
+    Backend::available()
+        .flat_map(|backend| [true, false].map(|prefetch| Target { backend, prefetch }))
+}
+
+/// Runs `k` on `target`, falling back to the portable path if this CPU cannot run its backend
 /// (constructors of the public types only hand out available backends, so the fallback is a
 /// defence, not a behaviour callers see).
 #[inline]
-pub(crate) fn run<K: Kernel>(backend: Backend, k: K) -> K::Output {
+pub(crate) fn run<K: Kernel>(target: impl Into<Target>, k: K) -> K::Output {
+    let Target { backend, prefetch } = target.into();
     let k = match backend {
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => match avx512::run(k) {
+        Backend::Avx512 => match avx512::run(k, prefetch) {
             Ok(out) => return out,
             Err(k) => k,
         },
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2Fma => match avx2::run(k) {
+        Backend::Avx2Fma => match avx2::run(k, prefetch) {
             Ok(out) => return out,
             Err(k) => k,
         },
         #[cfg(target_arch = "aarch64")]
-        Backend::Neon => match neon::run(k) {
+        Backend::Neon => match neon::run(k, prefetch) {
             Ok(out) => return out,
             Err(k) => k,
         },

@@ -11,23 +11,31 @@ use crate::kernels::Kernel;
 use crate::lanes::F32x16;
 
 /// 16 lanes in four 128-bit registers. Created only inside [`run`] after detection.
+/// `PREFETCH = false` makes [`F32x16::prefetch`] and [`F32x16::prefetch_l2`] no-ops.
 #[derive(Clone, Copy)]
-pub(crate) struct Neon([float32x4_t; 4]);
+pub(crate) struct Neon<const PREFETCH: bool = true>([float32x4_t; 4]);
 
-/// Runs `k` compiled for NEON.
+/// Runs `k` compiled for NEON, with software prefetches if `PREFETCH`.
 ///
 /// # Safety
 /// The CPU must support NEON.
 #[target_feature(enable = "neon")]
-unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-    k.run::<Neon>()
+unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
+    k.run::<Neon<PREFETCH>>()
 }
 
-/// Runs `k` on this backend, or returns it if the CPU lacks NEON.
-pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
+/// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
+/// or returns it if the CPU lacks NEON.
+pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if std::arch::is_aarch64_feature_detected!("neon") {
         // SAFETY: the feature `entry` is compiled for was detected on this CPU just above.
-        Ok(unsafe { entry(k) })
+        Ok(unsafe {
+            if prefetch {
+                entry::<K, true>(k)
+            } else {
+                entry::<K, false>(k)
+            }
+        })
     } else {
         Err(k)
     }
@@ -79,7 +87,7 @@ macro_rules! each_u {
     };
 }
 
-impl F32x16 for Neon {
+impl<const PREFETCH: bool> F32x16 for Neon<PREFETCH> {
     /// All-ones lanes where set.
     type Mask = [uint32x4_t; 4];
     /// 32 q registers, four per value.
@@ -165,16 +173,20 @@ impl F32x16 for Neon {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        // SAFETY: `prfm` is a hint: it never faults and has no architectural side effect.
-        unsafe {
-            core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
+        if PREFETCH {
+            // SAFETY: `prfm` is a hint: it never faults and has no architectural side effect.
+            unsafe {
+                core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
+            }
         }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        // SAFETY: as `prefetch`.
-        unsafe {
-            core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
+        if PREFETCH {
+            // SAFETY: as `prefetch`.
+            unsafe {
+                core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
+            }
         }
     }
 
@@ -369,10 +381,10 @@ impl F32x16 for Neon {
 
 /// x86 conversion semantics: lanes whose input is NaN or outside [−2³¹, 2³¹) become `i32::MIN`.
 #[inline(always)]
-fn patch_out_of_range(x: Neon, r: Neon) -> Neon {
-    let lo = Neon::splat(-2147483648.0);
-    let hi = Neon::splat(2147483648.0);
-    let ok = Neon::mask_and(x.ge(lo), x.lt(hi));
+fn patch_out_of_range<const P: bool>(x: Neon<P>, r: Neon<P>) -> Neon<P> {
+    let lo = Neon::<P>::splat(-2147483648.0);
+    let hi = Neon::<P>::splat(2147483648.0);
+    let ok = Neon::<P>::mask_and(x.ge(lo), x.lt(hi));
     Neon::select(ok, r, Neon::from_bits(i32::MIN as u32))
 }
 

@@ -28,7 +28,6 @@ use super::math::{
     EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln,
 };
 use crate::arch;
-use crate::backend::Backend;
 use crate::lanes::F32x16;
 
 /// The register count ([`F32x16::REGISTERS`]) from which a backend keeps the working sets the
@@ -85,6 +84,16 @@ const UNROLL: usize = 4;
 ///   14.6 / 16.1 against 11.1 / 13.4, backward 29.1 / 33.5 against 26.8 / 28.8; 4 KiB and
 ///   12 KiB were slower than 8 KiB, and adding an L2 prefetch (`T1`) 56 KiB ahead, or using
 ///   `T1` alone at 8–32 KiB, gained nothing measurable.
+///
+/// With the one-pass steps, none at all is faster still on that Zen 4 host, so AVX-512 on AMD
+/// runs without software prefetches by default (`Backend::software_prefetch_default`; the
+/// lanes compiled with `PREFETCH = false` make [`F32x16::prefetch`] a no-op): eight runs of
+/// `grpo-bench vocab --dtype all` alternating `--prefetch on` and `off` (2 threads, 2048 ×
+/// 32768 and 512 × 151936), median per-pair time ratios off/on 0.74–0.89 for the one-row
+/// passes and the out-of-place backward in every storage type, f32 KL 0.85 / 0.87, JSD 0.94 /
+/// 0.91 and `backward_kl` 0.89 / 0.86, 0.92–0.99 in place. The exception is the pair passes on
+/// 16-bit rows at 2048 × 32768 (KL 1.09–1.10, JSD and `backward_kl` 1.02–1.03), which are
+/// faster without them at 512 × 151936 (0.90–0.97).
 const PREFETCH_BYTES: usize = 8192;
 
 /// How far ahead the same steps request lines into L2 (`prefetcht1`) besides the L1 request
@@ -1718,23 +1727,24 @@ pub(crate) struct PairRows<'a, S, U> {
 }
 
 impl<S: Load, U: Load> PairRows<'_, S, U> {
-    /// Runs the pass on `backend` with the kernel compiled for `need`'s sums. One kernel type
+    /// Runs the pass on `target` with the kernel compiled for `need`'s sums. One kernel type
     /// per need, so every ISA entry function holds a single copy of the pair pass: five copies
     /// inlined into one entry function (a `match` inside the kernel) gave it a stack frame that
     /// overflowed a 2 MiB thread stack in an unoptimised build (grpo-cpu's doctests under
     /// qemu-aarch64, where every lane temporary gets its own slot).
-    pub(crate) fn run_on(self, backend: Backend) {
+    pub(crate) fn run_on(self, target: impl Into<arch::Target>) {
+        let target = target.into();
         match self.need {
-            PairNeed::Jsd => self.run_for::<{ PairNeed::Jsd.sums() }>(backend),
-            PairNeed::KlForward => self.run_for::<{ PairNeed::KlForward.sums() }>(backend),
-            PairNeed::KlReverse => self.run_for::<{ PairNeed::KlReverse.sums() }>(backend),
-            PairNeed::GradForward => self.run_for::<{ PairNeed::GradForward.sums() }>(backend),
-            PairNeed::GradReverse => self.run_for::<{ PairNeed::GradReverse.sums() }>(backend),
+            PairNeed::Jsd => self.run_for::<{ PairNeed::Jsd.sums() }>(target),
+            PairNeed::KlForward => self.run_for::<{ PairNeed::KlForward.sums() }>(target),
+            PairNeed::KlReverse => self.run_for::<{ PairNeed::KlReverse.sums() }>(target),
+            PairNeed::GradForward => self.run_for::<{ PairNeed::GradForward.sums() }>(target),
+            PairNeed::GradReverse => self.run_for::<{ PairNeed::GradReverse.sums() }>(target),
         }
     }
 
-    fn run_for<const SUMS: u8>(self, backend: Backend) {
-        arch::run(backend, PairRowsFor::<_, _, SUMS>(self))
+    fn run_for<const SUMS: u8>(self, target: arch::Target) {
+        arch::run(target, PairRowsFor::<_, _, SUMS>(self))
     }
 }
 
@@ -2010,7 +2020,7 @@ mod tests {
         // integer rounding for vectors holding a subnormal, e.g. the chunks of `h << 16` for
         // small `h` beside normal f16 values); AVX-512's integer rounding must hold there too.
         #[cfg(target_arch = "x86_64")]
-        if let Ok(out) = arch::avx512::run_without_bf16(StoreGrads(chunks)) {
+        if let Ok(out) = arch::avx512::run_without_bf16(StoreGrads(chunks), true) {
             check("Avx512 (integer rounding)", out);
         }
     }
@@ -2023,7 +2033,7 @@ mod tests {
                 let w = logits(n as u64 + 1000, n);
                 let want = ref_lse(&z, tau);
                 let want_p = ref_pair(&z, &w, tau);
-                for b in Backend::available() {
+                for b in arch::targets() {
                     for dot in [true, false] {
                         let mut out = [LseState::EMPTY];
                         run(
@@ -2106,7 +2116,7 @@ mod tests {
             for tau in [1.0f32, 0.75] {
                 let want = bits_lse(&ref_lse(z, tau));
                 let want_p = bits_pair(&ref_pair(z, w, tau));
-                for b in Backend::available() {
+                for b in arch::targets() {
                     for dot in [true, false] {
                         let mut out = [LseState::EMPTY];
                         run(
@@ -2325,7 +2335,7 @@ mod tests {
                 for (tau, prior) in [(1.0f32, [0.0f32, -1.0]), (0.75, [1.0, 0.5])] {
                     let (want_l, run_l) = canon::lse_block(z, tau, prior[0]);
                     let (want_p, run_p) = canon::pair_block(z, &w, tau, prior);
-                    for b in Backend::available() {
+                    for b in arch::targets() {
                         for fast in [true, false] {
                             let (lse, pair) = run(
                                 b,
@@ -2392,7 +2402,7 @@ mod tests {
                 let want: Vec<u32> = (0..n)
                     .map(|v| canon::grad_step(z[v], w[v], v == y, &c, kl).to_bits())
                     .collect();
-                for b in Backend::available() {
+                for b in arch::targets() {
                     let mut out = vec![f32::NAN; n];
                     run(
                         b,
