@@ -1,8 +1,9 @@
 //! One file per instruction set; [`run`] picks the one a [`Backend`] names.
 //!
 //! Every `unsafe` block of the crate lives in these files. Each ISA module exposes
-//! `run(kernel) -> Result<Output, Kernel>`, which checks the CPU's features itself before
-//! entering code compiled for them, so a `Backend` value can never cause an illegal instruction.
+//! `run(kernel, prefetch) -> Result<Output, Kernel>`, which checks the CPU's features itself
+//! before entering code compiled for them, so a `Backend` value can never cause an illegal
+//! instruction; `prefetch` picks its lanes' instantiation with or without software prefetches.
 
 use crate::backend::Backend;
 use crate::kernels::Kernel;
