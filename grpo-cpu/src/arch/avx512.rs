@@ -29,12 +29,18 @@ pub(crate) struct Avx512<const BF16: bool = false, const PREFETCH: bool = true>(
 /// backward 0.92 / 1.03, six pairs). On the Intel host the same prefetches cut fused
 /// streaming from 22.2 / 25.4 to 16.0 / 17.1 ms, so other vendors keep them; other AMD
 /// AVX-512 cores (Zen 5) follow Zen 4 unmeasured.
+///
+/// Read once per process: `CPUID` traps to the hypervisor under virtualisation, and every
+/// `Cpu` constructor and every `math` call on a bare `Backend` asks.
 pub(crate) fn prefetch_by_default() -> bool {
-    // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth" "enti" "cAMD").
-    let id = __cpuid(0);
-    !(id.ebx == u32::from_le_bytes(*b"Auth")
-        && id.edx == u32::from_le_bytes(*b"enti")
-        && id.ecx == u32::from_le_bytes(*b"cAMD"))
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*AMD.get_or_init(|| {
+        // CPUID leaf 0: the vendor string in EBX, EDX, ECX ("Auth" "enti" "cAMD").
+        let id = __cpuid(0);
+        id.ebx == u32::from_le_bytes(*b"Auth")
+            && id.edx == u32::from_le_bytes(*b"enti")
+            && id.ecx == u32::from_le_bytes(*b"cAMD")
+    })
 }
 
 /// Runs `k` compiled for AVX-512F + FMA, with software prefetches if `PREFETCH`.
