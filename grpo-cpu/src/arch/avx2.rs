@@ -52,7 +52,7 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     {
         // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
         Ok(unsafe {
-            if prefetch {
+            if const { !K::PREFETCHES } || prefetch {
                 entry::<K, true>(k)
             } else {
                 entry::<K, false>(k)

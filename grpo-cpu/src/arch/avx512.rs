@@ -85,7 +85,7 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     {
         // SAFETY: all four features `entry_bf16` is compiled for were detected just above.
         return Ok(unsafe {
-            if prefetch {
+            if const { !K::PREFETCHES } || prefetch {
                 entry_bf16::<K, true>(k)
             } else {
                 entry_bf16::<K, false>(k)
@@ -102,7 +102,7 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Out
     {
         // SAFETY: the features `entry` is compiled for were detected just above.
         Ok(unsafe {
-            if prefetch {
+            if const { !K::PREFETCHES } || prefetch {
                 entry::<K, true>(k)
             } else {
                 entry::<K, false>(k)

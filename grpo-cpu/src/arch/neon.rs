@@ -30,7 +30,7 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if std::arch::is_aarch64_feature_detected!("neon") {
         // SAFETY: the feature `entry` is compiled for was detected on this CPU just above.
         Ok(unsafe {
-            if prefetch {
+            if const { !K::PREFETCHES } || prefetch {
                 entry::<K, true>(k)
             } else {
                 entry::<K, false>(k)

@@ -25,6 +25,11 @@ pub(crate) trait Kernel {
         allow(dead_code, reason = "only the AVX-512 backend has such an entry")
     )]
     const STORES_BF16: bool = false;
+    /// Whether the kernel issues software prefetches ([`F32x16::prefetch`]). Each SIMD
+    /// backend compiles such a kernel twice, with and without them (`arch::Target::prefetch`);
+    /// a kernel that issues none says `false` and is compiled once. One that prefetches but
+    /// says `false` computes the same bits, with the requests always on.
+    const PREFETCHES: bool = true;
     /// The kernel body for lane type `V`. Implementations must be `#[inline(always)]`.
     fn run<V: F32x16>(self) -> Self::Output;
 }

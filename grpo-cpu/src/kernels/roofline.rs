@@ -13,6 +13,7 @@ pub(crate) struct ReadSum<'a>(pub(crate) &'a [f32]);
 
 impl Kernel for ReadSum<'_> {
     type Output = f32;
+    const PREFETCHES: bool = false;
 
     #[inline(always)]
     fn run<V: F32x16>(self) -> f32 {
@@ -37,6 +38,7 @@ pub(crate) struct Copy<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
 
 impl Kernel for Copy<'_> {
     type Output = ();
+    const PREFETCHES: bool = false;
 
     #[inline(always)]
     fn run<V: F32x16>(self) {
