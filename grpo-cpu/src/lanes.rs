@@ -112,34 +112,43 @@ pub trait F32x16: Copy {
     fn div(self, b: Self) -> Self;
     /// `a × b + c` with a single rounding (fused multiply-add).
     fn mul_add(self, b: Self, c: Self) -> Self;
-    /// `self · 2^k` where the lanes of `k` hold integers (as `f32`) and `k_bits` the same
-    /// integers as `i32` bit patterns, for lanes where the product is a normal float — then it
-    /// is exact, the same bits however it is formed. Other lanes (a subnormal, overflowing or
-    /// NaN product) are unspecified: callers check their domain.
+    /// `self · 2^floor(k)` where `n_field` holds `floor(k) << 23` as `i32` bit patterns, for
+    /// lanes where the product is a normal float — then it is exact, the same bits however it
+    /// is formed. Other lanes (a subnormal, overflowing or NaN product) are unspecified:
+    /// callers check their domain.
     ///
-    /// The default adds `k` to the exponent field in integer arithmetic (a shift and an add);
+    /// The default adds `n_field` to the exponent field in integer arithmetic (one add);
     /// AVX-512 overrides it with `vscalefps`, one operation that takes `k` as a float (the
-    /// exponential's reduction has it already), which saves vector operations in the
-    /// compute-bound exponentials (see `kernels::math`).
+    /// exponential's reduction has it already, and the floor is part of the instruction),
+    /// which saves vector operations in the compute-bound exponentials (see `kernels::math`).
     #[inline(always)]
-    fn mul_pow2_normal(self, k: Self, k_bits: Self) -> Self {
+    fn mul_pow2_normal(self, k: Self, n_field: Self) -> Self {
         let _ = k;
-        self.add_i32(k_bits.shl::<23>())
+        self.add_i32(n_field)
     }
-    /// `self · s_k` with `s_k = from_bits((k + 127) << 23)` — grpo-core's `exp_nonpos` scaling
-    /// — for lanes of `k` holding integers in [−127, 127] (as `f32`) and `biased` holding
-    /// `k + 127` as `i32` bit patterns: `self · 2^k` rounded once for `k ≥ −126`, and
-    /// `self · (+0)` for `k = −127`. Specified for lanes where `self` is positive and finite,
-    /// and for lanes where `self` and `k` are both NaN (a NaN; the exponential's reduction
-    /// gives both from a NaN argument); other lanes are not.
+    /// `self · s_n` with `n = floor(k)` and `s_n = from_bits((n + 127) << 23)` — grpo-core's
+    /// `exp_nonpos` scaling — for lanes of `k` in [−127, 128) and `biased` holding `n + 127`
+    /// as `i32` bit patterns: `self · 2^n` rounded once for `n ≥ −126`, and `self · (+0)`
+    /// for `n = −127`. Specified for lanes where `self` is positive and finite, and for lanes
+    /// where `self` and `k` are both NaN (a NaN; the exponential's reduction gives both from a
+    /// NaN argument); other lanes are not.
     ///
     /// The default multiplies by the scale built from `biased` (a shift and a multiply);
-    /// AVX-512 overrides it with `vscalefps` under a zeroing mask (`k ≠ −127`), which rounds
-    /// `self · 2^k` once like the multiply.
+    /// AVX-512 overrides it with `vscalefps` under a zeroing mask (`k ≥ −126`), which rounds
+    /// `self · 2^n` once like the multiply.
     #[inline(always)]
     fn mul_pow2_or_zero(self, k: Self, biased: Self) -> Self {
         let _ = k;
         self.mul(biased.shl::<23>())
+    }
+    /// `table[b & 7]` per lane, `b` the lane's bit pattern (only its low three bits are read):
+    /// the exponential's table read (grpo-core's `EXP_TABLE`). The default reads the table
+    /// lane by lane; AVX2 overrides it with one `vpermps` per half (which reads exactly those
+    /// three bits), AVX-512 with one `vpermps` of the table repeated twice, NEON with a byte
+    /// table lookup.
+    #[inline(always)]
+    fn lookup8(self, table: &[f32; 8]) -> Self {
+        Self::from_array(self.to_array().map(|x| table[(x.to_bits() & 7) as usize]))
     }
     /// `if a > b { a } else { b }` per lane (the project's NaN rule: a NaN in `a` or `b` yields `b`).
     fn max(self, b: Self) -> Self;

@@ -30,7 +30,7 @@ pub fn exp(backend: Backend, x: &[f32], out: &mut [f32]) {
 }
 
 /// `out[i] = grpo_core::vocab::exp_ln::exp_nonpos(x[i])` (the kernels' e^x for x ≤ 0: equal
-/// to [`exp`] down to −87.68, exactly 0 below).
+/// to [`exp`] down to −87.38, exactly 0 below).
 ///
 /// # Panics
 /// If the lengths differ.

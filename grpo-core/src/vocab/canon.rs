@@ -49,7 +49,7 @@
 //! ```text
 //! d  = (z − c)·τ              // ≤ 0; two roundings (the ·τ is exact and skippable at τ = 1)
 //! dc = max_r(D_MIN, d)         // D_MIN = −88; −∞ → −88
-//! e  = exp_nonpos_clamped(dc)  // 0 for dc < −87.68
+//! e  = exp_nonpos_clamped(dc)  // 0 for dc < −87.36
 //! s  = s + e
 //! t  = fma(e, dc, t)
 //! ```
@@ -103,11 +103,11 @@
 //!
 //! The kernels must stream logits near memory bandwidth, so the per-element work is kept to
 //! one subtraction and one multiplication for the shift (the multiplication vanishes at
-//! T = 1), one clamp, the exponential (reduction: FMA, integer sub, sub, 2 FMA; degree-6
-//! polynomial: 6 FMA; scaling: integer add, integer max, shift, multiply) and two
-//! accumulations (`add`, `FMA`), plus one `max` for the block maximum: about 21 vector
-//! operations per 16 logits (20 at T = 1) for
-//! log-sum-exp + entropy, with no division, no table and no data-dependent branch. There is no
+//! T = 1), one clamp, the exponential (reduction: FMA, sub, 2 FMA; table read: one permute;
+//! degree-3 polynomial and table factor: 3 FMA and a multiply; scaling: integer sub, shift,
+//! integer max, shift, multiply) and two accumulations (`add`, `FMA`), plus one `max` for
+//! the block maximum: about 21 vector operations per 16 logits (20 at T = 1) for
+//! log-sum-exp + entropy, with no division and no data-dependent branch. There is no
 //! per-element running-max compare/blend and no rescaling inside a block; the only rescaling
 //! happens once per 2048-element block in the scalar merge (two exponentials). A 2048-element
 //! block keeps the merge overhead near 1 % and a block (KL: two, 16 KiB) in L1.

@@ -5,9 +5,10 @@
 //! (round to nearest even): `+ − ×`, fused multiply-add with one rounding (computed here with
 //! [`libm::fmaf`], which is correctly rounded, so hardware FMA gives the same bits), integer
 //! add/sub/shift/and on the bit pattern, exact conversions between small integers and `f32`,
-//! comparisons and selects. There are no branches on data and no tables, so a SIMD backend that
-//! performs the same operations in the same order, lane by lane, gets the same bits (0 ULP
-//! between backends). A backend must run with the default floating-point environment (round to
+//! comparisons, selects and one read of an 8-entry constant table at an index taken from a bit
+//! pattern. There are no branches on data, so a SIMD backend that performs the same operations
+//! in the same order, lane by lane, gets the same bits (0 ULP between backends); the table read
+//! is one register permute on AVX-512 (`vpermps`). A backend must run with the default floating-point environment (round to
 //! nearest even, no flush-to-zero, no denormals-are-zero).
 //!
 //! # Operation-by-operation specification (what a SIMD backend mirrors)
@@ -20,29 +21,33 @@
 //! [`exp`] (full range, subnormal results correct):
 //! ```text
 //! x  = min_r(EXP_HI, max_r(EXP_LO, x))      // NaN stays NaN; ±inf → the clamps
-//! t  = fma(x, LOG2E, SHIFT)                  // SHIFT = 1.5·2^23: t = SHIFT + round(x·log2 e)
-//! ki = bits(t) − bits(SHIFT)                 // k as an integer, in [−150, 129]
-//! k  = t − SHIFT                             // k as f32 (exact)
-//! r  = fma(k, −LN2_HI, x)                    // exact (Cody–Waite, see below)
-//! r  = fma(k, −LN2_LO, r)                    // |r| ≤ 0.3467
-//! p  = EXP_C6
-//! p  = fma(p, r, EXP_C5); p = fma(p, r, EXP_C4); p = fma(p, r, EXP_C3); p = fma(p, r, EXP_C2)
-//! p  = fma(p, r, 1.0);    p = fma(p, r, 1.0)    // p ≈ e^r ∈ [0.707, 1.415]
-//! k1 = ki >> 1;  k2 = ki − k1                // both in [−75, 65]
-//! y  = (p · from_bits((k1 + 127) << 23)) · from_bits((k2 + 127) << 23)
+//! t  = fma(x, LOG2E, SHIFT)                  // SHIFT = 1.5·2^20: t = SHIFT + round(8·x·log2 e)/8
+//! kq = t − SHIFT                             // k/8 as f32 (exact), k = round(8·x·log2 e)
+//! r  = fma(kq, −LN2_HI, x)                   // exact (Cody–Waite, see below)
+//! r  = fma(kq, −LN2_LO, r)                   // |r| ≤ ln 2/16 (+1.5e−6)
+//! q  = fma(EXP_C3, r, EXP_C2); q = fma(q, r, 1.0)
+//! T  = EXP_TABLE[bits(t) & 7]                // 2^(j/8), j = k mod 8 (bits(SHIFT) ends in 0s)
+//! p  = fma(T · r, q, T)                      // p ≈ 2^(j/8)·e^r ∈ [0.957, 1.92]
+//! n  = (bits(t) − bits(SHIFT)) >> 3          // floor(kq) = (k − j)/8, in [−151, 128]
+//! n1 = n >> 1;  n2 = n − n1                  // both in [−76, 64]
+//! y  = (p · from_bits((n1 + 127) << 23)) · from_bits((n2 + 127) << 23)
 //! ```
 //! The first scaling is exact (the product stays normal), the second rounds once: a subnormal
-//! result is rounded exactly once and an overflow becomes +∞.
+//! result is rounded exactly once and an overflow becomes +∞. The first reduction step is exact:
+//! `kq·LN2_HI` is a multiple of 2^−24 (LN2_HI's significand ends in three zero bits), and so is
+//! `x` where `|x| ≥ ½`; below, `kq ≠ 0` needs `|x| ≥ 0.043`, where `x` is a multiple of 2^−28.
+//! Either way the difference, at most 0.0434 in magnitude, has at most 24 significant bits.
 //!
 //! [`exp_nonpos`] (the kernels' exponential; identical bits to [`exp`] whenever
-//! `k ≥ −126`, i.e. for `x ≥ −87.68`, and exactly 0 below):
+//! `n ≥ −126`, i.e. for `x ≥ −87.38`, and exactly 0 below):
 //! ```text
 //! x  = max_r(D_MIN, x)                       // D_MIN = −88: −∞ → −88
-//! t, ki, k, r, p  as in exp
-//! y  = p · from_bits(max_i32(ki + 127, 0) << 23)   // k ≤ −127 → scale 0 → y = +0
+//! t, kq, r, q, T, p, n  as in exp
+//! y  = p · from_bits(max_i32(n + 127, 0) << 23)   // n ≤ −127 → scale 0 → y = +0
 //! ```
-//! Its domain is `x ≤ 0` (that is all the kernels need; for `0 < x ≤ 88.37` it still equals
-//! [`exp`]); it costs one clamp, 11 FMA/add, 2 integer ops, one shift and one multiply.
+//! Its domain is `x ≤ 0` (that is all the kernels need; for `0 < x < 88.67` it still equals
+//! [`exp`]); it costs one clamp, 8 FMA/multiply/add, one table read, 4 integer operations and
+//! one multiply.
 //!
 //! [`ln`]:
 //! ```text
@@ -62,32 +67,45 @@
 //! # Accuracy
 //!
 //! Measured over **all 2^32 inputs** (`GRPO_EXHAUSTIVE=1 cargo test --release -p grpo-core
-//! exhaustive -- --nocapture`, 27 minutes on a shared 2-core machine), against the correctly
+//! exhaustive -- --nocapture`, about 27 minutes on a shared 2-core machine), against the correctly
 //! rounded result (taken as `libm::exp`/`libm::log` in f64 rounded to f32, which is correctly
 //! rounded except when the f64 value lies within ~2^−29 relative of an f32 rounding boundary —
 //! rare, and it could only make a measured distance off by one):
 //!
 //! | function | max distance from the correctly rounded f32 | max error vs the exact value |
 //! |----------|---------------------------------------------|------------------------------|
-//! | [`exp`]  | 1 ULP                                       | 0.894 ULP                    |
+//! | [`exp`]  | 1 ULP                                       | 1.155 ULP                    |
 //! | [`ln`]   | 1 ULP                                       | 0.881 ULP                    |
 //!
 //! [`exp_nonpos`] equals [`exp`] bit for bit where it does not flush, so the same bound holds
 //! there. The contract (DESIGN.md) is ≤ 2 ULP; the tests enforce the measured 1 ULP.
 //!
+//! [`exp`]'s error has three parts: the table entry's rounding (≤ ½ ULP of 2^(j/8)), the
+//! polynomial (≤ 0.43·2^−24 relative) and the final rounding (½ ULP). Their sum stays below
+//! 1.5 ULP, so the result is always one of the two floats around e^x. This form (an 8-entry
+//! table, a degree-3 polynomial) replaced a degree-6 polynomial without a table (0.894 ULP
+//! maximum error, also 1 ULP from the correctly rounded result) because it takes two
+//! FMA-port operations fewer per exponential, which the vocabulary kernels are bound by on
+//! AVX-512. A 16-entry table would keep the error below one ULP (0.9998 measured) at the same
+//! AVX-512 cost, but AVX2 reads 16 entries with two permutes and a blend per half, which
+//! measured slower there than the degree-6 form (README, "Changes measured").
+//!
 //! Being faithful rather than correctly rounded, [`exp`] is **not monotone** at the ULP level:
-//! `exp(−0.24999896) < exp(−0.24999897)` by one ULP (a reduction boundary). Code must not turn
-//! comparisons of ratios into comparisons of log-ratios (`exp(x) > hi ⟺ x > t`) or take
+//! `exp(−0.031140493) < exp(−0.031140495)` by one ULP (the polynomial's rounding). Code must
+//! not turn comparisons of ratios into comparisons of log-ratios (`exp(x) > hi ⟺ x > t`) or take
 //! `exp(min x)` for `min exp(x)` and expect grpo-core's bits.
 //!
-//! Sources: Cody & Waite's argument reduction; polynomial coefficients fitted by a Remez
-//! exchange in f64 for this project (weighted relative error) and rounded to f32 \[ours\].
+//! Sources: Tang's table-driven exponential (ACM TOMS 15(2), 1989) and Cody & Waite's
+//! argument reduction; polynomial coefficients fitted in f64 for this project (exp: minimax
+//! by linear programming, ln: Remez exchange; weighted relative error) and rounded to f32
+//! \[ours\].
 
 /// log2(e) rounded to f32: 1.44269502162933349609375 (0x3fb8aa3b).
 pub const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
-/// 1.5·2^23 = 12582912: adding it rounds to an integer and leaves that integer in the low
-/// mantissa bits (0x4b400000).
-pub const SHIFT: f32 = f32::from_bits(0x4b40_0000);
+/// 1.5·2^20 = 1572864 (0x49c00000): adding it rounds to a multiple of 1/8 (the spacing of
+/// floats in [2^20, 2^21)) and leaves eight times that multiple in the low mantissa bits, so
+/// the low three bits index [`EXP_TABLE`] and the bits above them give the power of two.
+pub const SHIFT: f32 = f32::from_bits(0x49c0_0000);
 /// ln 2 rounded to f32: 0.693147182464599609375 (0x3f317218).
 pub const LN2_HI: f32 = f32::from_bits(0x3f31_7218);
 /// ln 2 − LN2_HI rounded to f32: −1.904654212125934e−9 (0xb102e308); LN2_HI + LN2_LO equals
@@ -98,7 +116,7 @@ pub const EXP_LO: f32 = f32::from_bits(0xc2d0_0000);
 /// Upper clamp of [`exp`]: 89 (0x42b20000); e^89 > f32::MAX rounds to +∞.
 pub const EXP_HI: f32 = f32::from_bits(0x42b2_0000);
 /// Lower clamp of the kernels' exponent argument: −88 (0xc2b00000). [`exp_nonpos`] maps it
-/// (and everything below −87.68) to exactly +0, so masked (−∞) logits contribute exactly 0.
+/// (and everything below −87.38) to exactly +0, so masked (−∞) logits contribute exactly 0.
 pub const D_MIN: f32 = f32::from_bits(0xc2b0_0000);
 /// √½ rounded to f32: 0.7071067690849304 (0x3f3504f3): the lower end of [`ln`]'s mantissa
 /// interval.
@@ -108,19 +126,28 @@ pub const TWO_POW_23: f32 = f32::from_bits(0x4b00_0000);
 /// 2^−126 = f32::MIN_POSITIVE (0x00800000).
 pub const MIN_NORMAL: f32 = f32::from_bits(0x0080_0000);
 
-// e^r ≈ 1 + r + r²·(C2 + C3 r + C4 r² + C5 r³ + C6 r⁴) on |r| ≤ 0.3467: Remez fit of
-// (e^r − 1 − r)/r² weighted by r²/e^r; the polynomial's relative error is 3.1e−9 (0.026 ULP)
-// before f32 rounding of the coefficients and of the evaluation.
-/// exp coefficient of r²: 0.4999999403953552 (0x3efffffe).
-pub const EXP_C2: f32 = f32::from_bits(0x3eff_fffe);
-/// exp coefficient of r³: 0.1666652113199234 (0x3e2aaa49).
-pub const EXP_C3: f32 = f32::from_bits(0x3e2a_aa49);
-/// exp coefficient of r⁴: 0.04166838899254799 (0x3d2aac79).
-pub const EXP_C4: f32 = f32::from_bits(0x3d2a_ac79);
-/// exp coefficient of r⁵: 0.008368735201656818 (0x3c091d05).
-pub const EXP_C5: f32 = f32::from_bits(0x3c09_1d05);
-/// exp coefficient of r⁶: 0.0013814560370519757 (0x3ab511f9).
-pub const EXP_C6: f32 = f32::from_bits(0x3ab5_11f9);
+/// 2^(j/8) for j = 0..8, each rounded to f32 (relative error at most 3.2e−8): [`exp`]'s
+/// table, read at `j = k mod 8`. Values (hex bits): 1 (0x3f800000), 1.0905077 (0x3f8b95c2),
+/// 1.1892071 (0x3f9837f0), 1.2968396 (0x3fa5fed7), 1.4142135 (0x3fb504f3), 1.5422108
+/// (0x3fc5672a), 1.6817929 (0x3fd744fd), 1.8340081 (0x3feac0c7).
+pub const EXP_TABLE: [f32; 8] = [
+    f32::from_bits(0x3f80_0000),
+    f32::from_bits(0x3f8b_95c2),
+    f32::from_bits(0x3f98_37f0),
+    f32::from_bits(0x3fa5_fed7),
+    f32::from_bits(0x3fb5_04f3),
+    f32::from_bits(0x3fc5_672a),
+    f32::from_bits(0x3fd7_44fd),
+    f32::from_bits(0x3fea_c0c7),
+];
+
+// e^r ≈ 1 + r + C2 r² + C3 r³ on |r| ≤ ln 2/16: minimax fit of the relative error (a linear
+// program over 20001 points in f64, for this project); with the coefficients rounded to f32
+// the polynomial's relative error is 2.6e−8 (0.43·2^−24) before the rounding of its evaluation.
+/// exp coefficient of r²: 0.500064492225647 (0x3f00043a).
+pub const EXP_C2: f32 = f32::from_bits(0x3f00_043a);
+/// exp coefficient of r³: 0.1666685789823532 (0x3e2aab2b).
+pub const EXP_C3: f32 = f32::from_bits(0x3e2a_ab2b);
 
 // ln(1+f) ≈ f + f²·(C0 + C1 f + … + C8 f⁸) on f ∈ [√½ − 1, √2 − 1]: Remez fit of
 // (ln(1+f) − f)/f² weighted by f²/|ln(1+f)|; relative error 4.1e−9 (0.034 ULP) before f32
@@ -162,24 +189,21 @@ pub fn min_r(a: f32, b: f32) -> f32 {
     if a < b { a } else { b }
 }
 
-/// Shared reduction: from a clamped `x` to `(ki, p)` with e^x = 2^ki · p.
+/// Shared reduction: from a clamped `x` to `(n, p)` with e^x = 2^n · p.
 #[inline(always)]
 fn exp_reduce(x: f32) -> (i32, f32) {
     let t = fma(x, LOG2E, SHIFT);
+    let kq = t - SHIFT;
+    // r = x − kq·ln2 in two steps; the first is exact (see the module documentation).
+    let r = fma(kq, -LN2_HI, x);
+    let r = fma(kq, -LN2_LO, r);
+    let q = fma(EXP_C3, r, EXP_C2);
+    let q = fma(q, r, 1.0);
     let ki = (t.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
-    let k = t - SHIFT;
-    // r = x − k·ln2 in two steps; the first is exact because the exact difference is a
-    // multiple of 2^−25 below 0.5 in magnitude (24 significant bits suffice).
-    let r = fma(k, -LN2_HI, x);
-    let r = fma(k, -LN2_LO, r);
-    let mut p = EXP_C6;
-    p = fma(p, r, EXP_C5);
-    p = fma(p, r, EXP_C4);
-    p = fma(p, r, EXP_C3);
-    p = fma(p, r, EXP_C2);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
-    (ki, p)
+    // `ki & 7` is in 0..8: the index never leaves the table.
+    let table = EXP_TABLE[(ki & 7) as usize];
+    let p = fma(table * r, q, table);
+    (ki >> 3, p)
 }
 
 /// 2^k for a biased exponent `k + 127` in 1..=254 (the bit pattern `(k + 127) << 23`).
@@ -190,12 +214,14 @@ fn pow2_biased(biased: i32) -> f32 {
 
 /// e^x in f32, branch-free and bit-reproducible on every backend \[ours\].
 ///
-/// Formula: `x = k·ln 2 + r` with `k = round(x·log2 e)`, `e^r` by a degree-6 polynomial,
-/// `2^k` applied in two exact power-of-two factors so that subnormal results are rounded once.
+/// Formula (Tang's table method): `x = (k/8)·ln 2 + r` with `k = round(8·x·log2 e)`, so
+/// `e^x = 2^n · 2^(j/8) · e^r` with `k = 8n + j`; `2^(j/8)` from an 8-entry table, `e^r`
+/// (`|r| ≤ ln 2/16`) by a degree-3 polynomial, `2^n` applied in two exact power-of-two factors
+/// so that subnormal results are rounded once.
 /// The exact operation sequence is in the [module documentation](self).
 ///
 /// Accuracy, measured over all 2^32 inputs by the exhaustive test: at most 1 ULP from the
-/// correctly rounded result, maximum error 0.894 ULP against the exact value (f64 `exp`);
+/// correctly rounded result, maximum error 1.155 ULP against the exact value (f64 `exp`);
 /// exact at 0 (`exp(±0) = 1`). Special values:
 /// `exp(−∞) = 0`, `exp(+∞) = +∞`, `exp(x > 88.7228) = +∞`, `exp(x < −103.98) = 0`, NaN in →
 /// NaN out (payload unspecified).
@@ -210,21 +236,21 @@ fn pow2_biased(biased: i32) -> f32 {
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = min_r(EXP_HI, max_r(EXP_LO, x));
-    let (ki, p) = exp_reduce(x);
-    let k1 = ki >> 1;
-    let k2 = ki.wrapping_sub(k1);
-    (p * pow2_biased(k1.wrapping_add(127))) * pow2_biased(k2.wrapping_add(127))
+    let (n, p) = exp_reduce(x);
+    let n1 = n >> 1;
+    let n2 = n.wrapping_sub(n1);
+    (p * pow2_biased(n1.wrapping_add(127))) * pow2_biased(n2.wrapping_add(127))
 }
 
 /// e^x for `x ≤ 0` as the vocabulary kernels compute it: [`exp`] with results below 2^−126·½
 /// flushed to +0 \[ours\].
 ///
-/// Formula: `exp_nonpos(x) = exp(x)` (same bits) when `round(x·log2 e) ≥ −126`, i.e. for
-/// `−87.68 ≲ x ≤ 0`, and exactly `+0` below (also for `x = −∞`). Those flushed values are below
+/// Formula: `exp_nonpos(x) = exp(x)` (same bits) when `n = floor(round(8·x·log2 e)/8) ≥ −126`,
+/// i.e. for `−87.38 ≲ x ≤ 0`, and exactly `+0` below (also for `x = −∞`). Those flushed values are below
 /// 1.2e−38, far under the rounding of any sum the kernels form with them (every row sum is
 /// ≥ 1). It is cheaper than [`exp`] (one clamp, one scaling multiply), which matters because it
-/// runs once per logit. NaN in → NaN out. Defined (and equal to [`exp`]) up to `x ≤ 88.37`;
-/// larger inputs are outside its contract.
+/// runs once per logit. NaN in → NaN out. Defined (and equal to [`exp`]) up to `x < 88.67`
+/// (`n ≤ 127`); larger inputs are outside its contract.
 ///
 /// ```
 /// use grpo_core::vocab::exp_ln::{exp, exp_nonpos};
@@ -248,8 +274,8 @@ pub fn exp_nonpos(x: f32) -> f32 {
 /// ```
 #[inline(always)]
 pub fn exp_nonpos_clamped(x: f32) -> f32 {
-    let (ki, p) = exp_reduce(x);
-    let biased = ki.wrapping_add(127);
+    let (n, p) = exp_reduce(x);
+    let biased = n.wrapping_add(127);
     let biased = if biased > 0 { biased } else { 0 };
     p * pow2_biased(biased)
 }
@@ -402,10 +428,10 @@ mod tests {
         for t in [
             88.72284f32,
             -87.33655,
-            -87.68,
+            -87.38,
             -103.972,
             -103.28,
-            88.37,
+            88.67,
             -88.0,
             89.0,
             -104.0,
@@ -455,17 +481,29 @@ mod tests {
     fn exp_nonpos_equals_exp_where_not_flushed() {
         let mut s = 7u64;
         for i in 0..200_000u32 {
-            // uniform in [−87.6, 0] plus bit-pattern sweeps of small magnitudes
+            // uniform in [−87.37, 0] plus bit-pattern sweeps of small magnitudes
             let x = if i % 2 == 0 {
-                -((splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 87.6
+                -((splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32) * 87.37
             } else {
                 -f32::from_bits((splitmix(&mut s) as u32) & 0x3fff_ffff)
             };
-            if x >= -87.6 {
+            if x >= -87.37 {
                 assert_eq!(exp_nonpos(x).to_bits(), exp(x).to_bits(), "x = {x:e}");
             }
         }
-        for x in [-87.7f32, -88.0, -100.0, -1e30, f32::NEG_INFINITY, -f32::MAX] {
+        // The flush boundary: n = floor(kq) ≥ −126 ⟺ round(8·x·LOG2E) ≥ −1008, i.e.
+        // x·LOG2E ≥ −126.0625 (the tie rounds to the even −1008).
+        let edge = -87.379f32;
+        assert_eq!(exp_nonpos(edge).to_bits(), exp(edge).to_bits());
+        assert!(exp_nonpos(edge) > 0.0);
+        for x in [
+            -87.39f32,
+            -88.0,
+            -100.0,
+            -1e30,
+            f32::NEG_INFINITY,
+            -f32::MAX,
+        ] {
             assert_eq!(exp_nonpos(x).to_bits(), 0, "x = {x:e}");
         }
         assert!(exp_nonpos(f32::NAN).is_nan());
@@ -495,11 +533,11 @@ mod tests {
     }
 
     /// `exp` is not monotone at the ULP level (documented in the module docs): a faithful
-    /// (≤ 1 ULP) result may round down just above a reduction boundary while its neighbour rounds
-    /// up. This pair was found by scanning [EXP_LO, EXP_HI] in order.
+    /// (≤ 1 ULP) result may round down while its larger neighbour's rounds up. This pair is the
+    /// first found by scanning from −0.3 towards 0 in order.
     #[test]
     fn exp_is_not_monotone_at_the_ulp_level() {
-        let x = -2.4999897e-1f32;
+        let x = -3.114_049_5e-2_f32;
         let next = f32::from_bits(x.to_bits() - 1); // the next float towards +∞
         assert!(next > x);
         assert!(exp(next) < exp(x), "{:e} {:e}", exp(next), exp(x));

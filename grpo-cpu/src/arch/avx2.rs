@@ -277,6 +277,18 @@ impl<const PREFETCH: bool> F32x16 for Avx2<PREFETCH> {
         both_i!(_mm256_sub_epi32, self, b)
     }
     #[inline(always)]
+    fn lookup8(self, table: &[f32; 8]) -> Self {
+        // SAFETY: as in `both!`; the reference covers the 32 bytes loaded. `vpermps` on ymm
+        // reads the low three bits of each index lane, exactly the contract's `b & 7`.
+        unsafe {
+            let tab = _mm256_loadu_ps(table.as_ptr());
+            Avx2(
+                _mm256_permutevar8x32_ps(tab, _mm256_castps_si256(self.0)),
+                _mm256_permutevar8x32_ps(tab, _mm256_castps_si256(self.1)),
+            )
+        }
+    }
+    #[inline(always)]
     fn max_i32(self, b: Self) -> Self {
         both_i!(_mm256_max_epi32, self, b)
     }

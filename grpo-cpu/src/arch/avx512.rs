@@ -295,22 +295,34 @@ impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
         Avx512(unsafe { _mm512_castsi512_ps(_mm512_sub_epi32(bits(self), bits(b))) })
     }
     #[inline(always)]
-    fn mul_pow2_normal(self, k: Self, _k_bits: Self) -> Self {
+    fn mul_pow2_normal(self, k: Self, _n_field: Self) -> Self {
         // SAFETY: see the impl comment. `vscalefps` computes `self · 2^floor(k)` rounded once
-        // (MXCSR: nearest-even, no flush-to-zero in Rust); `k` is integral, and a normal
-        // product is exact.
+        // (MXCSR: nearest-even, no flush-to-zero in Rust); a normal product is exact.
         Avx512(unsafe { _mm512_scalef_ps(self.0, k.0) })
     }
     #[inline(always)]
     fn mul_pow2_or_zero(self, k: Self, _biased: Self) -> Self {
-        // SAFETY: see the impl comment. Lanes with `k = −127` are zeroed (+0, the product of
-        // a positive finite `self` with the reference's scale `from_bits(0)`); a NaN `k`
-        // compares unequal (`_UQ`: unordered is true), so a NaN lane keeps `vscalefps`'s NaN.
-        // The others are `self · 2^k` rounded once, as the multiply by the normal float
-        // `2^k` (k ≥ −126) rounds it.
+        // SAFETY: see the impl comment. Lanes with `k < −126` (`floor(k) = −127`) are zeroed
+        // (+0, the product of a positive finite `self` with the reference's scale
+        // `from_bits(0)`); a NaN `k` is "not less" (`_NLT_UQ`: unordered is true), so a NaN
+        // lane keeps `vscalefps`'s NaN. The others are `self · 2^floor(k)` rounded once, as
+        // the multiply by the normal float `2^n` (n ≥ −126) rounds it.
         Avx512(unsafe {
-            let keep = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(k.0, _mm512_set1_ps(-127.0));
+            let keep = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(k.0, _mm512_set1_ps(-126.0));
             _mm512_maskz_scalef_ps(keep, self.0, k.0)
+        })
+    }
+    #[inline(always)]
+    fn lookup8(self, table: &[f32; 8]) -> Self {
+        // SAFETY: see the impl comment; the reference covers the 32 bytes loaded. The table
+        // fills the low half of a zmm (the upper half of the cast is never read) and the
+        // 128-bit shuffle repeats it in the high half, so that `vpermps`, which reads the low
+        // four bits of each index lane, picks `table[b & 7]`. In a loop both are invariant and
+        // LLVM keeps the repeated table in a register.
+        Avx512(unsafe {
+            let half = _mm512_castps256_ps512(_mm256_loadu_ps(table.as_ptr()));
+            let twice = _mm512_shuffle_f32x4::<0b01_00_01_00>(half, half);
+            _mm512_permutexvar_ps(bits(self), twice)
         })
     }
     #[inline(always)]

@@ -246,6 +246,26 @@ impl<const PREFETCH: bool> F32x16 for Neon<PREFETCH> {
         each_u!([self, b] | a, b | vsubq_u32(a, b))
     }
     #[inline(always)]
+    fn lookup8(self, table: &[f32; 8]) -> Self {
+        // SAFETY: as in `each!`; the reference covers the 32 bytes loaded. Each lane's byte
+        // indices are `4j, 4j + 1, 4j + 2, 4j + 3` (little-endian) for `j = b & 7`: `j` times
+        // 0x04040404 puts `4j` (at most 28, no carry) in every byte, and 0x03020100 adds the
+        // byte offsets. `vqtbl2q_u8` then copies those bytes of the 32-byte table.
+        unsafe {
+            let tab = vld1q_u8_x2(table.as_ptr().cast::<u8>());
+            let (low3, spread, offsets) = (
+                vdupq_n_u32(7),
+                vdupq_n_u32(0x0404_0404),
+                vdupq_n_u32(0x0302_0100),
+            );
+            Neon(arr4!(|i| {
+                let j = vandq_u32(vreinterpretq_u32_f32(self.0[i]), low3);
+                let idx = vmlaq_u32(offsets, j, spread);
+                vreinterpretq_f32_u8(vqtbl2q_u8(tab, vreinterpretq_u8_u32(idx)))
+            }))
+        }
+    }
+    #[inline(always)]
     fn max_i32(self, b: Self) -> Self {
         each_u!(
             [self, b] | a,

@@ -6,9 +6,8 @@
 //! `grpo_core::vocab::exp_ln`; keep the two in lockstep.
 
 use grpo_core::vocab::exp_ln::{
-    D_MIN, EXP_C2, EXP_C3, EXP_C4, EXP_C5, EXP_C6, EXP_HI, EXP_LO, LN_C0, LN_C1, LN_C2, LN_C3,
-    LN_C4, LN_C5, LN_C6, LN_C7, LN_C8, LN2_HI, LN2_LO, LOG2E, MIN_NORMAL, SHIFT, SQRT_HALF,
-    TWO_POW_23,
+    D_MIN, EXP_C2, EXP_C3, EXP_HI, EXP_LO, EXP_TABLE, LN_C0, LN_C1, LN_C2, LN_C3, LN_C4, LN_C5,
+    LN_C6, LN_C7, LN_C8, LN2_HI, LN2_LO, LOG2E, MIN_NORMAL, SHIFT, SQRT_HALF, TWO_POW_23,
 };
 
 use crate::lanes::F32x16;
@@ -23,12 +22,13 @@ fn pow2_biased<V: F32x16>(biased: V) -> V {
 #[inline(always)]
 pub(crate) fn exp<V: F32x16>(x: V) -> V {
     let x = V::splat(EXP_HI).min(V::splat(EXP_LO).max(x));
-    let ([_], [ki], [p]) = exp_reduce_n::<V, 1>([x], SHIFT.to_bits());
-    let k1 = ki.shr_arith::<1>();
-    let k2 = ki.sub_i32(k1);
+    let ([t], [_], [p]) = exp_reduce_n::<V, 1>([x]);
+    let n = t.sub_i32(V::splat(SHIFT)).shr_arith::<3>();
+    let n1 = n.shr_arith::<1>();
+    let n2 = n.sub_i32(n1);
     let bias = V::from_bits(127);
-    p.mul(pow2_biased(k1.add_i32(bias)))
-        .mul(pow2_biased(k2.add_i32(bias)))
+    p.mul(pow2_biased(n1.add_i32(bias)))
+        .mul(pow2_biased(n2.add_i32(bias)))
 }
 
 /// Largest `|x|` for which [`exp_moderate`] equals [`exp`].
@@ -37,62 +37,68 @@ pub(crate) const EXP_MODERATE_MAX: f32 = 80.0;
 /// [`exp`] for `|x| ≤ EXP_MODERATE_MAX` (or NaN), with one scaling multiply instead of two
 /// and no clamp — the same bits there.
 ///
-/// Why: [`exp`] clamps `x` (a no-op inside the range) and scales `p·2^k` as `(p·2^k₁)·2^k₂` so
-/// that `2^k` never needs to be a float itself. For `|x| ≤ 80`, `k = round(x·log₂e)` lies in
-/// [−116, 116], so `2^k₁`, `2^k₂` and `2^k` are all normal floats, the first product is exact
-/// (a power-of-two scaling of a normal number that stays normal) and both forms round the same
-/// exact value `p·2^k` once. Used where the caller has clamped `x` (PPO's log-ratio clamp).
+/// Why: [`exp`] clamps `x` (a no-op inside the range) and scales `p·2^n` as `(p·2^n₁)·2^n₂` so
+/// that `2^n` never needs to be a float itself. For `|x| ≤ 80`, `n = floor(round(8·x·log₂e)/8)`
+/// lies in [−116, 115], so `2^n₁`, `2^n₂` and `2^n` are all normal floats, the first product is
+/// exact (a power-of-two scaling of a normal number that stays normal) and both forms round the
+/// same exact value `p·2^n` once. Used where the caller has clamped `x` (PPO's log-ratio clamp).
 #[inline(always)]
 pub(crate) fn exp_moderate<V: F32x16>(x: V) -> V {
     scaled_by_multiply(x)
 }
 
-/// `p·from_bits((k + 127) << 23)` for the reduction `(k, p)` of `x`: the reference's scaling
+/// `p·from_bits((n + 127) << 23)` for the reduction `(n, p)` of `x`: the reference's scaling
 /// of `exp_nonpos` as a plain multiply, on every backend and for every `x` (the bits of a
 /// wrapped scale included, which `F32x16::mul_pow2_or_zero` does not promise).
 #[inline(always)]
 fn scaled_by_multiply<V: F32x16>(x: V) -> V {
-    let ([_], [biased], [p]) = exp_reduce_n::<V, 1>([x], SHIFT_MINUS_BIAS);
-    p.mul(pow2_biased(biased))
+    let ([t], [_], [p]) = exp_reduce_n::<V, 1>([x]);
+    p.mul(pow2_biased(biased_exponent(t)))
+}
+
+/// `bits(SHIFT) − 8·127`: subtracted from `bits(t)` before the shift by 3 it gives the biased
+/// exponent `n + 127` (the reference's `((bits(t) − bits(SHIFT)) >> 3) + 127`: adding 127
+/// before or after an arithmetic shift by 3 is the same when it is added as 8·127; integer
+/// arithmetic, so the same bits).
+const SHIFT_MINUS_BIAS: u32 = SHIFT.to_bits() - 8 * 127;
+
+/// The reference's `n + 127` from the reduction's `t`, in two integer operations.
+#[inline(always)]
+fn biased_exponent<V: F32x16>(t: V) -> V {
+    t.sub_i32(V::from_bits(SHIFT_MINUS_BIAS)).shr_arith::<3>()
 }
 
 /// `grpo_core::vocab::exp_ln::exp_nonpos_clamped` per lane: the caller has applied
-/// `max_r(D_MIN, ·)`; arguments up to 88.37 (see [`exp_nonpos_clamped_n`]).
+/// `max_r(D_MIN, ·)`; arguments below 88.67 (see [`exp_nonpos_clamped_n`]).
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
     exp_nonpos_clamped_n([x])[0]
 }
 
-/// `bits(SHIFT) − 127`: subtracted from `bits(t)` it gives the biased exponent `k + 127` in
-/// one integer operation (the reference's `bits(t) − bits(SHIFT)` then `+ 127`; integer
-/// arithmetic, so the same bits).
-const SHIFT_MINUS_BIAS: u32 = SHIFT.to_bits() - 127;
-
 /// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
-/// (same bits per lane), for arguments up to 88.37 (`k ≤ 127`; the kernels' are at most
+/// (same bits per lane), for arguments below 88.67 (`n ≤ 127`; the kernels' are at most
 /// grpo-core's `OFFSET_SLACK` = 8) or NaN. Interleaving the `N` dependency chains in program
-/// order lets the out-of-order core overlap them: one exponential is a ~50-cycle chain of
-/// dependent FMAs, and a single chain per loop iteration leaves the FMA units mostly idle.
+/// order lets the out-of-order core overlap them: one exponential is a chain of nine dependent
+/// operations (about 35 cycles of latency), and a single chain per loop iteration leaves the
+/// FMA units mostly idle.
 ///
-/// Two integer operations of the reference are not needed here (the step kernels are
-/// compute-bound, so every vector operation counts):
-/// - `ki + 127` is folded into the subtraction ([`SHIFT_MINUS_BIAS`]);
-/// - the reference's `max(k + 127, 0)` never changes a value: the argument is `≥ D_MIN = −88`
-///   (the caller's clamp), so `x·log₂e ≥ −126.96`, `k = round(x·log₂e) ≥ −127` and
-///   `k + 127 ≥ 0`. A NaN argument gives a NaN polynomial `p`, and `p·2^k` is that NaN
-///   whatever the scale (a shifted exponent field is never itself a NaN pattern). The tests
-///   comparing every lane with the scalar reference (`exp_nonpos` over the whole clamped
-///   range in `grpo-cpu`'s `math` tests) pin this.
+/// The reference's `max(n + 127, 0)` is not needed here (the step kernels are compute-bound,
+/// so every vector operation counts): it never changes a value, because the argument is
+/// `≥ D_MIN = −88` (the caller's clamp), so `8·x·log₂e ≥ −1015.7`, `n ≥ −127` and
+/// `n + 127 ≥ 0`. A NaN argument gives a NaN polynomial `p`, and `p·2^n` is that NaN whatever
+/// the scale (a shifted exponent field is never itself a NaN pattern). The tests comparing
+/// every lane with the scalar reference (`exp_nonpos` over the whole clamped range in
+/// `grpo-cpu`'s `math` tests) pin this.
 ///
 /// The scaling is [`F32x16::mul_pow2_or_zero`]: the reference's multiply by
-/// `from_bits((k + 127) << 23)` on every backend but AVX-512, where one masked `vscalefps`
-/// replaces the integer subtraction, the shift and the multiply — the same single rounding of
-/// `p·2^k`, and +0 where `k = −127`.
+/// `from_bits((n + 127) << 23)` on every backend but AVX-512, where one masked `vscalefps` of
+/// `kq = t − SHIFT` (whose floor is `n`) replaces the integer subtraction, the two shifts and
+/// the multiply — the same single rounding of `p·2^n`, and +0 where `n = −127`.
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
-    let (k, biased, mut p) = exp_reduce_n::<V, N>(x, SHIFT_MINUS_BIAS);
+    let (t, kq, mut p) = exp_reduce_n::<V, N>(x);
     for i in 0..N {
-        p[i] = p[i].mul_pow2_or_zero(k[i], biased[i]);
+        p[i] = p[i].mul_pow2_or_zero(kq[i], biased_exponent(t[i]));
     }
     p
 }
@@ -102,61 +108,70 @@ pub(crate) const EXP_NORMAL_MIN: f32 = -86.0;
 
 /// [`exp_nonpos_clamped_n`] for arguments in [[`EXP_NORMAL_MIN`], `OFFSET_SLACK` = 8] (no
 /// NaN; positive arguments come from a block whose reference lies below its maximum, see
-/// grpo-core's `canon::block_reference`): the scaling `p·2^k` is
-/// [`F32x16::mul_pow2_normal`] — an integer add of `k` to `p`'s exponent field, which moves
-/// one operation per vector off the FMA ports the step loops are bound by, or on AVX-512 one
-/// `vscalefps` that takes `k` as the float the reduction computed anyway (the integer
-/// subtraction, the shift and the add become one operation: fused log-prob + entropy on 8 ×
-/// 32768 f32 in cache, one thread, measured 0.95 of the integer form's time).
+/// grpo-core's `canon::block_reference`): the scaling `p·2^n` is
+/// [`F32x16::mul_pow2_normal`] — an integer add of `n << 23` to `p`'s bits, which moves one
+/// operation per vector off the FMA ports the step loops are bound by, or on AVX-512 one
+/// `vscalefps` that takes `kq` as the float the reduction computed anyway (the integer
+/// shift, mask and add become one operation; with the degree-6 exponential before the table
+/// form, whose integer form was a subtraction, a shift and an add, fused log-prob + entropy on
+/// 8 × 32768 f32 in cache, one thread, measured 0.95 of the integer form's time).
 ///
-/// Same bits there: `x ∈ [−86, 8]` gives `k = round(x·log₂e) ∈ [−124, 12]` and
-/// `p = e^r ∈ [0.70, 1.42]`, so `0.7·2^−124 ≤ p·2^k < 2^13` is a normal float and the product
-/// is exact — `p` with its exponent field increased by `k`. Outside the domain the result is
-/// meaningless (subnormal results would need a rounding, a NaN could turn into a number): the
-/// callers check the domain and recompute with [`exp_nonpos_clamped_n`] if it was left.
+/// Same bits there: `x ∈ [−86, 8]` gives `kq ∈ [−124.125, 11.5]`, so `n ∈ [−125, 11]`, and
+/// `p = 2^(j/8)·e^r ∈ [0.95, 1.92]`, so `0.95·2^−125 ≤ p·2^n < 2^12` is a normal float and
+/// the product is exact — `p` with its exponent field increased by `n`. Outside the domain the
+/// result is meaningless (subnormal results would need a rounding, a NaN could turn into a
+/// number): the callers check the domain and recompute with [`exp_nonpos_clamped_n`] if it was
+/// left.
 #[inline(always)]
 pub(crate) fn exp_nonpos_normal_n<V: F32x16, const N: usize>(x: [V; N]) -> [V; N] {
-    let (k, ki, mut p) = exp_reduce_n::<V, N>(x, SHIFT.to_bits());
+    let (t, kq, mut p) = exp_reduce_n::<V, N>(x);
     for i in 0..N {
-        p[i] = p[i].mul_pow2_normal(k[i], ki[i]);
+        // `n << 23` is `(bits(t) − bits(SHIFT)) << 20` with the low 23 bits cleared, and
+        // `bits(SHIFT) << 20` is 0 modulo 2^32 (its low 22 bits are zero): two operations.
+        let n_field = t[i].shl::<20>().and(V::from_bits(0xff80_0000));
+        p[i] = p[i].mul_pow2_normal(kq[i], n_field);
     }
     p
 }
 
 /// The reference's `exp_reduce` for `N` vectors, operation by operation across all `N`:
-/// `(k, bits(t) − int_offset, p)` with `k` as a float and `p` the polynomial (e^x = 2^k·p).
-/// Callers use whichever form of `k` their scaling needs; the other is dead code to LLVM.
+/// `(t, kq, p)` with `t = SHIFT + kq`, `kq = round(8·x·log₂e)/8` and `p` the table entry
+/// times the polynomial (`e^x = 2^floor(kq)·p`). Callers derive the integer forms of
+/// `n = floor(kq)` their scaling needs from `t`; unused values are dead code to LLVM.
 #[inline(always)]
 #[allow(clippy::type_complexity)]
-fn exp_reduce_n<V: F32x16, const N: usize>(x: [V; N], int_offset: u32) -> ([V; N], [V; N], [V; N]) {
+fn exp_reduce_n<V: F32x16, const N: usize>(x: [V; N]) -> ([V; N], [V; N], [V; N]) {
     // Plain loops rather than `array::from_fn` closures: a closure is a separate function,
     // and if LLVM declines to inline it, its intrinsics are compiled without the ISA.
     let shift = V::splat(SHIFT);
-    let (mut ki, mut k, mut r, mut p) = ([shift; N], [shift; N], [shift; N], [shift; N]);
+    let (mut t, mut kq, mut r, mut q) = ([shift; N], [shift; N], [shift; N], [shift; N]);
     for i in 0..N {
-        let t = x[i].mul_add(V::splat(LOG2E), shift);
-        ki[i] = t.sub_i32(V::from_bits(int_offset));
-        k[i] = t.sub(shift);
-    }
-    for i in 0..N {
-        r[i] = k[i].mul_add(V::splat(-LN2_HI), x[i]);
+        t[i] = x[i].mul_add(V::splat(LOG2E), shift);
+        kq[i] = t[i].sub(shift);
     }
     for i in 0..N {
-        r[i] = k[i].mul_add(V::splat(-LN2_LO), r[i]);
-        p[i] = V::splat(EXP_C6);
+        r[i] = kq[i].mul_add(V::splat(-LN2_HI), x[i]);
     }
-    for c in [EXP_C5, EXP_C4, EXP_C3, EXP_C2, 1.0, 1.0] {
-        let c = V::splat(c);
-        for i in 0..N {
-            p[i] = p[i].mul_add(r[i], c);
-        }
+    for i in 0..N {
+        r[i] = kq[i].mul_add(V::splat(-LN2_LO), r[i]);
     }
-    (k, ki, p)
+    for i in 0..N {
+        q[i] = V::splat(EXP_C3).mul_add(r[i], V::splat(EXP_C2));
+    }
+    for i in 0..N {
+        q[i] = q[i].mul_add(r[i], V::splat(1.0));
+    }
+    let mut p = q;
+    for i in 0..N {
+        let table = t[i].lookup8(&EXP_TABLE);
+        p[i] = table.mul(r[i]).mul_add(q[i], table);
+    }
+    (t, kq, p)
 }
 
 /// `grpo_core::vocab::exp_ln::exp_nonpos` per lane, for every argument: the reference's
-/// multiply by `from_bits((k + 127) << 23)` on every backend, because above the kernels'
-/// domain (`k > 127`, x > 88.37) that scale is a wrapped bit pattern that no `vscalefps`
+/// multiply by `from_bits((n + 127) << 23)` on every backend, because above the kernels'
+/// domain (`n > 127`, x ≥ 88.67) that scale is a wrapped bit pattern that no `vscalefps`
 /// reproduces (see [`exp_nonpos_clamped_n`]).
 #[inline(always)]
 pub(crate) fn exp_nonpos<V: F32x16>(x: V) -> V {
@@ -330,9 +345,9 @@ mod tests {
         xs.len()
     }
 
-    /// The lanes' `exp_nonpos_clamped` (without the reference's `max(k + 127, 0)`, and with
+    /// The lanes' `exp_nonpos_clamped` (without the reference's `max(n + 127, 0)`, and with
     /// AVX-512's masked `vscalefps`) equals the reference bit for bit on every float of
-    /// [D_MIN, D_MIN + 1.5] — where `k` reaches −127 and the results are subnormal or zero —,
+    /// [D_MIN, D_MIN + 1.5] — where `n` reaches −127 and the results are subnormal or zero —,
     /// every 29th float of the rest of [D_MIN, 0], ±0, NaNs of both signs and the positive
     /// arguments up to the slack (`up_to_the_slack`).
     #[test]
@@ -403,11 +418,12 @@ mod tests {
     /// | `exp_nonpos` (the public `math::exp_nonpos`) | all 2^32 | `exp_ln::exp_nonpos` |
     /// | `ln` (the public `math::ln`) | all 2^32 | `exp_ln::ln` |
     /// | `exp_moderate` | `|x| ≤ 80`, NaN | `exp_ln::exp` |
-    /// | `exp_nonpos_clamped` | `D_MIN ≤ x ≤ 88` (`k ≤ 127`), NaN | `exp_ln::exp_nonpos_clamped` |
+    /// | `exp_nonpos_clamped` | `D_MIN ≤ x ≤ 88` (`n ≤ 127`), NaN | `exp_ln::exp_nonpos_clamped` |
     /// | `exp_nonpos_normal_n` | `−86 ≤ x ≤ OFFSET_SLACK` | `exp_ln::exp_nonpos_clamped` |
     ///
     /// Run on an AMD EPYC (Zen 4, family 25 model 17, 2 vCPUs; backends AVX-512 with
-    /// `vscalefps`, AVX2 + FMA and portable) on 2026-12-05: every value equal, in 537–540 s.
+    /// `vscalefps`, AVX2 + FMA and portable) on 2026-12-05: every value equal, in 537–540 s;
+    /// again there after the table exponential (`lookup8`): every value equal, in 310 s.
     #[test]
     fn exhaustive_lanes_equal_the_reference() {
         if std::env::var("GRPO_EXHAUSTIVE").as_deref() != Ok("1") {
