@@ -8,8 +8,9 @@
 //! comparisons, selects and one read of an 8-entry constant table at an index taken from a bit
 //! pattern. There are no branches on data, so a SIMD backend that performs the same operations
 //! in the same order, lane by lane, gets the same bits (0 ULP between backends); the table read
-//! is one register permute on AVX-512 (`vpermps`). A backend must run with the default floating-point environment (round to
-//! nearest even, no flush-to-zero, no denormals-are-zero).
+//! is one register permute on AVX-512 and AVX2 (`vpermps`). A backend must run with the default
+//! floating-point environment (round to nearest even, no flush-to-zero, no
+//! denormals-are-zero).
 //!
 //! # Operation-by-operation specification (what a SIMD backend mirrors)
 //!
@@ -242,14 +243,14 @@ pub fn exp(x: f32) -> f32 {
     (p * pow2_biased(n1.wrapping_add(127))) * pow2_biased(n2.wrapping_add(127))
 }
 
-/// e^x for `x ≤ 0` as the vocabulary kernels compute it: [`exp`] with results below 2^−126·½
-/// flushed to +0 \[ours\].
+/// e^x for `x ≤ 0` as the vocabulary kernels compute it: [`exp`] with results below about
+/// 0.96·2^−126 flushed to +0 \[ours\].
 ///
-/// Formula: `exp_nonpos(x) = exp(x)` (same bits) when `n = floor(round(8·x·log2 e)/8) ≥ −126`,
-/// i.e. for `−87.38 ≲ x ≤ 0`, and exactly `+0` below (also for `x = −∞`). Those flushed values are below
-/// 1.2e−38, far under the rounding of any sum the kernels form with them (every row sum is
-/// ≥ 1). It is cheaper than [`exp`] (one clamp, one scaling multiply), which matters because it
-/// runs once per logit. NaN in → NaN out. Defined (and equal to [`exp`]) up to `x < 88.67`
+/// Formula: `exp_nonpos(x) = exp(x)` (same bits) when `n = floor(round(8·x·log2 e)/8) ≥
+/// −126`, i.e. for `−87.38 ≲ x ≤ 0`, and exactly `+0` below (also for `x = −∞`). Those flushed
+/// values are below 1.2e−38, far under the rounding of any sum the kernels form with them
+/// (every row sum is ≥ 1). It is cheaper than [`exp`] (one clamp, one scaling multiply), which
+/// matters because it runs once per logit. NaN in → NaN out. Defined (and equal to [`exp`]) up to `x < 88.67`
 /// (`n ≤ 127`); larger inputs are outside its contract.
 ///
 /// ```
