@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p grpo-bench -- vocab [--rows N --vocab V --dtype f32|bf16|f16|all
-//!     --threads T --backend NAME --prefetch on|off --kernel NAME --iters K --temperature T]
+//!     --threads T --backend NAME --prefetch on|off|both --kernel NAME --iters K --temperature T]
 //! cargo run --release -p grpo-bench -- loss [--tokens N --threads T --iters K --clip ppo|kl3|all]
 //! cargo run --release -p grpo-bench -- wgpu [--rows N --vocab V --dtype f32|f16|bf16|all
 //!     --tokens N --iters K]
@@ -19,6 +19,10 @@
 //! gradients written); `roofline_gbps` is a plain multi-threaded streaming read (forward
 //! kernels) or read + write (backward) of the same number of bytes on the same threads, timed
 //! interleaved with the kernel so machine drift hits both alike; `ratio = gbps / roofline_gbps`.
+//! `vocab --prefetch both` times each kernel with the software prefetches on and off in the
+//! same rounds, against one roofline, and prints a line for each with `time_vs_other_prefetch`:
+//! the median over rounds of its time over the other setting's (so the setting a CPU should
+//! default to can be measured without the order bias between two processes).
 //! The `loss` mode's fields are described in its module (`rows` = sequences, `vocab` = tokens
 //! per sequence there); the `wgpu` mode's (roofline = a device buffer copy, plus `adapter`) in
 //! its module. The `probe` mode measures the host rather than a kernel: how much of the read
@@ -52,7 +56,7 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32|bf16|f16|all] \
-[--threads T] [--backend avx512|avx2-fma|neon|portable] [--prefetch on|off] [--kernel NAME] \
+[--threads T] [--backend avx512|avx2-fma|neon|portable] [--prefetch on|off|both] [--kernel NAME] \
 [--iters K] [--temperature T] [--masked K (every K-th logit −∞)]
        grpo-bench loss [--tokens N] [--threads T] [--iters K] [--clip ppo|kl3|core|all]
        grpo-bench wgpu [--rows N] [--vocab V] [--dtype f32|f16|bf16|all] [--tokens N] [--iters K]
@@ -60,28 +64,38 @@ const USAGE: &str = "usage: grpo-bench vocab [--rows N] [--vocab V] [--dtype f32
 [--prefetch on|off]
        grpo-bench [all]    (vocab, then loss: the CPU modes only)";
 
-/// Median wall time in milliseconds of each of `work`'s closures over `iters` rounds; each round
-/// runs every closure once, in order, so all of them see the same machine state (shared, noisy
-/// hosts). One untimed warm-up round first.
+/// Median wall time in milliseconds of each of `work`'s closures over `iters` rounds
+/// ([`interleaved_times`]).
 pub(crate) fn interleaved_medians<const N: usize>(
     iters: usize,
     mut work: [&mut dyn FnMut(); N],
 ) -> [f64; N] {
-    for w in work.iter_mut() {
-        w();
-    }
-    let mut times: [Vec<f64>; N] = std::array::from_fn(|_| Vec::with_capacity(iters));
-    for _ in 0..iters {
-        for (w, t) in work.iter_mut().zip(times.iter_mut()) {
-            let start = Instant::now();
-            w();
-            t.push(start.elapsed().as_secs_f64() * 1e3);
-        }
-    }
-    times.map(|mut t| median(&mut t))
+    let times = interleaved_times(iters, N, |j| work[j]());
+    std::array::from_fn(|j| median(&mut times[j].clone()))
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// Wall times in milliseconds of `jobs` jobs (`run(j)` runs job `j`) over `iters` rounds: each
+/// round runs every job once, so all of them see the same machine state (shared, noisy hosts),
+/// and round `r` starts with job `r mod jobs`, so no job always runs right after the same one
+/// or first. One untimed warm-up round first. `times[j][r]` is job `j`'s time in round `r`.
+pub(crate) fn interleaved_times(
+    iters: usize,
+    jobs: usize,
+    mut run: impl FnMut(usize),
+) -> Vec<Vec<f64>> {
+    (0..jobs).for_each(&mut run);
+    let mut times = vec![Vec::with_capacity(iters); jobs];
+    for round in 0..iters {
+        for j in (0..jobs).map(|i| (round + i) % jobs) {
+            let start = Instant::now();
+            run(j);
+            times[j].push(start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times
+}
+
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {
@@ -125,6 +139,16 @@ impl Args {
     /// `--prefetch on|off` (default: the backend's, `Backend::software_prefetch_default`) ask
     /// for.
     pub(crate) fn cpu(&self) -> Result<grpo_cpu::Cpu, String> {
+        let mut cpus = self.cpus()?;
+        match cpus.len() {
+            1 => Ok(cpus.remove(0)),
+            _ => Err("--prefetch both: only the vocab mode compares the two settings".into()),
+        }
+    }
+
+    /// As [`cpu`](Self::cpu), and `--prefetch both` gives two executors on one thread pool,
+    /// prefetching on and then off, for comparing the two within one process.
+    pub(crate) fn cpus(&self) -> Result<Vec<grpo_cpu::Cpu>, String> {
         let backend = match self.get("backend") {
             None => grpo_cpu::Backend::detect(),
             Some(name) => grpo_cpu::Backend::available()
@@ -132,17 +156,25 @@ impl Args {
                 .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
         };
         let threads = self.num("threads")?.unwrap_or(2);
-        let prefetch = match self.get("prefetch") {
-            None => backend.software_prefetch_default(),
-            Some("on") => true,
-            Some("off") => false,
-            Some(v) => return Err(format!("--prefetch: {v:?} is neither \"on\" nor \"off\"")),
+        let settings: &[bool] = match self.get("prefetch") {
+            None => &[backend.software_prefetch_default()],
+            Some("on") => &[true],
+            Some("off") => &[false],
+            Some("both") => &[true, false],
+            Some(v) => {
+                return Err(format!(
+                    "--prefetch: {v:?} is neither \"on\", \"off\" nor \"both\""
+                ));
+            }
         };
-        grpo_cpu::Cpu::new(backend)
+        let pool = grpo_cpu::Cpu::new(backend)
             .ok_or("backend unavailable")?
-            .with_software_prefetch(prefetch)
             .with_threads(threads)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(settings
+            .iter()
+            .map(|&on| pool.clone().with_software_prefetch(on))
+            .collect())
     }
 
     pub(crate) fn num(&self, key: &str) -> Result<Option<usize>, String> {
@@ -163,6 +195,16 @@ mod tests {
     fn median_of_odd_and_even() {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    /// Every job runs once per round (plus the warm-up round), and each round starts with the
+    /// next job in turn.
+    #[test]
+    fn interleaved_rounds_rotate() {
+        let mut order = Vec::new();
+        let times = interleaved_times(4, 3, |j| order.push(j));
+        assert_eq!(order, [0, 1, 2, 0, 1, 2, 1, 2, 0, 2, 0, 1, 0, 1, 2]);
+        assert!(times.iter().all(|t| t.len() == 4));
     }
 
     #[test]

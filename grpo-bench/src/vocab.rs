@@ -3,7 +3,7 @@
 use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
 use grpo_cpu::{Cpu, Storage, roofline};
 
-use crate::{Args, interleaved_medians};
+use crate::{Args, interleaved_times, median};
 
 /// Every kernel the benchmark knows, in the default order.
 pub(crate) const KERNELS: &[&str] = &[
@@ -67,11 +67,11 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     if masked == 1 {
         return Err("--masked 1 would mask every logit: expected 0 (none) or at least 2".into());
     }
-    let cpu = a.cpu()?;
+    let cpus = a.cpus()?;
     for &(rows, vocab) in &shapes {
         for &dtype in &dtypes {
             let cfg = Config {
-                cpu: &cpu,
+                cpus: &cpus,
                 rows,
                 vocab,
                 dtype,
@@ -91,7 +91,8 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
 }
 
 struct Config<'a> {
-    cpu: &'a Cpu,
+    /// One executor, or two (`--prefetch both`) timed interleaved against the same roofline.
+    cpus: &'a [Cpu],
     rows: usize,
     vocab: usize,
     dtype: &'a str,
@@ -172,13 +173,20 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             }),
         };
         let mut fail: Option<String> = None;
-        let (kernel_ms, roof_ms, roof_bytes);
+        let cpus = c.cpus;
+        let roof_cpu = &cpus[0];
+        // Job `j < cpus.len()` is the kernel on `cpus[j]`; the last job is the roofline.
+        let (times, roof_bytes);
         if write == 0 {
             let probe = vec![1.0f32; read / 4];
             roof_bytes = probe.len() * 4;
-            let mut f = || {
+            times = interleaved_times(c.iters, cpus.len() + 1, |j| {
+                let Some(cpu) = cpus.get(j) else {
+                    std::hint::black_box(roofline::read(roof_cpu, &probe));
+                    return;
+                };
                 let r = match kernel {
-                    "fused" => c.cpu.logprob_entropy_rows(
+                    "fused" => cpu.logprob_entropy_rows(
                         &z,
                         c.vocab,
                         &targets,
@@ -186,31 +194,19 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                         &mut a,
                         Some(&mut b),
                     ),
-                    "logprob" => c.cpu.logprob_entropy_rows(
-                        &z,
-                        c.vocab,
-                        &targets,
-                        c.temperature,
-                        &mut a,
-                        None,
-                    ),
-                    "stats" => c.cpu.stats_rows(&z, c.vocab, c.temperature, &mut a, &mut b),
-                    "kl" => {
-                        c.cpu
-                            .kl_rows(&z, &w, c.vocab, c.temperature, KlDirection::Forward, &mut a)
+                    "logprob" => {
+                        cpu.logprob_entropy_rows(&z, c.vocab, &targets, c.temperature, &mut a, None)
                     }
-                    _ => c.cpu.jsd_rows(&z, &w, c.vocab, 0.5, c.temperature, &mut a),
+                    "stats" => cpu.stats_rows(&z, c.vocab, c.temperature, &mut a, &mut b),
+                    "kl" => {
+                        cpu.kl_rows(&z, &w, c.vocab, c.temperature, KlDirection::Forward, &mut a)
+                    }
+                    _ => cpu.jsd_rows(&z, &w, c.vocab, 0.5, c.temperature, &mut a),
                 };
                 if let Err(e) = r {
                     fail = Some(e.to_string());
                 }
-            };
-            [kernel_ms, roof_ms] = interleaved_medians(
-                c.iters,
-                [&mut f, &mut || {
-                    std::hint::black_box(roofline::read(c.cpu, &probe));
-                }],
-            );
+            });
         } else {
             let half_elems = (read + write) / 8;
             let src = vec![1.0f32; half_elems];
@@ -221,45 +217,60 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             } else {
                 grad = vec![0.0f32; n];
             }
-            let mut f = || {
+            times = interleaved_times(c.iters, cpus.len() + 1, |j| {
+                let Some(cpu) = cpus.get(j) else {
+                    roofline::copy(roof_cpu, &src, &mut dst);
+                    return;
+                };
                 let r = if kernel != "backward_in_place" {
-                    c.cpu
-                        .backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad)
+                    cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad)
                 } else {
                     // Re-running in place overwrites logits with gradients; still valid input
                     // (finite), so every iteration does the same amount of work.
-                    c.cpu
-                        .backward_rows_in_place(&mut inplace, c.vocab, c.temperature, &terms)
+                    cpu.backward_rows_in_place(&mut inplace, c.vocab, c.temperature, &terms)
                 };
                 if let Err(e) = r {
                     fail = Some(e.to_string());
                 }
-            };
-            [kernel_ms, roof_ms] = interleaved_medians(
-                c.iters,
-                [&mut f, &mut || roofline::copy(c.cpu, &src, &mut dst)],
-            );
+            });
         }
         if let Some(e) = fail {
             return Err(format!("{kernel}: {e}"));
         }
         let bytes = (read + write) as f64;
-        let gbps = bytes / kernel_ms / 1e6;
+        let roof_ms = median(&mut times[cpus.len()].clone());
         let roof = roof_bytes as f64 / roof_ms / 1e6;
-        println!(
-            "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}}}",
-            c.dtype,
-            c.rows,
-            c.vocab,
-            c.temperature,
-            c.masked,
-            c.cpu.backend().name(),
-            c.cpu.software_prefetch(),
-            c.cpu.threads(),
-            c.iters,
-            gbps / roof,
-            c.rows as f64 / (kernel_ms / 1e3),
-        );
+        for (j, cpu) in cpus.iter().enumerate() {
+            let kernel_ms = median(&mut times[j].clone());
+            let gbps = bytes / kernel_ms / 1e6;
+            // With both prefetch settings: the median over rounds of this setting's time over
+            // the other's in the same round.
+            let paired = match cpus.len() {
+                2 => {
+                    let mut r: Vec<f64> = times[j]
+                        .iter()
+                        .zip(&times[1 - j])
+                        .map(|(t, o)| t / o)
+                        .collect();
+                    format!(",\"time_vs_other_prefetch\":{:.3}", median(&mut r))
+                }
+                _ => String::new(),
+            };
+            println!(
+                "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}{paired}}}",
+                c.dtype,
+                c.rows,
+                c.vocab,
+                c.temperature,
+                c.masked,
+                cpu.backend().name(),
+                cpu.software_prefetch(),
+                cpu.threads(),
+                c.iters,
+                gbps / roof,
+                c.rows as f64 / (kernel_ms / 1e3),
+            );
+        }
     }
     Ok(())
 }
