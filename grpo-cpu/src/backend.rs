@@ -72,7 +72,9 @@ impl Backend {
     /// Whether the kernels issue software prefetches on this backend unless told otherwise
     /// ([`Cpu::with_software_prefetch`](crate::Cpu::with_software_prefetch)): `false` for
     /// AVX-512 on an AMD CPU, where leaving them out cut the fused forward's streaming time by
-    /// 17–19 % on Zen 4, `true` everywhere else (on an Intel AVX-512 host they cut it by
+    /// 17–19 % on Zen 4 (separate processes alternated), and by 5–8 % with the table
+    /// exponential (both settings timed in the same rounds of one process, `grpo-bench vocab
+    /// --prefetch both`); `true` everywhere else (on an Intel AVX-512 host they cut it by
     /// 28–33 %). `Portable` issues none either way.
     ///
     /// ```

@@ -26,7 +26,11 @@ pub(crate) struct Avx512<const BF16: bool = false, const PREFETCH: bool = true>(
 /// over 256 MB on one thread moved 19.4–19.9 GB/s without software prefetches against
 /// 15.5–19.2 GB/s with them (three alternated runs). Why the requests slow it down is not
 /// established; leaving out only the L2 request (`prefetcht1`) was no cure (KL 1.07 / 1.07,
-/// backward 0.92 / 1.03, six pairs). On the Intel host the same prefetches cut fused
+/// backward 0.92 / 1.03, six pairs). Re-checked with the table exponential inside one process
+/// (`grpo-bench vocab --prefetch both`, both settings in the same rounds; median over five runs
+/// of the per-round ratio off/on): every one-row pass and backward 0.85–1.00 in every storage
+/// type, and only the pair passes on 16-bit rows slower at 2048 × 32768 (1.03–1.10; at
+/// 512 × 151936 they gain, 0.89–0.98). On the Intel host the same prefetches cut fused
 /// streaming from 22.2 / 25.4 to 16.0 / 17.1 ms, so other vendors keep them; other AMD
 /// AVX-512 cores (Zen 5) follow Zen 4 unmeasured.
 ///
