@@ -8,10 +8,10 @@ pub enum Backend {
     Portable,
     /// x86-64 with AVX2 and FMA: 16 lanes held in two 256-bit registers.
     Avx2Fma,
-    /// x86-64 with AVX-512F: 16 lanes in one register. Where the CPU also has AVX512_BF16
-    /// and AVX512DQ, gradients written over bf16 logits are rounded with `vcvtneps2bf16`
-    /// (with the integer rounding for vectors holding a subnormal, which the instruction would
-    /// flush): the same bits as without it.
+    /// x86-64 with AVX-512F, AVX512BW and FMA: 16 lanes in one register (bf16 widened by one
+    /// `vpermw`, AVX512BW). Where the CPU also has AVX512_BF16 and AVX512DQ, gradients written
+    /// over bf16 logits are rounded with `vcvtneps2bf16` (with the integer rounding for vectors
+    /// holding a subnormal, which the instruction would flush): the same bits as without it.
     Avx512,
     /// AArch64 NEON: 16 lanes in four 128-bit registers.
     Neon,
@@ -39,12 +39,11 @@ impl Backend {
         .flatten()
     }
 
-    /// `Some(Avx512)` if the CPU has AVX-512F (and FMA).
+    /// `Some(Avx512)` if the CPU has AVX-512F, AVX512BW and FMA (every AVX-512 CPU but the
+    /// Xeon Phi; those run `Avx2Fma`).
     pub fn avx512() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
+        if crate::arch::avx512::detected() {
             return Some(Backend::Avx512);
         }
         None
@@ -113,6 +112,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             let has = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("fma");
             assert_eq!(Backend::avx512().is_some(), has);
             assert_eq!(Backend::neon(), None);

@@ -50,7 +50,7 @@ pub(crate) fn prefetch_by_default() -> bool {
 /// Runs `k` compiled for AVX-512F + FMA, with software prefetches if `PREFETCH`.
 ///
 /// # Safety
-/// The CPU must support AVX-512F and FMA.
+/// The CPU must support AVX-512F, FMA and AVX512BW (for [`F32x16::load_bf16`]).
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
     let out = k.run::<Avx512<false, PREFETCH>>();
@@ -64,7 +64,7 @@ unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
 /// lanes). Only those kernels get this second instantiation.
 ///
 /// # Safety
-/// The CPU must support AVX-512F, FMA, AVX512_BF16 and AVX512DQ.
+/// The CPU must support AVX-512F, FMA, AVX512BW, AVX512_BF16 and AVX512DQ.
 #[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
 unsafe fn entry_bf16<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
     let out = k.run::<Avx512<true, PREFETCH>>();
@@ -73,21 +73,30 @@ unsafe fn entry_bf16<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
     out
 }
 
-/// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F or FMA. A kernel that
-/// stores bf16 runs from [`entry_bf16`] where the CPU has AVX512_BF16 and AVX512DQ: the same
-/// bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
+/// Whether the CPU has what this backend needs: AVX-512F and FMA, which [`entry`] is
+/// compiled for, and AVX512BW, whose `vpermw` [`F32x16::load_bf16`] issues from `asm!` (every
+/// AVX-512 CPU but the Xeon Phi has it).
+pub(crate) fn detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("fma")
+}
+
+/// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F, AVX512BW or FMA. A
+/// kernel that stores bf16 runs from [`entry_bf16`] where the CPU has AVX512_BF16 and
+/// AVX512DQ: the same bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
 /// backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05, four runs
 /// alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0 ms at
 /// 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936). `prefetch` picks the
 /// instantiation with or without software prefetches (same bits).
 pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if K::STORES_BF16
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("fma")
+        && detected()
         && std::arch::is_x86_feature_detected!("avx512bf16")
         && std::arch::is_x86_feature_detected!("avx512dq")
     {
-        // SAFETY: all four features `entry_bf16` is compiled for were detected just above.
+        // SAFETY: all four features `entry_bf16` is compiled for were detected just above
+        // (and AVX512BW, see `detected`).
         return Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
                 entry_bf16::<K, true>(k)
@@ -102,9 +111,9 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
 /// [`run`] from [`entry`] only: every kernel that does not store bf16, and in tests the
 /// integer bf16 rounding on a CPU that has AVX512_BF16.
 pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: the features `entry` is compiled for were detected just above.
+    if detected() {
+        // SAFETY: the features `entry` is compiled for were detected just above (and
+        // AVX512BW, see `detected`).
         Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
                 entry::<K, true>(k)
@@ -117,9 +126,33 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Out
     }
 }
 
+/// `vpermw out, idx, h`: word `i` of `out` is word `idx[i] mod 32` of `h`.
+///
+/// # Safety
+/// The CPU must support AVX-512F and AVX512BW. Compiled for AVX-512F only (the `zmm` operands'
+/// register class), so that it inlines into [`entry`]; the assembler accepts `vpermw` whatever
+/// the compiled features.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn widen_words(idx: __m512i, h: __m512i) -> __m512i {
+    let out: __m512i;
+    // SAFETY: the caller guarantees AVX512BW; the instruction reads and writes these
+    // registers only and leaves the flags alone.
+    unsafe {
+        core::arch::asm!(
+            "vpermw {out}, {idx}, {h}",
+            out = lateout(zmm_reg) out,
+            idx = in(zmm_reg) idx,
+            h = in(zmm_reg) h,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 // SAFETY (every block below): an `Avx512` value exists only inside `entry` or `entry_bf16`,
-// which run only after `run` detected AVX-512F and FMA, so the intrinsics' target features are
-// present. Loads and stores go through references to 16-element arrays, so the 64 (or 32) bytes
+// which run only after `run` detected AVX-512F, AVX512BW and FMA, so the intrinsics' target
+// features are present. Loads and stores go through references to 16-element arrays, so the 64 (or 32) bytes
 // they touch are in bounds; the unaligned forms are used, so no alignment is assumed.
 impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
     type Mask = __mmask16;
@@ -147,13 +180,36 @@ impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
         // SAFETY: see the impl comment (64 readable bytes behind the reference).
         Avx512(unsafe { _mm512_loadu_ps(src.as_ptr()) })
     }
+    /// bf16 → f32 is the 16 bits moved to the top of a 32-bit lane over 16 zero bits: exact
+    /// for every value. One `vpermw` does it (word `2i + 1` ← bf16 `i`, word `2i` ← a zero
+    /// word of the upper half, which the 256-bit load clears) instead of a widening move and a
+    /// shift: one vector operation fewer per 16 logits in the compute-bound bf16 steps. It is
+    /// issued from `asm!` ([`widen_words`]) because LLVM turns the intrinsic form into a
+    /// two-source `vpermt2w`, which overwrites an operand and so costs a register copy per load
+    /// (measured slower on Zen 4 and on the Intel host, see the README). Measured on Zen 4
+    /// (2026-12-05) inside one process, both forms in the same rounds (the widening form
+    /// standing in for the build without prefetches, as `grpo-bench vocab --prefetch both`
+    /// times them), medians of the per-round time ratios: in cache (16 × 32768, one thread,
+    /// three runs) fused 0.96, log-prob 0.96, KL 1.01, backward 0.97; streaming on two threads
+    /// (five runs, 2048 × 32768 / 512 × 151936) fused 0.98 / 0.97, log-prob 0.98 / 0.995, KL
+    /// 0.96 / 1.01, JSD 0.96 / 0.96, backward 0.985 / 0.98, `backward_kl` 0.95 / 0.95.
     #[inline(always)]
     fn load_bf16(src: &[half::bf16; 16]) -> Self {
-        // SAFETY: see the impl comment (32 readable bytes behind the reference). bf16 → f32 is
-        // zero-extension to 32 bits and a 16-bit left shift: exact for every value.
+        /// Word `2i + 1` takes bf16 `i`, word `2i` word 16 (zero).
+        const WIDEN: [u16; 32] = {
+            let mut idx = [16u16; 32];
+            let mut i = 0;
+            while i < 16 {
+                idx[2 * i + 1] = i as u16;
+                i += 1;
+            }
+            idx
+        };
+        // SAFETY: see the impl comment (32 readable bytes behind the reference; `WIDEN` is 64
+        // readable bytes); `widen_words` needs AVX512BW besides, which `run` detected.
         Avx512(unsafe {
-            let h = _mm256_loadu_si256(src.as_ptr().cast());
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            let h = _mm512_zextsi256_si512(_mm256_loadu_si256(src.as_ptr().cast()));
+            _mm512_castsi512_ps(widen_words(_mm512_loadu_si512(WIDEN.as_ptr().cast()), h))
         })
     }
     #[inline(always)]
