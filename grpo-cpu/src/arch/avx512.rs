@@ -84,10 +84,10 @@ pub(crate) fn detected() -> bool {
 
 /// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F, AVX512BW or FMA. A
 /// kernel that stores bf16 runs from [`entry_bf16`] where the CPU has AVX512_BF16 and
-/// AVX512DQ: the same bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the in-place bf16
-/// backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05, four runs
-/// alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0 ms at
-/// 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936). `prefetch` picks the
+/// AVX512DQ: the same bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the
+/// in-place bf16 backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05,
+/// four runs alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0
+/// ms at 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936). `prefetch` picks the
 /// instantiation with or without software prefetches (same bits).
 pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if K::STORES_BF16
@@ -152,8 +152,9 @@ unsafe fn widen_words(idx: __m512i, h: __m512i) -> __m512i {
 
 // SAFETY (every block below): an `Avx512` value exists only inside `entry` or `entry_bf16`,
 // which run only after `run` detected AVX-512F, AVX512BW and FMA, so the intrinsics' target
-// features are present. Loads and stores go through references to 16-element arrays, so the 64 (or 32) bytes
-// they touch are in bounds; the unaligned forms are used, so no alignment is assumed.
+// features are present. Loads and stores go through references to 16-element arrays, so the
+// 64 (or 32) bytes they touch are in bounds; the unaligned forms are used, so no alignment is
+// assumed.
 impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
     type Mask = __mmask16;
     /// 32 zmm registers, one per value.
