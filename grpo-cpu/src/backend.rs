@@ -6,7 +6,7 @@ pub enum Backend {
     /// Scalar code, no ISA requirement (also used on x86 CPUs without FMA, since the canonical
     /// arithmetic uses fused multiply-add).
     Portable,
-    /// x86-64 with AVX2 and FMA: 16 lanes held in two 256-bit registers.
+    /// x86-64 with AVX2, FMA and F16C: 16 lanes held in two 256-bit registers.
     Avx2Fma,
     /// x86-64 with AVX-512F, AVX512BW and FMA: 16 lanes in one register (bf16 widened by one
     /// `vpermw`, AVX512BW). Where the CPU also has AVX512_BF16 and AVX512DQ, gradients written
@@ -49,11 +49,11 @@ impl Backend {
         None
     }
 
-    /// `Some(Avx2Fma)` if the CPU has AVX2 and FMA.
+    /// `Some(Avx2Fma)` if the CPU has AVX2, FMA and F16C (the backend's f16 conversions), so
+    /// that a backend this lists is one whose code runs, not the portable fallback.
     pub fn avx2_fma() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if crate::arch::avx2::detected() {
             return Some(Backend::Avx2Fma);
         }
         None
@@ -115,6 +115,10 @@ mod tests {
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("fma");
             assert_eq!(Backend::avx512().is_some(), has);
+            let has = std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c");
+            assert_eq!(Backend::avx2_fma().is_some(), has);
             assert_eq!(Backend::neon(), None);
         }
         // NEON is part of the AArch64 baseline (CI runs these tests under qemu-aarch64).

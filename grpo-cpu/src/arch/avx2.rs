@@ -43,13 +43,18 @@ unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
     k.run::<Avx2<PREFETCH>>()
 }
 
+/// Whether the CPU has what [`entry`] is compiled for: AVX2, FMA and F16C (the f16 loads and
+/// stores; every CPU with AVX2 and FMA has it).
+pub(crate) fn detected() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
 /// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
 /// or returns it if the CPU lacks AVX2, FMA or F16C.
 pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
-    if std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-    {
+    if detected() {
         // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
         Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
