@@ -25,7 +25,7 @@ use grpo_core::vocab::exp_ln::D_MIN;
 
 use super::Kernel;
 use super::math::{
-    EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln,
+    EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln, ln_normal,
 };
 use crate::arch;
 use crate::lanes::F32x16;
@@ -836,53 +836,102 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
 /// One JSD term per lane (grpo-core's `jsd_step`).
 #[inline(always)]
 fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
-    let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
-    let dmin = V::splat(D_MIN);
-    let lp = dmin.max(
-        z.sub(V::splat(p.lz.max))
-            .mul_add(tau, V::splat(p.lz.neg_ln_sum)),
-    );
-    let lq = dmin.max(
-        w.sub(V::splat(p.lw.max))
-            .mul_add(tau, V::splat(p.lw.neg_ln_sum)),
-    );
-    let e = exp_nonpos_clamped_n([lp, lq]);
-    let (pe, qe) = (e[0], e[1]);
-    let lm = V::splat(canon::LN_FLOOR).max(ln(beta.mul_add(qe, omb.mul(pe))));
-    beta.mul(qe)
-        .mul_add(lq.sub(lm), omb.mul(pe).mul(lp.sub(lm)))
+    jsd_terms::<V, 1, 2, false>([z], [w], p)[0]
 }
 
-/// [`jsd_term`] of two chunks at once (same bits per lane, interleaved chains).
+/// [`jsd_term`] of `N` chunks at once (same bits per lane, interleaved chains; `M = 2N`
+/// exponentials).
+///
+/// `NORMAL = true` is for chunks whose log-probabilities all lie in [`EXP_NORMAL_MIN`], 0]
+/// (checked by the caller, [`jsd_normal_domain`]): there the reference's clamps and special
+/// cases are identities and are left out — `max_r(D_MIN, ·)` of each log-probability, the
+/// general scaling of the exponentials ([`exp_nonpos_normal_n`] instead), `ln`'s subnormal and
+/// special-value handling ([`ln_normal`]: both probabilities are at least e^−86 ≈ 4.5·10^−38,
+/// so their mixture `fma(β, q, (1 − β)·p)` with β ∈ (0, 1) is at least half that, a normal
+/// float ≤ 1) and the floor `LN_FLOOR` = −104 (`ln` of that mixture is above −88). About 16 of
+/// the ~65 vector operations of a chunk pair (two exponentials, one logarithm).
 #[inline(always)]
-fn jsd_term2<V: F32x16>(z: [V; 2], w: [V; 2], p: &JsdParams) -> [V; 2] {
+fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
+    z: [V; N],
+    w: [V; N],
+    p: &JsdParams,
+) -> [V; N] {
     let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
     let dmin = V::splat(D_MIN);
     let (zm, zl) = (V::splat(p.lz.max), V::splat(p.lz.neg_ln_sum));
     let (wm, wl) = (V::splat(p.lw.max), V::splat(p.lw.neg_ln_sum));
-    let lp = [
-        dmin.max(z[0].sub(zm).mul_add(tau, zl)),
-        dmin.max(z[1].sub(zm).mul_add(tau, zl)),
-    ];
-    let lq = [
-        dmin.max(w[0].sub(wm).mul_add(tau, wl)),
-        dmin.max(w[1].sub(wm).mul_add(tau, wl)),
-    ];
-    let e = exp_nonpos_clamped_n([lp[0], lq[0], lp[1], lq[1]]);
+    let clamp = |x: V| if NORMAL { x } else { dmin.max(x) };
+    // `[lp₀, lq₀, lp₁, lq₁, …]`, the layout of the interleaved exponentials.
+    const { assert!(M == 2 * N) };
+    let mut l = [dmin; M];
+    for k in 0..N {
+        l[2 * k] = clamp(z[k].sub(zm).mul_add(tau, zl));
+        l[2 * k + 1] = clamp(w[k].sub(wm).mul_add(tau, wl));
+    }
+    let e = if NORMAL {
+        exp_nonpos_normal_n(l)
+    } else {
+        exp_nonpos_clamped_n(l)
+    };
     let floor = V::splat(canon::LN_FLOOR);
-    let mix = [
-        beta.mul_add(e[1], omb.mul(e[0])),
-        beta.mul_add(e[3], omb.mul(e[2])),
-    ];
-    let lm = [floor.max(ln(mix[0])), floor.max(ln(mix[1]))];
-    let mut out = [V::splat(0.0); 2];
-    for k in 0..2 {
-        let (pe, qe) = (e[2 * k], e[2 * k + 1]);
+    let mut lm = [floor; N];
+    for k in 0..N {
+        let mix = beta.mul_add(e[2 * k + 1], omb.mul(e[2 * k]));
+        lm[k] = if NORMAL {
+            ln_normal(mix)
+        } else {
+            floor.max(ln(mix))
+        };
+    }
+    let mut out = [dmin; N];
+    for k in 0..N {
+        let (pe, qe, lp, lq) = (e[2 * k], e[2 * k + 1], l[2 * k], l[2 * k + 1]);
         out[k] = beta
             .mul(qe)
-            .mul_add(lq[k].sub(lm[k]), omb.mul(pe).mul(lp[k].sub(lm[k])));
+            .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])));
     }
     out
+}
+
+/// Whether [`jsd_terms`]' `NORMAL` form applies to a block whose whole chunks' smallest
+/// logits are `zlow` and `wlow`: each smallest log-probability `(low − max)·τ − ln s`,
+/// rounded as the step rounds it, is at least [`EXP_NORMAL_MIN`]. The rounding is monotone
+/// and τ > 0, so no other logit gives a smaller one; a −∞ logit (masked vocabulary) answers
+/// `false`. (The rows are validated: no NaN.)
+#[inline(always)]
+fn jsd_normal_domain<V: F32x16>(zlow: f32, wlow: f32, p: &JsdParams) -> bool {
+    let lowest = |low: f32, ls: canon::LogSoftmax| fma1::<V>(low - ls.max, p.tau, ls.neg_ln_sum);
+    lowest(zlow, p.lz) >= EXP_NORMAL_MIN && lowest(wlow, p.lw) >= EXP_NORMAL_MIN
+}
+
+/// The JSD terms of whole chunk pairs summed into `acc` (16 lanes, index order), two chunks
+/// per iteration (four exponentials and two logarithms in flight), in [`jsd_terms`]' `NORMAL`
+/// form or the reference's.
+#[inline(always)]
+fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
+    zc: &[[S; 16]],
+    wc: &[[U; 16]],
+    p: &JsdParams,
+) -> V {
+    let mut acc = V::splat(0.0);
+    let mut zp = zc.chunks_exact(2);
+    let mut wp = wc.chunks_exact(2);
+    for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
+        for k in 0..2 {
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+        }
+        let t = jsd_terms::<V, 2, 4, NORMAL>(
+            [S::load(&a[0]), S::load(&a[1])],
+            [U::load(&b[0]), U::load(&b[1])],
+            p,
+        );
+        acc = acc.add(t[0]).add(t[1]);
+    }
+    for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
+        acc = acc.add(jsd_terms::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p)[0]);
+    }
+    acc
 }
 
 struct JsdBlocks<'a, V, S, U> {
@@ -894,31 +943,27 @@ struct JsdBlocks<'a, V, S, U> {
 
 impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
     type St = f32;
-    /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`).
+    /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`). The whole chunks take
+    /// [`jsd_terms`]' `NORMAL` form where [`jsd_normal_domain`] allows it, decided from the
+    /// block's smallest logits ([`block_max_min`], a scan that brings the block into L1 for the
+    /// step).
     #[inline(always)]
     fn block(&mut self, start: usize, end: usize) -> f32 {
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
-        let mut acc = V::splat(0.0);
-        // Two chunks per iteration: four exponentials and two logarithms in flight, the two
-        // terms added in index order.
-        let mut zp = zc.chunks_exact(2);
-        let mut wp = wc.chunks_exact(2);
-        for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
-            for k in 0..2 {
-                prefetch_ahead::<V, S>(&a[k], 2 * j + k);
-                prefetch_ahead::<V, U>(&b[k], 2 * j + k);
-            }
-            let t = jsd_term2(
-                [S::load(&a[0]), S::load(&a[1])],
-                [U::load(&b[0]), U::load(&b[1])],
-                &self.p,
+        // As in `pair_chunks`: the general form only, for lanes without `SPECIALIZED_LOOPS`.
+        let normal = const { V::SPECIALIZED_LOOPS } && {
+            let (zlow, wlow) = (
+                block_max_min::<V, S>(zc, &[]).1,
+                block_max_min::<V, U>(wc, &[]).1,
             );
-            acc = acc.add(t[0]).add(t[1]);
-        }
-        for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
-            acc = acc.add(jsd_term(S::load(a), U::load(b), &self.p));
-        }
+            jsd_normal_domain::<V>(zlow, wlow, &self.p)
+        };
+        let acc = if normal {
+            jsd_chunks::<V, S, U, true>(zc, wc, &self.p)
+        } else {
+            jsd_chunks::<V, S, U, false>(zc, wc, &self.p)
+        };
         let mut lanes = acc.to_array();
         canon::tree(&mut lanes);
         let mut s = lanes[0];
