@@ -194,7 +194,7 @@ pub(crate) fn ln<V: F32x16>(x: V) -> V {
 }
 
 /// [`ln`] for arguments in [`MIN_NORMAL`, `f32::MAX`] (positive, normal, finite): the
-/// same bits there with 11 vector operations fewer. The reference's five special cases are
+/// same bits there with 11 vector operations fewer. The reference's four special cases are
 /// all identities on that domain — the subnormal scaling by 2^23 (and its −23 in the
 /// exponent), `+∞ → +∞`, `0 → −∞`, negative or NaN `→ NaN` — so only its reduction and
 /// polynomial remain. Outside the domain the result is meaningless; the callers establish the

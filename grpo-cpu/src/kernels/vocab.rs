@@ -900,8 +900,10 @@ fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
 /// `false`. (The rows are validated: no NaN.)
 #[inline(always)]
 fn jsd_normal_domain<V: F32x16>(zlow: f32, wlow: f32, p: &JsdParams) -> bool {
-    let lowest = |low: f32, ls: canon::LogSoftmax| fma1::<V>(low - ls.max, p.tau, ls.neg_ln_sum);
-    lowest(zlow, p.lz) >= EXP_NORMAL_MIN && lowest(wlow, p.lw) >= EXP_NORMAL_MIN
+    // No closure: one that LLVM declines to inline is compiled without the ISA.
+    let lp = fma1::<V>(zlow - p.lz.max, p.tau, p.lz.neg_ln_sum);
+    let lq = fma1::<V>(wlow - p.lw.max, p.tau, p.lw.neg_ln_sum);
+    lp >= EXP_NORMAL_MIN && lq >= EXP_NORMAL_MIN
 }
 
 /// The JSD terms of whole chunk pairs summed into `acc` (16 lanes, index order), two chunks
