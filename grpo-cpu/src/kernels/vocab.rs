@@ -860,13 +860,17 @@ fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
     let dmin = V::splat(D_MIN);
     let (zm, zl) = (V::splat(p.lz.max), V::splat(p.lz.neg_ln_sum));
     let (wm, wl) = (V::splat(p.lw.max), V::splat(p.lw.neg_ln_sum));
-    let clamp = |x: V| if NORMAL { x } else { dmin.max(x) };
     // `[lp₀, lq₀, lp₁, lq₁, …]`, the layout of the interleaved exponentials.
     const { assert!(M == 2 * N) };
     let mut l = [dmin; M];
     for k in 0..N {
-        l[2 * k] = clamp(z[k].sub(zm).mul_add(tau, zl));
-        l[2 * k + 1] = clamp(w[k].sub(wm).mul_add(tau, wl));
+        l[2 * k] = z[k].sub(zm).mul_add(tau, zl);
+        l[2 * k + 1] = w[k].sub(wm).mul_add(tau, wl);
+    }
+    if !NORMAL {
+        for x in &mut l {
+            *x = dmin.max(*x);
+        }
     }
     let e = if NORMAL {
         exp_nonpos_normal_n(l)
