@@ -1,10 +1,11 @@
 //! Aggregation and gradient scaling on untrusted layouts, modes and values: never panic; an
-//! `Ok` scalar and the weights are finite, and invalid positions get weight 0.
+//! `Ok` scalar and the weights are finite; scaled gradients are finite or refused with the
+//! gradients untouched.
 #![no_main]
 
-use grpo_core::Tokens;
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
 use grpo_core::loss::LossLevel;
+use grpo_core::{Error, Tokens};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -80,8 +81,21 @@ fuzz_target!(|inp: Input| {
         } else {
             LossLevel::Token
         };
+        // Unit gradients: the result is finite, or (finite weights whose sequence mass
+        // overflows) refused with the gradients untouched.
         let mut g = vec![1.0f64; n];
-        scale_gradients(tokens, &w, level, &mut g).unwrap();
-        assert!(g.iter().all(|x| x.is_finite()));
+        match scale_gradients(tokens, &w, level, &mut g) {
+            Ok(()) => assert!(g.iter().all(|x| x.is_finite())),
+            Err(e) => {
+                assert!(matches!(
+                    e,
+                    Error::NonFinite {
+                        what: "scaled gradient",
+                        ..
+                    }
+                ));
+                assert!(g.iter().all(|&x| x == 1.0));
+            }
+        }
     }
 });

@@ -329,10 +329,19 @@ pub fn aggregate<T: Real>(
 /// Multiplies per-token loss gradients in place by the aggregation weights, giving the gradient
 /// of the aggregated scalar: `grad[t] *= w_t` for [`LossLevel::Token`], `grad[t] *= Σ_{s∈i} w_s`
 /// (the weight mass of the token's sequence) for [`LossLevel::Sequence`]. Invalid positions are
-/// set to 0.
+/// set to 0 (their gradients are not read).
+///
+/// The sequence mass is summed in index order over the sequence's valid positions. Finite
+/// weights can have an infinite mass, and a finite factor times a finite gradient can overflow:
+/// [`aggregate`] with `Denominator::PlusEps(ε)` and a zero token count writes weights `1/ε`,
+/// about `5.6e307` for `ε = 1.8e-308`, and four of them sum to `+∞`. The result is therefore
+/// checked before anything is written.
 ///
 /// # Errors
-/// Length/layout mismatches. (Gradients are not inspected: they come from a loss of this crate.)
+/// Length/layout mismatches; [`Error::NonFinite`] (`what = "scaled gradient"`, `index` = the
+/// first position in index order) if a valid position's result `grad[t]·factor` is not finite,
+/// which also covers a non-finite input gradient or a non-finite weight or mass at a valid
+/// position. `grad` untouched on `Err`.
 ///
 /// # Example
 /// ```
@@ -357,20 +366,35 @@ pub fn scale_gradients<T: Real>(
     let n = grad.len();
     let b = tokens.validate(n)?;
     check_len("weights", n, weights.len())?;
-    for i in 0..b {
-        let mass = match level {
-            LossLevel::Token => None,
-            LossLevel::Sequence => {
-                let mut s = T::ZERO;
-                for t in tokens.valid_positions(i) {
-                    s += weights[t];
-                }
-                Some(s)
+    // Sequence-level: the weight mass of sequence i; token-level: None (each token's own weight).
+    let mass = |i: usize| match level {
+        LossLevel::Token => None,
+        LossLevel::Sequence => {
+            let mut s = T::ZERO;
+            for t in tokens.valid_positions(i) {
+                s += weights[t];
             }
-        };
+            Some(s)
+        }
+    };
+    // Pass 1 checks every result (no allocation in this crate, so pass 2 recomputes the masses
+    // in the same order and gets the same bits); pass 2 writes.
+    for i in 0..b {
+        let m = mass(i);
+        for t in tokens.valid_positions(i) {
+            if !(grad[t] * m.unwrap_or(weights[t])).is_finite() {
+                return Err(Error::NonFinite {
+                    what: "scaled gradient",
+                    index: t,
+                });
+            }
+        }
+    }
+    for i in 0..b {
+        let m = mass(i);
         for t in tokens.span(i) {
             grad[t] = if tokens.is_valid(t) {
-                grad[t] * mass.unwrap_or(weights[t])
+                grad[t] * m.unwrap_or(weights[t])
             } else {
                 T::ZERO
             };
@@ -423,6 +447,69 @@ mod tests {
             })
         );
         assert_eq!(w, [7.0; 2]);
+    }
+
+    #[test]
+    fn overflowing_sequence_mass_is_refused() {
+        // The aggregate fuzz target's find: a global token count of 0 under PlusEps(1.8e-308)
+        // gives finite weights 1/ε ≈ 5.56e307 and a finite loss ≈ 1.67e308, but the sequence's
+        // mass 4/ε overflows.
+        let v = [9e-44f64, 1.0, 1.0, 1.0];
+        let tok = Tokens::padded(1, 4, None);
+        let cfg = AggConfig {
+            mode: AggMode::TokenMean {
+                global_tokens: Some(0),
+            },
+            denominator: Denominator::PlusEps(1.8e-308),
+        };
+        let mut w = [0.0; 4];
+        let loss = aggregate(&cfg, tok, &v, &mut w).unwrap();
+        let inv_eps = 1.0 / 1.8e-308;
+        assert_eq!(w, [inv_eps; 4]);
+        assert!(loss.is_finite() && loss > 1.6e308);
+        let mut g = [1.0f64; 4];
+        assert_eq!(
+            scale_gradients(tok, &w, LossLevel::Sequence, &mut g),
+            Err(Error::NonFinite {
+                what: "scaled gradient",
+                index: 0,
+            })
+        );
+        assert_eq!(g, [1.0; 4]);
+        // Token level: each factor is one finite weight.
+        scale_gradients(tok, &w, LossLevel::Token, &mut g).unwrap();
+        assert_eq!(g, [inv_eps; 4]);
+    }
+
+    #[test]
+    fn overflowing_or_non_finite_gradient_is_refused_where_valid() {
+        let m = [true, false, true, true];
+        let tok = Tokens::padded(2, 2, Some(&m));
+        let w = [1e10f64, 0.0, 1e10, 1e10];
+        // 1e300 · 1e10 overflows at position 3 (the first valid position with that result).
+        let mut g = [1.0, f64::NAN, 2.0, 1e300];
+        assert_eq!(
+            scale_gradients(tok, &w, LossLevel::Token, &mut g),
+            Err(Error::NonFinite {
+                what: "scaled gradient",
+                index: 3,
+            })
+        );
+        assert_eq!([g[0], g[2], g[3]], [1.0, 2.0, 1e300]);
+        assert!(g[1].is_nan());
+        // A NaN input gradient at a valid position is refused too.
+        let mut g = [1.0, 0.0, f64::NAN, 1.0];
+        assert_eq!(
+            scale_gradients(tok, &w, LossLevel::Sequence, &mut g),
+            Err(Error::NonFinite {
+                what: "scaled gradient",
+                index: 2,
+            })
+        );
+        // The invalid position's NaN is not read: it becomes 0.
+        let mut g = [1.0, f64::NAN, 2.0, 3.0];
+        scale_gradients(tok, &w, LossLevel::Sequence, &mut g).unwrap();
+        assert_eq!(g, [1e10, 0.0, 4e10, 6e10]);
     }
 
     #[test]

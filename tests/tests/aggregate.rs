@@ -1,9 +1,10 @@
 //! Aggregation: the weights sum as documented, the scalar equals Σ w_t L_t, invalid positions
-//! get weight 0, and `scale_gradients` gives the sequence mass for sequence-level losses.
+//! get weight 0, and `scale_gradients` gives the sequence mass for sequence-level losses, or
+//! refuses a non-finite result with the gradients untouched.
 
-use grpo_core::Tokens;
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
 use grpo_core::loss::LossLevel;
+use grpo_core::{Error, Tokens};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -106,6 +107,47 @@ proptest! {
                     prop_assert_eq!(g[t], 0.0);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn scaled_gradients_are_exact_or_refused_untouched(
+        b in batch(),
+        level in prop::bool::ANY,
+        exps in proptest::collection::vec((0i32..=308, 0i32..=308), 24),
+    ) {
+        // Weights and gradients from 1 to 1e308, so masses and products overflow in some cases
+        // and not in others; NaN gradients at invalid positions must not matter.
+        let tok = Tokens::padded(b.rows, b.cols, Some(&b.mask));
+        let n = b.values.len();
+        let w: Vec<f64> = (0..n).map(|t| 10f64.powi(exps[t % 24].0)).collect();
+        let g0: Vec<f64> = (0..n)
+            .map(|t| if b.mask[t] { 10f64.powi(exps[t % 24].1) * b.values[t] } else { f64::NAN })
+            .collect();
+        let level = if level { LossLevel::Sequence } else { LossLevel::Token };
+        // Reference: the factor of each valid token (sequence mass summed in index order).
+        let mut want = vec![0.0; n];
+        let mut first_bad = None;
+        for i in 0..b.rows {
+            let mass: f64 = tok.valid_positions(i).fold(0.0, |s, t| s + w[t]);
+            for t in tok.valid_positions(i) {
+                let f = if level == LossLevel::Sequence { mass } else { w[t] };
+                want[t] = g0[t] * f;
+                if !want[t].is_finite() && first_bad.is_none() {
+                    first_bad = Some(t);
+                }
+            }
+        }
+        let mut g = g0.clone();
+        match (scale_gradients(tok, &w, level, &mut g), first_bad) {
+            (Ok(()), None) => prop_assert_eq!(g, want),
+            (Err(e), Some(index)) => {
+                prop_assert_eq!(e, Error::NonFinite { what: "scaled gradient", index });
+                for t in 0..n {
+                    prop_assert!(g[t].to_bits() == g0[t].to_bits());
+                }
+            }
+            (r, bad) => prop_assert!(false, "got {:?}, first non-finite result at {:?}", r, bad),
         }
     }
 
