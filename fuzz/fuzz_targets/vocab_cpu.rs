@@ -103,9 +103,11 @@ fn untouched(x: &[f32]) -> bool {
     x.iter().all(|v| v.to_bits() == SENTINEL.to_bits())
 }
 
-/// Every backend of this CPU, each on the caller's pool and on pools of 1, 2 (with software
-/// prefetches flipped from the backend's default) and 3 threads (`[backend][pool]`). Built once: a pool per input would cost more than the kernels. With
-/// few threads a task gets several rows (`Cpu::rows_per_task`), so one kernel call spans rows.
+/// Every backend of this CPU, each on the caller's pool and on pools of 1, 2 and 3 threads
+/// (`[backend][pool]`): the 1- and 2-thread pools run every pass with the backend's default
+/// software prefetching and with its opposite, the others each pass's own default. Built once:
+/// a pool per input would cost more than the kernels. With few threads a task gets several
+/// rows (`Cpu::rows_per_task`), so one kernel call spans rows.
 fn executors() -> &'static [[Cpu; 4]] {
     static CPUS: OnceLock<Vec<[Cpu; 4]>> = OnceLock::new();
     CPUS.get_or_init(|| {
@@ -113,9 +115,13 @@ fn executors() -> &'static [[Cpu; 4]] {
             .map(|b| {
                 let cpu = Cpu::new(b).expect("an available backend");
                 let pool = |n| cpu.clone().with_threads(n).expect("a thread pool");
-                // The 2-thread pool runs the other software-prefetch instantiation.
-                let flipped = pool(2).with_software_prefetch(!cpu.software_prefetch());
-                [cpu.clone(), pool(1), flipped, pool(3)]
+                let default = b.software_prefetch_default();
+                [
+                    cpu.clone(),
+                    pool(1).with_software_prefetch(default),
+                    pool(2).with_software_prefetch(!default),
+                    pool(3),
+                ]
             })
             .collect()
     })

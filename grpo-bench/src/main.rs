@@ -22,7 +22,9 @@
 //! `vocab --prefetch both` times each kernel with the software prefetches on and off in the
 //! same rounds, against one roofline, and prints a line for each with `time_vs_other_prefetch`:
 //! the median over rounds of its time over the other setting's (so the setting a CPU should
-//! default to can be measured without the order bias between two processes).
+//! default to can be measured without the order bias between two processes). Without
+//! `--prefetch`, `prefetch` reads `"default"`: each kernel pass prefetches as grpo-cpu
+//! chooses for it (`Cpu::software_prefetch`).
 //! The `loss` mode's fields are described in its module (`rows` = sequences, `vocab` = tokens
 //! per sequence there); the `wgpu` mode's (roofline = a device buffer copy, plus `adapter`) in
 //! its module. The `probe` mode measures the host rather than a kernel: how much of the read
@@ -136,7 +138,7 @@ impl Args {
     }
 
     /// The pool `--backend NAME` (default: the detected one), `--threads T` (default 2) and
-    /// `--prefetch on|off` (default: the backend's, `Backend::software_prefetch_default`) ask
+    /// `--prefetch on|off` (default: each kernel pass's own, `Cpu::software_prefetch`) ask
     /// for.
     pub(crate) fn cpu(&self) -> Result<grpo_cpu::Cpu, String> {
         let mut cpus = self.cpus()?;
@@ -156,11 +158,11 @@ impl Args {
                 .ok_or_else(|| format!("--backend {name:?} is not available on this CPU"))?,
         };
         let threads = self.num("threads")?.unwrap_or(2);
-        let settings: &[bool] = match self.get("prefetch") {
-            None => &[backend.software_prefetch_default()],
-            Some("on") => &[true],
-            Some("off") => &[false],
-            Some("both") => &[true, false],
+        let settings: &[Option<bool>] = match self.get("prefetch") {
+            None => &[None],
+            Some("on") => &[Some(true)],
+            Some("off") => &[Some(false)],
+            Some("both") => &[Some(true), Some(false)],
             Some(v) => {
                 return Err(format!(
                     "--prefetch: {v:?} is neither \"on\", \"off\" nor \"both\""
@@ -173,7 +175,10 @@ impl Args {
             .map_err(|e| e.to_string())?;
         Ok(settings
             .iter()
-            .map(|&on| pool.clone().with_software_prefetch(on))
+            .map(|&on| match on {
+                Some(on) => pool.clone().with_software_prefetch(on),
+                None => pool.clone(),
+            })
             .collect())
     }
 
@@ -184,6 +189,16 @@ impl Args {
                     .map_err(|_| format!("--{key}: {v:?} is not a number"))
             })
             .transpose()
+    }
+}
+
+/// The `prefetch` field of a JSON line: `true` or `false` where `--prefetch` set every pass,
+/// `"default"` where each pass follows its own default (`Cpu::software_prefetch`).
+pub(crate) fn prefetch_json(cpu: &grpo_cpu::Cpu) -> &'static str {
+    match cpu.software_prefetch() {
+        Some(true) => "true",
+        Some(false) => "false",
+        None => "\"default\"",
     }
 }
 

@@ -5,7 +5,8 @@
 //! Fields of each JSON line in this mode: `probe` = `"read_fma"`; `fmas` = dependent fused
 //! multiply-adds per 16-lane vector (the vocabulary steps issue about 17 vector operations per
 //! vector, 9–11 of them FMAs); `backend`; `prefetch` (whether the stand-in issues the kernels'
-//! software prefetches, `--prefetch on|off`); `threads`; `mib` = size of the streamed buffer;
+//! software prefetches as `--prefetch on|off` set, or `"default"`: the backend's default,
+//! `Backend::software_prefetch_default`); `threads`; `mib` = size of the streamed buffer;
 //! `iters`; `stream_gbps` = the probe reading that buffer from memory; `read_gbps` = the plain
 //! read of the same buffer, timed interleaved with it; `ratio = stream_gbps / read_gbps` (what
 //! the vocabulary kernels' `ratio` is, for this stand-in); `cache_gbps` = the probe's
@@ -88,7 +89,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         println!(
             "{{\"probe\":\"read_fma\",\"fmas\":{k},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"mib\":{mib},\"iters\":{iters},\"stream_gbps\":{stream:.2},\"read_gbps\":{read:.2},\"ratio\":{:.3},\"cache_gbps\":{cache:.2},\"headroom\":{:.2}}}",
             cpu.backend().name(),
-            cpu.software_prefetch(),
+            crate::prefetch_json(&cpu),
             cpu.threads(),
             stream / read,
             cache / read,

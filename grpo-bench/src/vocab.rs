@@ -264,7 +264,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                 c.temperature,
                 c.masked,
                 cpu.backend().name(),
-                cpu.software_prefetch(),
+                crate::prefetch_json(cpu),
                 cpu.threads(),
                 c.iters,
                 gbps / roof,

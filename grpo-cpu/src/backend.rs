@@ -17,6 +17,31 @@ pub enum Backend {
     Neon,
 }
 
+/// A kernel pass, as far as its software-prefetch default goes ([`Backend::prefetch_default`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// Every pass but the next: the backend's default.
+    Streaming,
+    /// [`Cpu::kl_rows`](crate::Cpu::kl_rows)'s pass when student and teacher are both 16-bit
+    /// (bf16 or f16): it reads half the bytes per logit of f32 rows and computes two
+    /// exponentials per logit pair, so it runs below the memory's speed, and on AMD Zen 4,
+    /// where every other pass streams faster without the requests, it runs up to a fifth
+    /// faster with them at most row lengths and at most a tenth slower at the others
+    /// (figures in [`Backend::software_prefetch_default`]).
+    NarrowKl,
+}
+
+impl Pass {
+    /// The pass of `kl_rows` over student rows of `S` and teacher rows of `U`.
+    pub(crate) fn kl<S, U>() -> Pass {
+        if size_of::<S>() == 2 && size_of::<U>() == 2 {
+            Pass::NarrowKl
+        } else {
+            Pass::Streaming
+        }
+    }
+}
+
 impl Backend {
     /// The fastest backend this CPU supports (detected on every call; cheap after the first,
     /// since `std` caches the CPUID result).
@@ -76,6 +101,17 @@ impl Backend {
     /// --prefetch both`); `true` everywhere else (on an Intel AVX-512 host they cut it by
     /// 28–33 %). `Portable` issues none either way.
     ///
+    /// This is every pass's default but one's: [`Cpu::kl_rows`](crate::Cpu::kl_rows) over two
+    /// 16-bit rows prefetches on every backend (see [`Cpu::software_prefetch`](crate::Cpu::software_prefetch)).
+    /// On the same Zen 4 host, five runs of `grpo-bench vocab --dtype all --kernel kl
+    /// --prefetch both` (2026-12-06) measured its time without them over its time with them
+    /// at 1.18–1.29 (bf16) and 1.07–1.22 (f16) at 2048 × 32768, and 0.98–1.05 (bf16) and
+    /// 0.90–0.95 (f16) at 512 × 151936, while f32 rows measured 0.89–1.01; bf16 rows of other
+    /// lengths medians of 1.10–1.19 (8192, 16384, 50304, 65536, 131072, 262144 logits) and
+    /// 0.97–1.00 (98304, 128256, 196608). Without them the bf16 KL at 2048 × 32768 stalled at
+    /// about the f32 KL's rows per second (18.7–19.5 against 18.5–18.6 ms), which is bound by
+    /// memory, with them it ran at the rate of its arithmetic (15.3–16.8 ms).
+    ///
     /// ```
     /// use grpo_cpu::Backend;
     /// assert!(Backend::Portable.software_prefetch_default());
@@ -86,6 +122,16 @@ impl Backend {
             #[cfg(target_arch = "x86_64")]
             Backend::Avx512 => crate::arch::avx512::prefetch_by_default(),
             _ => true,
+        }
+    }
+
+    /// Whether `pass` prefetches by default on this backend (what a [`Cpu`](crate::Cpu)
+    /// runs unless told otherwise): [`software_prefetch_default`](Self::software_prefetch_default),
+    /// except that the KL pass over two 16-bit rows prefetches everywhere.
+    pub(crate) fn prefetch_default(self, pass: Pass) -> bool {
+        match pass {
+            Pass::Streaming => self.software_prefetch_default(),
+            Pass::NarrowKl => true,
         }
     }
 
@@ -102,7 +148,20 @@ impl Backend {
 
 #[cfg(test)]
 mod tests {
-    use super::Backend;
+    use super::{Backend, Pass};
+
+    /// Only a KL between two 16-bit rows is the narrow pass: mixed pairs read at least 6 bytes
+    /// per logit pair, as many as one f32 row and a half.
+    #[test]
+    fn the_narrow_kl_pass_is_two_16_bit_rows() {
+        use half::{bf16, f16};
+        assert_eq!(Pass::kl::<bf16, bf16>(), Pass::NarrowKl);
+        assert_eq!(Pass::kl::<f16, bf16>(), Pass::NarrowKl);
+        assert_eq!(Pass::kl::<f16, f16>(), Pass::NarrowKl);
+        assert_eq!(Pass::kl::<f32, bf16>(), Pass::Streaming);
+        assert_eq!(Pass::kl::<bf16, f32>(), Pass::Streaming);
+        assert_eq!(Pass::kl::<f32, f32>(), Pass::Streaming);
+    }
 
     #[test]
     fn detection_is_consistent() {

@@ -12,6 +12,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::arch;
+use crate::backend::Pass;
 use crate::cpu::Cpu;
 use crate::kernels::loss::{PpoParams, PpoSpan, SpanDiag};
 
@@ -176,7 +177,7 @@ impl Cpu {
         }
         let p = PpoParams::new(cfg);
         let n = inp.lp.len();
-        let target = self.target();
+        let target = self.target(Pass::Streaming);
         let span = |k: usize| k * SPAN..((k + 1) * SPAN).min(n);
         let kernel = |r: Range<usize>, out| PpoSpan {
             p,

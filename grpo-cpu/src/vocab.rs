@@ -13,6 +13,7 @@ use grpo_core::vocab::{GradTerms, KlDirection, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERA
 use rayon::prelude::*;
 
 use crate::arch;
+use crate::backend::Pass;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
     GradRows, GradRowsInPlace, JsdRows, Load, LseRows, PairFlags, PairNeed, PairRows, lse_ok,
@@ -75,7 +76,7 @@ impl Cpu {
     /// (otherwise unspecified, see `LseRows`).
     fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32, dot: bool) -> Vec<LseState> {
         let mut st = vec![LseState::EMPTY; z.len() / vocab];
-        let target = self.target();
+        let target = self.target(Pass::Streaming);
         self.par_rows(&mut st, |r0, out| {
             arch::run(
                 target,
@@ -92,7 +93,7 @@ impl Cpu {
     }
 
     /// Pair states and validation flags of validated-shape batches, with the sums `need`
-    /// asks for (the others are unspecified).
+    /// asks for (the others are unspecified), computed as `pass` prefetches.
     fn pair_states<S: Load, U: Load>(
         &self,
         z: &[S],
@@ -100,9 +101,10 @@ impl Cpu {
         vocab: usize,
         tau: f32,
         need: PairNeed,
+        pass: Pass,
     ) -> Vec<(PairState, PairFlags)> {
         let mut st = vec![(PairState::EMPTY, PairFlags::default()); z.len() / vocab];
-        let target = self.target();
+        let target = self.target(pass);
         self.par_rows(&mut st, |r0, out| {
             PairRows {
                 z: &z[r0 * vocab..(r0 + out.len()) * vocab],
@@ -259,7 +261,7 @@ impl Cpu {
             KlDirection::Forward => PairNeed::KlForward,
             KlDirection::Reverse => PairNeed::KlReverse,
         };
-        let st = self.pair_states(student, teacher, vocab, tau, need);
+        let st = self.pair_states(student, teacher, vocab, tau, need, Pass::kl::<S, U>());
         let ok = st.iter().all(|(s, f)| {
             let support = match direction {
                 KlDirection::Forward => !f.forward,
@@ -317,7 +319,7 @@ impl Cpu {
             return fallback(core)(out);
         }
         let mut res = vec![(f32::NAN, PairFlags::default()); rows];
-        let target = self.target();
+        let target = self.target(Pass::Streaming);
         self.par_rows(&mut res, |r0, o| {
             arch::run(
                 target,
@@ -382,7 +384,7 @@ impl Cpu {
                     KlDirection::Forward => PairNeed::GradForward,
                     KlDirection::Reverse => PairNeed::GradReverse,
                 };
-                let st = self.pair_states(logits, k.teacher, vocab, tau, need);
+                let st = self.pair_states(logits, k.teacher, vocab, tau, need, Pass::Streaming);
                 let mut v = Vec::with_capacity(rows);
                 for (r, (s, f)) in st.iter().enumerate() {
                     let support = match k.direction {
@@ -469,7 +471,7 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let target = self.target();
+        let target = self.target(Pass::Streaming);
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
@@ -517,7 +519,7 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let target = self.target();
+        let target = self.target(Pass::Streaming);
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {

@@ -11,18 +11,23 @@ use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
-/// Every backend of this CPU with pools of 1, 2 and 3 threads; the 2-thread pool runs the
-/// backend's other software-prefetch instantiation (`Cpu::with_software_prefetch`), so both
-/// are checked without a fourth pool.
+/// Every backend of this CPU with pools of 1, 2 and 3 threads: the 1-thread pool runs each
+/// pass's default software prefetching, the 2-thread pool every pass with the opposite of the
+/// backend's default and the 3-thread pool every pass with it (`Cpu::with_software_prefetch`),
+/// so both instantiations of every pass are checked without a fourth pool.
 fn cpus() -> &'static [Cpu] {
     static CPUS: OnceLock<Vec<Cpu>> = OnceLock::new();
     CPUS.get_or_init(|| {
         let mut v = Vec::new();
         for b in Backend::available() {
+            let default = b.software_prefetch_default();
             for t in [1, 2, 3] {
                 let cpu = Cpu::new(b).unwrap().with_threads(t).unwrap();
-                let prefetch = cpu.software_prefetch() != (t == 2);
-                v.push(cpu.with_software_prefetch(prefetch));
+                v.push(match t {
+                    1 => cpu,
+                    2 => cpu.with_software_prefetch(!default),
+                    _ => cpu.with_software_prefetch(default),
+                });
             }
         }
         v

@@ -32,7 +32,9 @@ pub(crate) struct Avx512<const BF16: bool = false, const PREFETCH: bool = true>(
 /// type, and only the pair passes on 16-bit rows slower at 2048 × 32768 (1.03–1.10; at
 /// 512 × 151936 they gain, 0.89–0.98); in a later session on the same kind of host the 16-bit
 /// KL gained more from them at 2048 × 32768 (on/off 0.75–0.91, eleven runs) and still nothing
-/// at 512 × 151936 (0.94–1.11), while the other passes lost as before. On the Intel host the
+/// at 512 × 151936 (0.94–1.11), while the other passes lost as before; so `kl_rows` over two
+/// 16-bit rows prefetches whatever this says (`backend::Pass::NarrowKl`, with the figures of
+/// 2026-12-06 in `Backend::software_prefetch_default`). On the Intel host the
 /// same prefetches cut fused streaming from 22.2 / 25.4 to 16.0 / 17.1 ms, so other vendors
 /// keep them; other AMD AVX-512 cores (Zen 5) follow Zen 4 unmeasured.
 ///
