@@ -20,8 +20,8 @@ pub enum Backend {
 /// A kernel pass, as far as its software-prefetch default goes ([`Backend::prefetch_default`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pass {
-    /// Every pass but the next: the backend's default.
-    Streaming,
+    /// Every pass but [`NarrowKl`](Pass::NarrowKl): the backend's default.
+    General,
     /// [`Cpu::kl_rows`](crate::Cpu::kl_rows)'s pass when student and teacher are both 16-bit
     /// (bf16 or f16): it reads half the bytes per logit of f32 rows and computes two
     /// exponentials per logit pair, so it runs below the memory's speed, and on AMD Zen 4,
@@ -37,7 +37,7 @@ impl Pass {
         if size_of::<S>() == 2 && size_of::<U>() == 2 {
             Pass::NarrowKl
         } else {
-            Pass::Streaming
+            Pass::General
         }
     }
 }
@@ -130,7 +130,7 @@ impl Backend {
     /// except that the KL pass over two 16-bit rows prefetches everywhere.
     pub(crate) fn prefetch_default(self, pass: Pass) -> bool {
         match pass {
-            Pass::Streaming => self.software_prefetch_default(),
+            Pass::General => self.software_prefetch_default(),
             Pass::NarrowKl => true,
         }
     }
@@ -158,9 +158,9 @@ mod tests {
         assert_eq!(Pass::kl::<bf16, bf16>(), Pass::NarrowKl);
         assert_eq!(Pass::kl::<f16, bf16>(), Pass::NarrowKl);
         assert_eq!(Pass::kl::<f16, f16>(), Pass::NarrowKl);
-        assert_eq!(Pass::kl::<f32, bf16>(), Pass::Streaming);
-        assert_eq!(Pass::kl::<bf16, f32>(), Pass::Streaming);
-        assert_eq!(Pass::kl::<f32, f32>(), Pass::Streaming);
+        assert_eq!(Pass::kl::<f32, bf16>(), Pass::General);
+        assert_eq!(Pass::kl::<bf16, f32>(), Pass::General);
+        assert_eq!(Pass::kl::<f32, f32>(), Pass::General);
     }
 
     #[test]

@@ -164,14 +164,14 @@ mod tests {
         for b in Backend::available() {
             let cpu = Cpu::new(b).unwrap();
             assert_eq!(cpu.software_prefetch(), None);
-            let streaming = cpu.target(Pass::Streaming);
+            let streaming = cpu.target(Pass::General);
             assert_eq!(streaming.backend, b);
             assert_eq!(streaming.prefetch, b.software_prefetch_default(), "{b:?}");
             assert!(cpu.target(Pass::NarrowKl).prefetch, "{b:?}");
             for on in [false, true] {
                 let set = cpu.clone().with_software_prefetch(on);
                 assert_eq!(set.software_prefetch(), Some(on));
-                for pass in [Pass::Streaming, Pass::NarrowKl] {
+                for pass in [Pass::General, Pass::NarrowKl] {
                     assert_eq!(set.target(pass).prefetch, on, "{b:?} {pass:?}");
                 }
             }

@@ -177,7 +177,7 @@ impl Cpu {
         }
         let p = PpoParams::new(cfg);
         let n = inp.lp.len();
-        let target = self.target(Pass::Streaming);
+        let target = self.target(Pass::General);
         let span = |k: usize| k * SPAN..((k + 1) * SPAN).min(n);
         let kernel = |r: Range<usize>, out| PpoSpan {
             p,

@@ -23,7 +23,7 @@ const CHUNK: usize = 1 << 16;
 /// assert_eq!(grpo_cpu::roofline::read(&cpu, &[1.0; 1000]), 1000.0);
 /// ```
 pub fn read(cpu: &Cpu, data: &[f32]) -> f32 {
-    let target = cpu.target(Pass::Streaming);
+    let target = cpu.target(Pass::General);
     cpu.install(|| {
         data.par_chunks(CHUNK)
             .map(|c| arch::run(target, ReadSum(c)))
@@ -75,7 +75,7 @@ pub fn read_with_fma(cpu: &Cpu, data: &[f32], fmas: usize, passes: usize) -> f32
 
 /// [`read_with_fma`] for a fixed count.
 fn read_parts<const FMAS: usize>(cpu: &Cpu, data: &[f32], passes: usize) -> f32 {
-    let target = cpu.target(Pass::Streaming);
+    let target = cpu.target(Pass::General);
     cpu.install(|| {
         data.par_chunks(CHUNK)
             .map(|c| {
@@ -100,7 +100,7 @@ fn read_parts<const FMAS: usize>(cpu: &Cpu, data: &[f32], passes: usize) -> f32 
 /// ```
 pub fn copy(cpu: &Cpu, src: &[f32], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len(), "roofline::copy: lengths differ");
-    let target = cpu.target(Pass::Streaming);
+    let target = cpu.target(Pass::General);
     cpu.install(|| {
         src.par_chunks(CHUNK)
             .zip(dst.par_chunks_mut(CHUNK))

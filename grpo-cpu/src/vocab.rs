@@ -76,7 +76,7 @@ impl Cpu {
     /// (otherwise unspecified, see `LseRows`).
     fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32, dot: bool) -> Vec<LseState> {
         let mut st = vec![LseState::EMPTY; z.len() / vocab];
-        let target = self.target(Pass::Streaming);
+        let target = self.target(Pass::General);
         self.par_rows(&mut st, |r0, out| {
             arch::run(
                 target,
@@ -319,7 +319,7 @@ impl Cpu {
             return fallback(core)(out);
         }
         let mut res = vec![(f32::NAN, PairFlags::default()); rows];
-        let target = self.target(Pass::Streaming);
+        let target = self.target(Pass::General);
         self.par_rows(&mut res, |r0, o| {
             arch::run(
                 target,
@@ -384,7 +384,7 @@ impl Cpu {
                     KlDirection::Forward => PairNeed::GradForward,
                     KlDirection::Reverse => PairNeed::GradReverse,
                 };
-                let st = self.pair_states(logits, k.teacher, vocab, tau, need, Pass::Streaming);
+                let st = self.pair_states(logits, k.teacher, vocab, tau, need, Pass::General);
                 let mut v = Vec::with_capacity(rows);
                 for (r, (s, f)) in st.iter().enumerate() {
                     let support = match k.direction {
@@ -471,7 +471,7 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let target = self.target(Pass::Streaming);
+        let target = self.target(Pass::General);
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
@@ -519,7 +519,7 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let target = self.target(Pass::Streaming);
+        let target = self.target(Pass::General);
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
             logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
