@@ -1,13 +1,16 @@
 //! Vocabulary row kernels from untrusted sizes and values: never panic, every `Ok` result is
 //! finite, every `Err` leaves the outputs (or, in place, the logits) untouched, and every
 //! single-row function agrees with its batched counterpart on the same row: the same bits, or
-//! the same error.
+//! the same error. The forward that saves its row states gives the log-probabilities of the one
+//! that does not, and the backward from those states the gradient of the one that recomputes
+//! them; from altered states it may return anything but a panic (its documented precondition).
 #![no_main]
 
 use grpo_core::Result;
 use grpo_core::vocab::{
-    self, GradTerms, KlDirection, KlTerm, Logit, backward_rows, backward_rows_in_place, jsd_rows,
-    kl_rows, logprob_entropy_rows, stats_rows,
+    self, GradTerms, KlDirection, KlTerm, Logit, LseState, backward_rows, backward_rows_in_place,
+    backward_rows_in_place_saved, backward_rows_saved, jsd_rows, kl_rows, logprob_entropy_rows,
+    logprob_entropy_rows_saved, stats_rows,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -24,6 +27,10 @@ struct Input {
     beta: u32,
     weights: Vec<u32>,
     bf16: bool,
+    /// The saved states: how many (`states % 8` rows when below 6, else one per target), and
+    /// whether one field of one of them is replaced by `poison`'s bits (bits 3–7: which).
+    states: u8,
+    poison: u32,
 }
 
 const EDGE: [f32; 12] = [
@@ -244,6 +251,24 @@ fuzz_target!(|inp: Input| {
             same(singles[r].logprob, lp[r], h2[r]);
         }
     }
+    // The saving forward: the same log-probabilities, and states for the backward below.
+    let n_states = match inp.states % 8 {
+        k @ 0..6 => usize::from(k),
+        _ => targets.len(),
+    };
+    let mut saved = vec![LseState::EMPTY; n_states];
+    let mut lp3 = fresh(targets.len());
+    let res =
+        logprob_entropy_rows_saved(&z, vocab, &targets, temperature, &mut lp3, None, &mut saved);
+    if check(res, &[&lp3]) {
+        assert_eq!(
+            lp3.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            lp.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(saved.iter().all(|s| s.max.is_finite() && s.sum >= 0.5));
+    } else {
+        assert!(saved.iter().all(|s| *s == LseState::EMPTY));
+    }
     for (d, dir) in DIRECTIONS.into_iter().enumerate() {
         let mut kl = fresh(rows);
         if check(kl_rows(&z, &w, vocab, temperature, dir, &mut kl), &[&kl]) {
@@ -274,6 +299,40 @@ fuzz_target!(|inp: Input| {
     };
     let mut g = fresh(z.len());
     check(backward_rows(&z, vocab, temperature, &terms, &mut g), &[&g]);
+
+    // The backward from the saved states (log-probability and entropy terms): from states the
+    // forward saved, the recomputing backward's bits; from altered ones, no panic, and on `Err`
+    // nothing written.
+    let lse_terms: GradTerms<'_, u32> = GradTerms {
+        logp: terms.logp,
+        entropy: terms.entropy,
+        kl: None,
+    };
+    let mut poisoned = saved.clone();
+    let which = usize::from(inp.states >> 3);
+    if let Some(st) = poisoned.get_mut(which / 3) {
+        let x = f32::from_bits(inp.poison);
+        *[&mut st.max, &mut st.sum, &mut st.dot][which % 3] = x;
+    }
+    let (mut g_ref, mut g_saved) = (fresh(z.len()), fresh(z.len()));
+    let r_ref = backward_rows(&z, vocab, temperature, &lse_terms, &mut g_ref);
+    let r_saved = backward_rows_saved(&z, vocab, temperature, &saved, &lse_terms, &mut g_saved);
+    if res.is_ok() && r_ref.is_ok() {
+        assert_eq!(r_saved, Ok(()));
+        assert_eq!(raw(&g_saved), raw(&g_ref));
+    } else if r_saved.is_err() {
+        assert!(untouched(&g_saved));
+    }
+    let mut g_bad = fresh(z.len());
+    if backward_rows_saved(&z, vocab, temperature, &poisoned, &lse_terms, &mut g_bad).is_err() {
+        assert!(untouched(&g_bad));
+    }
+    let mut zs = z.clone();
+    match backward_rows_in_place_saved(&mut zs, vocab, temperature, &poisoned, &lse_terms) {
+        Ok(()) if poisoned == saved && r_saved.is_ok() => assert_eq!(raw(&zs), raw(&g_saved)),
+        Ok(()) => {}
+        Err(_) => assert_eq!(raw(&zs), raw(&z)),
+    }
     if inp.bf16 {
         let mut zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let before = raw(&zb);

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use grpo_core::Result;
-use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, Logit, MAX_GRAD_WEIGHT};
+use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, Logit, LseState, MAX_GRAD_WEIGHT};
 use grpo_cpu::{Backend, Cpu, Storage};
 use libfuzzer_sys::fuzz_target;
 
@@ -34,7 +34,7 @@ struct Input {
 #[derive(Clone, Copy)]
 enum Slot {
     Teacher,
-    /// The per-row outputs (`lse_out`, `logp_out`, KL and JSD `out`).
+    /// The per-row outputs (`lse_out`, `logp_out`, KL and JSD `out`, the saved states).
     Out,
     Entropy,
     Grad,
@@ -143,6 +143,16 @@ struct Case<'a> {
     grad: usize,
     /// Whether `logprob_entropy_rows` is asked for entropies.
     with_entropy: bool,
+    /// The terms of the backward from saved states: `terms` without its KL term, unless the
+    /// input keeps it (grpo-core's `InvalidParam{name: "kl"}`).
+    saved_terms: GradTerms<'a, u32, f32>,
+}
+
+/// A saved state's bits, for equality with NaN payloads and signed zeros told apart.
+fn state_bits(st: &[LseState]) -> Vec<[u32; 3]> {
+    st.iter()
+        .map(|s| [s.max, s.sum, s.dot].map(f32::to_bits))
+        .collect()
 }
 
 /// Runs `op` with grpo-core (`None`), then with every executor, each time on fresh outputs of
@@ -181,6 +191,19 @@ fn forward<S: Storage>(c: &Case<'_>, z: &[S]) {
             Some(cpu) => cpu.logprob_entropy_rows(z, v, c.targets, t, lp, h),
         }
     });
+    // The saving forward: its states compared bit for bit, `EMPTY` on `Err`.
+    let mut want = (vec![SENTINEL; c.out], vec![LseState::EMPTY; c.out]);
+    let res = vocab::logprob_entropy_rows_saved(z, v, c.targets, t, &mut want.0, None, &mut want.1);
+    for cpu in &c.cpus {
+        let mut got = (vec![SENTINEL; c.out], vec![LseState::EMPTY; c.out]);
+        let r = cpu.logprob_entropy_rows_saved(z, v, c.targets, t, &mut got.0, None, &mut got.1);
+        assert_eq!(r, res, "{cpu:?}");
+        assert_eq!(bits(&got.0), bits(&want.0), "{cpu:?}");
+        assert_eq!(state_bits(&got.1), state_bits(&want.1), "{cpu:?}");
+        if res.is_err() {
+            assert!(untouched(&got.0) && got.1.iter().all(|s| *s == LseState::EMPTY));
+        }
+    }
     differential(&c.cpus, [c.out], |cpu, [k]| match cpu {
         None => vocab::kl_rows(z, w, v, t, c.dir, k),
         Some(cpu) => cpu.kl_rows(z, w, v, t, c.dir, k),
@@ -199,6 +222,26 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
         None => vocab::backward_rows(z, v, t, &c.terms, g),
         Some(cpu) => cpu.backward_rows(z, v, t, &c.terms, g),
     });
+    // From the states grpo-core's saving forward wrote (`EMPTY` where it failed).
+    let mut saved = vec![LseState::EMPTY; c.out];
+    let mut lp = vec![SENTINEL; c.out];
+    let _ = vocab::logprob_entropy_rows_saved(z, v, c.targets, t, &mut lp, None, &mut saved);
+    let st = &saved[..];
+    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
+        None => vocab::backward_rows_saved(z, v, t, st, &c.saved_terms, g),
+        Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &c.saved_terms, g),
+    });
+    let mut want = z.to_vec();
+    let res = vocab::backward_rows_in_place_saved(&mut want, v, t, st, &c.saved_terms);
+    for cpu in &c.cpus {
+        let mut got = z.to_vec();
+        let r = cpu.backward_rows_in_place_saved(&mut got, v, t, st, &c.saved_terms);
+        assert_eq!(r, res, "{cpu:?}");
+        assert_eq!(bits(&got), bits(&want), "{cpu:?}");
+        if res.is_err() {
+            assert!(raw(&got) == raw(z) && raw(&want) == raw(z), "{res:?}");
+        }
+    }
     let mut want = z.to_vec();
     let res = vocab::backward_rows_in_place(&mut want, v, t, &c.terms);
     for cpu in &c.cpus {
@@ -276,6 +319,16 @@ fuzz_target!(|inp: Input| {
         entropy: len(Slot::Entropy, rows),
         grad: len(Slot::Grad, n),
         with_entropy: inp.flags & 2 != 0,
+        saved_terms: GradTerms {
+            logp: has(0).then_some((&targets[..], &g_lp[..])),
+            entropy: has(1).then_some(&g_h[..]),
+            // One input in 16 keeps the KL term: grpo-core's error for it.
+            kl: (has(2) && inp.wrong & 0xe0 == 0xe0).then_some(KlTerm {
+                teacher: &w,
+                grad: &g_kl,
+                direction: dir,
+            }),
+        },
     };
 
     // Forward in f32 and one 16-bit type; the backwards in every storage type. (Each kernel is

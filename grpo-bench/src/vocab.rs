@@ -1,6 +1,6 @@
 //! `grpo-bench vocab`: grpo-cpu's vocabulary kernels against the same-run memory roofline.
 
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState};
 use grpo_cpu::{Cpu, Storage, roofline};
 
 use crate::{Args, interleaved_times, median};
@@ -15,6 +15,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "backward",
     "backward_in_place",
     "backward_kl",
+    "backward_saved",
 ];
 
 /// The default shapes `(rows, vocab)`: a 32k-vocabulary batch and a Qwen-sized vocabulary.
@@ -156,7 +157,9 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         // Bytes the kernel must move: its inputs once, its gradient output once.
         let (read, write) = match kernel {
             "kl" | "jsd" => (2 * n * size, 0),
-            "backward" => (n * size, n * 4),
+            // `backward_saved` reads the logits once, `backward` twice (its forward pass): the
+            // same bytes to move.
+            "backward" | "backward_saved" => (n * size, n * 4),
             // Distillation: student and teacher read, the student's gradient written.
             "backward_kl" => (2 * n * size, n * 4),
             "backward_in_place" => (n * size, n * size),
@@ -171,6 +174,28 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                 grad: &halves,
                 direction: KlDirection::Forward,
             }),
+        };
+        // `backward_saved`: the row states of the forward a trainer has run anyway (untimed).
+        let mut saved = Vec::new();
+        if kernel == "backward_saved" {
+            saved = vec![LseState::EMPTY; c.rows];
+            let (lp, ent) = (&mut a, Some(&mut b[..]));
+            c.cpus[0]
+                .logprob_entropy_rows_saved(
+                    &z,
+                    c.vocab,
+                    &targets,
+                    c.temperature,
+                    lp,
+                    ent,
+                    &mut saved,
+                )
+                .map_err(|e| format!("{kernel}: {e}"))?;
+        }
+        let lse_terms: GradTerms<'_, u32> = GradTerms {
+            logp: Some((&targets, &ones)),
+            entropy: Some(&halves),
+            kl: None,
         };
         let mut fail: Option<String> = None;
         let cpus = c.cpus;
@@ -222,12 +247,17 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     roofline::copy(roof_cpu, &src, &mut dst);
                     return;
                 };
-                let r = if kernel != "backward_in_place" {
-                    cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad)
-                } else {
+                let r = match kernel {
                     // Re-running in place overwrites logits with gradients; still valid input
                     // (finite), so every iteration does the same amount of work.
-                    cpu.backward_rows_in_place(&mut inplace, c.vocab, c.temperature, &terms)
+                    "backward_in_place" => {
+                        cpu.backward_rows_in_place(&mut inplace, c.vocab, c.temperature, &terms)
+                    }
+                    "backward_saved" => {
+                        let t = c.temperature;
+                        cpu.backward_rows_saved(&z, c.vocab, t, &saved, &lse_terms, &mut grad)
+                    }
+                    _ => cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad),
                 };
                 if let Err(e) = r {
                     fail = Some(e.to_string());

@@ -61,6 +61,41 @@ fn target_ok(zy: f32, tau: f32, st: &LseState) -> bool {
     ((zy - st.max) * tau).is_finite()
 }
 
+/// grpo-core's backward checks that read no logit (`check_backward_args`): `(τ, rows)` when
+/// they pass.
+fn backward_args_ok<I: TokenId, U: Load>(
+    logits: usize,
+    vocab: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+) -> Option<(f32, usize)> {
+    let tau = tau_of(temperature)?;
+    // `tau_of` passed, so `temperature` is finite and > 0 here (no NaN to compare).
+    if vocab == 0 || temperature < MIN_GRAD_TEMPERATURE {
+        return None;
+    }
+    let rows = logits / vocab;
+    if !shape_ok(logits, vocab, rows) {
+        return None;
+    }
+    if let Some((t, g)) = terms.logp
+        && (t.len() != rows || !weights_ok(g, rows) || t.iter().any(|t| t.index() >= vocab))
+    {
+        return None;
+    }
+    if let Some(g) = terms.entropy
+        && !weights_ok(g, rows)
+    {
+        return None;
+    }
+    if let Some(k) = &terms.kl
+        && (!shape_ok(k.teacher.len(), vocab, rows) || !weights_ok(k.grad, rows))
+    {
+        return None;
+    }
+    Some((tau, rows))
+}
+
 impl Cpu {
     /// Splits `out` (one element per row) into tasks of whole rows: `run(first_row, chunk)`.
     fn par_rows<T: Send>(&self, out: &mut [T], run: impl Fn(usize, &mut [T]) + Sync) {
@@ -182,44 +217,126 @@ impl Cpu {
         targets: &[I],
         temperature: f32,
         logp_out: &mut [f32],
-        mut entropy_out: Option<&mut [f32]>,
+        entropy_out: Option<&mut [f32]>,
     ) -> Result<()> {
-        let core = |logp_out: &mut [f32], entropy_out: Option<&mut [f32]>| {
-            grpo_core::vocab::logprob_entropy_rows(
-                logits,
-                vocab,
-                targets,
-                temperature,
-                logp_out,
-                entropy_out,
-            )
+        self.logprob_entropy_rows_to(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            logp_out,
+            entropy_out,
+            None,
+        )
+    }
+
+    /// [`grpo_core::vocab::logprob_entropy_rows_saved`]:
+    /// [`logprob_entropy_rows`](Cpu::logprob_entropy_rows) that also saves each row's softmax
+    /// state for [`backward_rows_saved`](Cpu::backward_rows_saved) \[ours\]. The same pass
+    /// (it computes the states anyway, with the entropy's sum even when `entropy_out` is
+    /// `None`); same bits, same errors; on `Err` nothing is written.
+    ///
+    /// ```
+    /// use grpo_core::vocab::LseState;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // one row [0, ln 3], target 1 → logp = ln ¾; the state: max = ln 3, sum = 1 + ⅓
+    /// let z = [0.0f32, 3f32.ln()];
+    /// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+    /// cpu.logprob_entropy_rows_saved(&z, 2, &[1u32], 1.0, &mut lp, None, &mut saved).unwrap();
+    /// assert!((lp[0] - 0.75f32.ln()).abs() < 1e-6);
+    /// assert!((saved[0].sum - 4.0 / 3.0).abs() < 1e-6);
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn logprob_entropy_rows_saved<S: Load, I: TokenId>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        targets: &[I],
+        temperature: f32,
+        logp_out: &mut [f32],
+        entropy_out: Option<&mut [f32]>,
+        saved_out: &mut [LseState],
+    ) -> Result<()> {
+        self.logprob_entropy_rows_to(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            logp_out,
+            entropy_out,
+            Some(saved_out),
+        )
+    }
+
+    /// [`logprob_entropy_rows`](Cpu::logprob_entropy_rows), saving the row states in
+    /// `saved_out` if given.
+    #[allow(clippy::too_many_arguments)]
+    fn logprob_entropy_rows_to<S: Load, I: TokenId>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        targets: &[I],
+        temperature: f32,
+        logp_out: &mut [f32],
+        mut entropy_out: Option<&mut [f32]>,
+        saved_out: Option<&mut [LseState]>,
+    ) -> Result<()> {
+        let core = |logp_out: &mut [f32],
+                    entropy_out: Option<&mut [f32]>,
+                    saved_out: Option<&mut [LseState]>| {
+            let (z, t) = (logits, targets);
+            match saved_out {
+                Some(st) => grpo_core::vocab::logprob_entropy_rows_saved(
+                    z,
+                    vocab,
+                    t,
+                    temperature,
+                    logp_out,
+                    entropy_out,
+                    st,
+                ),
+                None => grpo_core::vocab::logprob_entropy_rows(
+                    z,
+                    vocab,
+                    t,
+                    temperature,
+                    logp_out,
+                    entropy_out,
+                ),
+            }
         };
         let rows = targets.len();
         let Some(tau) = tau_of(temperature) else {
-            return fallback(core)(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out, saved_out);
         };
         let shapes = shape_ok(logits.len(), vocab, rows)
             && logp_out.len() == rows
             && entropy_out.as_deref().is_none_or(|h| h.len() == rows)
+            && saved_out.as_deref().is_none_or(|st| st.len() == rows)
             && targets.iter().all(|t| t.index() < vocab);
         if !shapes {
-            return fallback(core)(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out, saved_out);
         }
-        // Without entropies the step leaves out the entropy's sum (`LseRows::dot`).
-        let st = self.lse_states(logits, vocab, tau, entropy_out.is_some());
+        // Without entropies (or states to save) the step leaves out the entropy's sum
+        // (`LseRows::dot`).
+        let dot = entropy_out.is_some() || saved_out.is_some();
+        let st = self.lse_states(logits, vocab, tau, dot);
         let zy = |r: usize| logits[r * vocab + targets[r].index()].to_f32();
         let ok = st
             .iter()
             .enumerate()
             .all(|(r, s)| lse_ok(s, tau) && target_ok(zy(r), tau, s));
         if !ok {
-            return fallback(core)(logp_out, entropy_out);
+            return fallback(core)(logp_out, entropy_out, saved_out);
         }
         for (r, s) in st.iter().enumerate() {
             logp_out[r] = canon::logp_of(zy(r), tau, s);
             if let Some(h) = entropy_out.as_deref_mut() {
                 h[r] = canon::finish_lse(s, tau).2;
             }
+        }
+        if let Some(saved) = saved_out {
+            saved.copy_from_slice(&st);
         }
         Ok(())
     }
@@ -351,30 +468,7 @@ impl Cpu {
         temperature: f32,
         terms: &GradTerms<'_, I, U>,
     ) -> Option<(Vec<GradCoef>, Vec<usize>, KlGrad)> {
-        let tau = tau_of(temperature)?;
-        // `tau_of` passed, so `temperature` is finite and > 0 here (no NaN to compare).
-        if vocab == 0 || temperature < MIN_GRAD_TEMPERATURE {
-            return None;
-        }
-        let rows = logits.len() / vocab;
-        if !shape_ok(logits.len(), vocab, rows) {
-            return None;
-        }
-        if let Some((t, g)) = terms.logp
-            && (t.len() != rows || !weights_ok(g, rows) || t.iter().any(|t| t.index() >= vocab))
-        {
-            return None;
-        }
-        if let Some(g) = terms.entropy
-            && !weights_ok(g, rows)
-        {
-            return None;
-        }
-        if let Some(k) = &terms.kl
-            && (!shape_ok(k.teacher.len(), vocab, rows) || !weights_ok(k.grad, rows))
-        {
-            return None;
-        }
+        let (tau, rows) = backward_args_ok(logits.len(), vocab, temperature, terms)?;
         // Forward statistics of every row (validating them) before anything is written.
         let g_h = |r: usize| terms.entropy.map_or(0.0, |g| g[r]);
         let g_lp = |r: usize| terms.logp.map_or(0.0, |(_, g)| g[r]);
@@ -471,6 +565,24 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
+        self.grads_into(logits, w, ys, &coefs, kl, vocab, out);
+        Ok(())
+    }
+
+    /// The gradient of every row from its coefficients into `out` (the arguments validated):
+    /// `w` the teacher rows (empty without a KL term), `ys` the targets if there is a
+    /// log-probability term.
+    #[allow(clippy::too_many_arguments)]
+    fn grads_into<S: Load, U: Load>(
+        &self,
+        logits: &[S],
+        w: &[U],
+        ys: Option<&[usize]>,
+        coefs: &[GradCoef],
+        kl: KlGrad,
+        vocab: usize,
+        out: &mut [f32],
+    ) {
         let target = self.target(Pass::General);
         let per = self.rows_per_task(coefs.len()) * vocab;
         self.install(|| {
@@ -490,7 +602,36 @@ impl Cpu {
                 )
             })
         });
-        Ok(())
+    }
+
+    /// [`grads_into`](Cpu::grads_into) over the logits themselves.
+    fn grads_over<S: Load, U: Load>(
+        &self,
+        logits: &mut [S],
+        w: &[U],
+        ys: Option<&[usize]>,
+        coefs: &[GradCoef],
+        kl: KlGrad,
+        vocab: usize,
+    ) {
+        let target = self.target(Pass::General);
+        let per = self.rows_per_task(coefs.len()) * vocab;
+        self.install(|| {
+            logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
+                let (r0, n) = (i * per / vocab, z.len() / vocab);
+                arch::run(
+                    target,
+                    GradRowsInPlace {
+                        z,
+                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
+                        y: ys.map(|y| &y[r0..r0 + n]),
+                        coef: &coefs[r0..r0 + n],
+                        kl,
+                        vocab,
+                    },
+                )
+            })
+        });
     }
 
     /// [`grpo_core::vocab::backward_rows_in_place`]: [`backward_rows`](Cpu::backward_rows)
@@ -519,24 +660,132 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let target = self.target(Pass::General);
-        let per = self.rows_per_task(coefs.len()) * vocab;
-        self.install(|| {
-            logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
-                let (r0, n) = (i * per / vocab, z.len() / vocab);
-                arch::run(
-                    target,
-                    GradRowsInPlace {
-                        z,
-                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
-                        y: ys.map(|y| &y[r0..r0 + n]),
-                        coef: &coefs[r0..r0 + n],
-                        kl,
-                        vocab,
-                    },
-                )
-            })
-        });
+        self.grads_over(logits, w, ys, &coefs, kl, vocab);
+        Ok(())
+    }
+
+    /// The backward's coefficients from saved row states, or `None` where grpo-core would
+    /// report an error (its checks in `backward_rows_saved`, which read only the targets'
+    /// logits).
+    fn saved_coefs<S: Load, I: TokenId, U: Load>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        temperature: f32,
+        saved: &[LseState],
+        terms: &GradTerms<'_, I, U>,
+    ) -> Option<(Vec<GradCoef>, Vec<usize>)> {
+        let (tau, rows) = backward_args_ok(logits.len(), vocab, temperature, terms)?;
+        if saved.len() != rows || terms.kl.is_some() {
+            return None;
+        }
+        let mut coefs = Vec::with_capacity(rows);
+        let mut ys = Vec::with_capacity(if terms.logp.is_some() { rows } else { 0 });
+        for (r, st) in saved.iter().enumerate() {
+            grpo_core::vocab::validate::saved(st, tau, r).ok()?;
+            let g_lp = match terms.logp {
+                Some((t, g)) => {
+                    let y = t[r].index();
+                    if !target_ok(logits[r * vocab + y].to_f32(), tau, st) {
+                        return None;
+                    }
+                    ys.push(y);
+                    g[r]
+                }
+                None => 0.0,
+            };
+            let g_h = terms.entropy.map_or(0.0, |g| g[r]);
+            coefs.push(GradCoef::from_lse(st, tau, g_lp, g_h));
+        }
+        Some((coefs, ys))
+    }
+
+    /// [`grpo_core::vocab::backward_rows_saved`]: [`backward_rows`](Cpu::backward_rows) for the
+    /// log-probability and entropy terms from the row states a forward saved
+    /// ([`logprob_entropy_rows_saved`](Cpu::logprob_entropy_rows_saved)) \[ours\]: one read of
+    /// the logits and one write of the gradient (streaming stores on AVX-512), where
+    /// `backward_rows` reads the logits twice. For states saved from these logits at this
+    /// temperature, the bits of `backward_rows`.
+    ///
+    /// `U` is the teacher storage type of `terms`' (absent) KL term: the kernels are those of
+    /// `backward_rows` with the same `GradTerms` type, so no new instantiation is compiled.
+    ///
+    /// **The logits are not validated** (only the targets' are read before the gradient is
+    /// written): they must be those the states were saved from, and `temperature` the
+    /// forward's; otherwise the result is meaningless (NaN or infinite where a logit is NaN or
+    /// +∞), never a panic. Same bits and errors as grpo-core; on `Err`, `out` is untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, LseState};
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// let z = [0.0f32, 0.0];
+    /// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+    /// cpu.logprob_entropy_rows_saved(&z, 2, &[0u32], 1.0, &mut lp, None, &mut saved).unwrap();
+    /// // target 0, ∂loss/∂logp = 1, T = 1: grad = (1 − ½, −½)
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+    /// let mut g = [0.0f32; 2];
+    /// cpu.backward_rows_saved(&z, 2, 1.0, &saved, &terms, &mut g).unwrap();
+    /// assert_eq!(g, [0.5, -0.5]);
+    /// ```
+    pub fn backward_rows_saved<S: Load, I: TokenId + Sync, U: Load>(
+        &self,
+        logits: &[S],
+        vocab: usize,
+        temperature: f32,
+        saved: &[LseState],
+        terms: &GradTerms<'_, I, U>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let core = |out: &mut [f32]| {
+            grpo_core::vocab::backward_rows_saved(logits, vocab, temperature, saved, terms, out)
+        };
+        if out.len() != logits.len() {
+            return fallback(core)(out);
+        }
+        let Some((coefs, ys)) = self.saved_coefs(logits, vocab, temperature, saved, terms) else {
+            return fallback(core)(out);
+        };
+        let ys = terms.logp.is_some().then_some(&ys[..]);
+        self.grads_into::<S, U>(logits, &[], ys, &coefs, KlGrad::None, vocab, out);
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::backward_rows_in_place_saved`]:
+    /// [`backward_rows_saved`](Cpu::backward_rows_saved) writing the gradient over the logits,
+    /// rounded to their storage type (ties to even) \[ours\]. The same precondition (the
+    /// logits the states were saved from); same bits, same errors; on `Err` the logits are
+    /// untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, LseState};
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// let mut z = [0.0f32, 0.0];
+    /// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+    /// cpu.logprob_entropy_rows_saved(&z, 2, &[0u32], 1.0, &mut lp, None, &mut saved).unwrap();
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+    /// cpu.backward_rows_in_place_saved(&mut z, 2, 1.0, &saved, &terms).unwrap();
+    /// assert_eq!(z, [0.5, -0.5]);
+    /// ```
+    pub fn backward_rows_in_place_saved<S: Load, I: TokenId + Sync, U: Load>(
+        &self,
+        logits: &mut [S],
+        vocab: usize,
+        temperature: f32,
+        saved: &[LseState],
+        terms: &GradTerms<'_, I, U>,
+    ) -> Result<()> {
+        let Some((coefs, ys)) = self.saved_coefs(logits, vocab, temperature, saved, terms) else {
+            note_fallback();
+            return grpo_core::vocab::backward_rows_in_place_saved(
+                logits,
+                vocab,
+                temperature,
+                saved,
+                terms,
+            );
+        };
+        let ys = terms.logp.is_some().then_some(&ys[..]);
+        self.grads_over::<S, U>(logits, &[], ys, &coefs, KlGrad::None, vocab);
         Ok(())
     }
 }
@@ -558,7 +807,7 @@ mod tests {
     use crate::{Backend, Cpu, Storage};
     use grpo_core::Result;
     use grpo_core::vocab::canon::Logit;
-    use grpo_core::vocab::{self as core, GradTerms, KlDirection, KlTerm};
+    use grpo_core::vocab::{self as core, GradTerms, KlDirection, KlTerm, LseState};
 
     /// Rows of pseudo-random logits in [−8, 8), masked (−∞) at every index `≡ 7 (mod 41)` — the
     /// same indices in the student and the teacher, so that the KL and JSD have support.
@@ -616,6 +865,23 @@ mod tests {
                 kl: Some(kl(KlDirection::Reverse)),
             },
         ];
+        let mut saved = vec![LseState::EMPTY; rows];
+        let _ = core::logprob_entropy_rows_saved(
+            &z,
+            vocab,
+            &y,
+            t,
+            &mut vec![0.0; rows],
+            None,
+            &mut saved,
+        );
+        let saved = &saved[..];
+        let lse_terms = GradTerms::<u32, U> {
+            logp: Some((&y, &g[..])),
+            entropy: Some(&g[..]),
+            kl: None,
+        };
+        let lse_terms = &lse_terms;
         type Call<'a> = Box<dyn Fn(Option<&Cpu>) -> (Result<()>, Vec<u32>) + 'a>;
         let (z, w, y) = (&z[..], &w[..], &y[..]);
         let mut ops: Vec<(&str, Call<'_>)> = vec![
@@ -686,6 +952,43 @@ mod tests {
                 }),
             ));
         }
+        // The forward that saves its row states, and the backwards from grpo-core's states
+        // (`EMPTY` where its forward failed, which they reject).
+        ops.push((
+            "logprob_entropy_rows_saved",
+            Box::new(move |cpu| {
+                let mut st = vec![LseState::EMPTY; rows];
+                let (r, mut out) = call(rows, |l| match cpu {
+                    Some(c) => c.logprob_entropy_rows_saved(z, vocab, y, t, l, None, &mut st),
+                    None => core::logprob_entropy_rows_saved(z, vocab, y, t, l, None, &mut st),
+                });
+                out.extend(
+                    st.iter()
+                        .flat_map(|s| [s.max, s.sum, s.dot].map(f32::to_bits)),
+                );
+                (r, out)
+            }),
+        ));
+        ops.push((
+            "backward_rows_saved",
+            Box::new(move |cpu| {
+                call(rows * vocab, |o| match cpu {
+                    Some(c) => c.backward_rows_saved(z, vocab, t, saved, lse_terms, o),
+                    None => core::backward_rows_saved(z, vocab, t, saved, lse_terms, o),
+                })
+            }),
+        ));
+        ops.push((
+            "backward_rows_in_place_saved",
+            Box::new(move |cpu| {
+                let mut zi = z.to_vec();
+                let r = match cpu {
+                    Some(c) => c.backward_rows_in_place_saved(&mut zi, vocab, t, saved, lse_terms),
+                    None => core::backward_rows_in_place_saved(&mut zi, vocab, t, saved, lse_terms),
+                };
+                (r, bits(&zi))
+            }),
+        ));
         let mut ok = 0;
         for (name, op) in &ops {
             let want = op(None);
@@ -719,6 +1022,6 @@ mod tests {
         }
         // Row 7 of the V = 1 batches is its masked logit alone: every call on those batches
         // fails (grpo-core's error, compared above). Every other call succeeds.
-        assert_eq!(ok, 2 * 2 * 4 * 11, "{ok}");
+        assert_eq!(ok, 2 * 2 * 4 * 14, "{ok}");
     }
 }

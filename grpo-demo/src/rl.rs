@@ -13,7 +13,7 @@ use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::{
     CispoConfig, CispoWeight, GspoConfig, PolicyInputs, PpoClipConfig, cispo, gspo, ppo_clip,
 };
-use grpo_core::vocab::GradTerms;
+use grpo_core::vocab::{GradTerms, LseState};
 use grpo_core::{Groups, Preset, Tokens};
 use grpo_cpu::Cpu;
 
@@ -166,8 +166,9 @@ pub fn policy_loss_grad(
 pub const ATR_DELTA: f32 = 0.05;
 
 /// Fused vocabulary forward (grpo-cpu: SIMD + rayon rows, bit-identical to grpo-core's
-/// `logprob_entropy_rows` for every backend and thread count) over `targets.len()` logit rows of width `vocab`: `lp[r] = log softmax(z_r)[y_r]` and
-/// `ent[r] = H(softmax(z_r))`, temperature 1.
+/// `logprob_entropy_rows_saved` for every backend and thread count) over `targets.len()` logit
+/// rows of width `vocab`: `lp[r] = log softmax(z_r)[y_r]` and `ent[r] = H(softmax(z_r))`,
+/// temperature 1, and each row's softmax state in `saved` for [`vocab_backward`].
 pub fn vocab_forward(
     cpu: &Cpu,
     logits: &[f32],
@@ -175,16 +176,20 @@ pub fn vocab_forward(
     targets: &[u32],
     lp: &mut [f32],
     ent: &mut [f32],
+    saved: &mut [LseState],
 ) -> Result<()> {
-    cpu.logprob_entropy_rows(logits, vocab, targets, 1.0, lp, Some(ent))
+    cpu.logprob_entropy_rows_saved(logits, vocab, targets, 1.0, lp, Some(ent), saved)
 }
 
-/// Fused vocabulary backward (grpo-cpu, bit-identical to grpo-core's `backward_rows`): `dlogits[r, v] = g_lp[r]·∂lp_r/∂z_{r,v} +
-/// g_h[r]·∂H_r/∂z_{r,v}`, the chain rule from per-row loss gradients to the logits.
+/// Fused vocabulary backward (grpo-cpu, bit-identical to grpo-core's `backward_rows_saved`,
+/// and so to `backward_rows`): `dlogits[r, v] = g_lp[r]·∂lp_r/∂z_{r,v} + g_h[r]·∂H_r/∂z_{r,v}`,
+/// the chain rule from per-row loss gradients to the logits, from the row states
+/// [`vocab_forward`] saved for these logits (one pass over them instead of two).
 pub fn vocab_backward(
     cpu: &Cpu,
     logits: &[f32],
     vocab: usize,
+    saved: &[LseState],
     targets: &[u32],
     g_lp: &[f32],
     g_h: &[f32],
@@ -195,7 +200,7 @@ pub fn vocab_backward(
         entropy: Some(g_h),
         kl: None,
     };
-    cpu.backward_rows(logits, vocab, 1.0, &terms, dlogits)
+    cpu.backward_rows_saved(logits, vocab, 1.0, saved, &terms, dlogits)
 }
 
 #[cfg(test)]
@@ -258,11 +263,11 @@ mod tests {
         // Row of 4 equal logits: lp = −ln 4, H = ln 4; ∂lp(y)/∂z_v = 1[v = y] − 1/4, ∂H/∂z = 0.
         let cpu = Cpu::detect();
         let z = [0.5f32; 4];
-        let (mut lp, mut h) = ([0f32], [0f32]);
-        vocab_forward(&cpu, &z, 4, &[2], &mut lp, &mut h).unwrap();
+        let (mut lp, mut h, mut saved) = ([0f32], [0f32], [LseState::EMPTY]);
+        vocab_forward(&cpu, &z, 4, &[2], &mut lp, &mut h, &mut saved).unwrap();
         assert!((lp[0] + 4f32.ln()).abs() < 1e-6 && (h[0] - 4f32.ln()).abs() < 1e-6);
         let mut d = [0f32; 4];
-        vocab_backward(&cpu, &z, 4, &[2], &[2.0], &[1.0], &mut d).unwrap();
+        vocab_backward(&cpu, &z, 4, &saved, &[2], &[2.0], &[1.0], &mut d).unwrap();
         for (v, dv) in d.iter().enumerate() {
             let want = 2.0 * (if v == 2 { 0.75 } else { -0.25 });
             assert!((dv - want).abs() < 1e-6, "{v}: {dv}");

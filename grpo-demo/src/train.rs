@@ -12,6 +12,7 @@ use candle_core::{Device, Result, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 
 use crate::model::{ModelConfig, Transformer, token_tensor};
+use grpo_core::vocab::LseState;
 use grpo_cpu::Cpu;
 
 use crate::rl::{self, LossKind};
@@ -323,13 +324,18 @@ impl Trainer {
         let z: Vec<f32> = logits.flatten_all()?.to_vec1()?;
         let rows = targets.len();
         let (mut lp, mut ent) = (vec![0f32; rows], vec![0f32; rows]);
-        rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent).map_err(lib_err)?;
+        let mut saved = vec![LseState::EMPTY; rows];
+        rl::vocab_forward(
+            &self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent, &mut saved,
+        )
+        .map_err(lib_err)?;
         let g_lp = vec![-1.0 / rows as f32; rows];
         let mut dz = vec![0f32; z.len()];
         rl::vocab_backward(
             &self.cpu,
             &z,
             VOCAB,
+            &saved,
             &targets,
             &g_lp,
             &vec![0.0; rows],
@@ -433,13 +439,16 @@ impl Trainer {
         let rows = targets.len();
         let mut old = vec![0f32; rows];
         let (mut lp, mut ent) = (vec![0f32; rows], vec![0f32; rows]);
+        let mut saved = vec![LseState::EMPTY; rows];
         let (mut g_lp, mut dz) = (vec![0f32; rows], Vec::new());
         let mut clip_sum = 0.0;
         for u in 0..self.cfg.updates_per_step {
             let logits = self.answer_logits(&inputs, n)?;
             let z: Vec<f32> = logits.flatten_all()?.to_vec1()?;
-            rl::vocab_forward(&self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent)
-                .map_err(lib_err)?;
+            rl::vocab_forward(
+                &self.cpu, &z, VOCAB, &targets, &mut lp, &mut ent, &mut saved,
+            )
+            .map_err(lib_err)?;
             if u == 0 {
                 // The policy that sampled the batch is the current one: old log-probs = lp.
                 old.copy_from_slice(&lp);
@@ -454,7 +463,7 @@ impl Trainer {
             }
             let g_h = vec![-self.cfg.entropy_coef / rows as f32; rows];
             dz.resize(z.len(), 0.0);
-            rl::vocab_backward(&self.cpu, &z, VOCAB, &targets, &g_lp, &g_h, &mut dz)
+            rl::vocab_backward(&self.cpu, &z, VOCAB, &saved, &targets, &g_lp, &g_h, &mut dz)
                 .map_err(lib_err)?;
             self.apply(&surrogate(&logits, std::mem::take(&mut dz))?)?;
         }

@@ -58,17 +58,13 @@ fn surrogate_gradient_equals_direct_loss_gradient() {
         .reshape((b * t, vocab))
         .unwrap();
     let z: Vec<f32> = logits.flatten_all().unwrap().to_vec1().unwrap();
+    let cpu = grpo_cpu::Cpu::detect();
+    let rows = b * t;
+    let (mut lp, mut ent) = (vec![0f32; rows], vec![0f32; rows]);
+    let mut saved = vec![grpo_core::vocab::LseState::EMPTY; rows];
+    rl::vocab_forward(&cpu, &z, vocab, &targets, &mut lp, &mut ent, &mut saved).unwrap();
     let mut dz = vec![0f32; z.len()];
-    rl::vocab_backward(
-        &grpo_cpu::Cpu::detect(),
-        &z,
-        vocab,
-        &targets,
-        &a,
-        &c,
-        &mut dz,
-    )
-    .unwrap();
+    rl::vocab_backward(&cpu, &z, vocab, &saved, &targets, &a, &c, &mut dz).unwrap();
     let g_sur = surrogate(&logits, dz).unwrap().backward().unwrap();
 
     let mut worst = 0f32;

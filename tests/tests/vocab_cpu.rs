@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use grpo_core::vocab::exp_ln;
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit, LseState};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
@@ -161,8 +161,13 @@ impl Case<f32> {
     }
 }
 
+/// The calls [`check_all`] makes of grpo-core (and of every `Cpu`): six forward (stats, two
+/// log-prob, two KL, JSD), four backward term sets × out of place and in place, the forward
+/// that saves its row states and two term sets × two backwards from them.
+const CALLS: usize = 19;
+
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
-/// among its 14 calls (6 forward, 4 backward term sets × out of place and in place).
+/// among its [`CALLS`] calls.
 #[derive(Debug, PartialEq)]
 struct Outcome {
     fallbacks: usize,
@@ -233,6 +238,39 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let ri = grpo_core::vocab::backward_rows_in_place(&mut zi, v, t, terms);
         b0.push((r, g, ri, zi));
     }
+    // The forward that saves its row states, and the backward from them (the two term sets
+    // without a KL term). Where the forward fails its states stay `EMPTY`, which the saved
+    // backward rejects (after the checks that come before the states').
+    let (mut ps0, mut saved0) = (out(), vec![LseState::EMPTY; rows]);
+    let f0 = grpo_core::vocab::logprob_entropy_rows_saved(
+        z,
+        v,
+        &c.targets,
+        t,
+        &mut ps0,
+        None,
+        &mut saved0,
+    );
+    let saved_terms: Vec<GradTerms<'_, u32, U>> = vec![
+        GradTerms {
+            logp: Some((&c.targets, &c.g_lp)),
+            entropy: Some(&c.g_h),
+            kl: None,
+        },
+        GradTerms {
+            logp: None,
+            entropy: Some(&c.g_h),
+            kl: None,
+        },
+    ];
+    let mut bs0 = Vec::new();
+    for terms in &saved_terms {
+        let mut g = grad();
+        let r = grpo_core::vocab::backward_rows_saved(z, v, t, &saved0, terms, &mut g);
+        let mut zi = c.z.clone();
+        let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, &saved0, terms);
+        bs0.push((r, g, ri, zi));
+    }
 
     let untouched = |x: &[f32]| x.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
     let mut errors = 0;
@@ -252,7 +290,15 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             );
         }
     }
-    for (k, (r, g, ri, zi)) in b0.iter().enumerate() {
+    if f0.is_err() {
+        errors += 1;
+        assert!(untouched(&ps0), "{what}: saved forward wrote on {f0:?}");
+        assert!(
+            saved0.iter().all(|s| *s == LseState::EMPTY),
+            "{what}: saved states"
+        );
+    }
+    for (k, (r, g, ri, zi)) in b0.iter().chain(&bs0).enumerate() {
         if r.is_err() {
             errors += 1;
             assert!(untouched(g), "{what}: backward {k} wrote on {r:?}");
@@ -317,6 +363,37 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             );
             assert_eq!(bits_s(&zi), bits_s(zi_ref), "backward_in_place {k} {tag}");
         }
+
+        let (mut ps, mut saved) = (out(), vec![LseState::EMPTY; rows]);
+        let f = cpu.logprob_entropy_rows_saved(z, v, &c.targets, t, &mut ps, None, &mut saved);
+        assert_eq!(f, f0, "saved forward {tag}");
+        assert_eq!(bits(&ps), bits(&ps0), "saved forward logp {tag}");
+        assert_eq!(saved, saved0, "saved states {tag}");
+        for (k, terms) in saved_terms.iter().enumerate() {
+            let (r_ref, g_ref, ri_ref, zi_ref) = &bs0[k];
+            let mut g = grad();
+            let r = cpu.backward_rows_saved(z, v, t, &saved0, terms, &mut g);
+            assert_eq!(&r, r_ref, "saved backward {k} {tag}");
+            assert_eq!(bits(&g), bits(g_ref), "saved backward {k} {tag}");
+            let mut zi = c.z.clone();
+            let ri = cpu.backward_rows_in_place_saved(&mut zi, v, t, &saved0, terms);
+            assert_eq!(&ri, ri_ref, "saved backward_in_place {k} {tag}");
+            assert_eq!(
+                bits_s(&zi),
+                bits_s(zi_ref),
+                "saved backward_in_place {k} {tag}"
+            );
+            // From the states of a valid forward, the bits of the backward that recomputes
+            // them (term sets 0 and 1 are the first two of `term_sets`).
+            if f0.is_ok() && b0[k].0.is_ok() {
+                assert_eq!(bits(&g), bits(&b0[k].1), "saved vs recomputed {k} {tag}");
+                assert_eq!(
+                    bits_s(&zi),
+                    bits_s(&b0[k].3),
+                    "saved vs recomputed {k} {tag}"
+                );
+            }
+        }
     }
     // Calls handed to grpo-core (validation failures); valid input must never be among them.
     // (Pathological valid input whose row statistics overflow — e.g. a logit of 5e29 at
@@ -332,7 +409,8 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         && k0f.is_ok()
         && k0r.is_ok()
         && j0r.is_ok()
-        && b0.iter().all(|b| b.0.is_ok() && b.2.is_ok());
+        && f0.is_ok()
+        && b0.iter().chain(&bs0).all(|b| b.0.is_ok() && b.2.is_ok());
     if all_ok {
         assert_eq!(fallbacks, 0, "{what}: valid input took the grpo-core path");
     }
@@ -350,7 +428,7 @@ fn check_lengths<S: Storage + std::fmt::Debug>(name: &str) {
             let seen = check_all(&c, &format!("{name} V={v} T={temp}"));
             // V = 0 is an error for every operation; everything else is valid input.
             assert_eq!(seen.fallbacks == 0, v > 0, "{name} V={v}");
-            assert_eq!(seen.errors, if v > 0 { 0 } else { 14 }, "{name} V={v}");
+            assert_eq!(seen.errors, if v > 0 { 0 } else { CALLS }, "{name} V={v}");
         }
     }
 }
@@ -394,14 +472,15 @@ fn rows_masked_throughout_by_the_generator_are_errors_everywhere() {
         .expect("a seed that masks the first logit");
     let c = Case::<f32>::shaped(3, 1, seed, 1.0, 9.0, 23);
     assert_eq!(c.z[0], f32::NEG_INFINITY, "row 0 is masked throughout");
-    // Every one of grpo-core's 14 calls reads row 0 and fails; every Cpu hands each to it.
+    // Every one of grpo-core's calls reads row 0 and fails (the backwards from saved states
+    // because the saving forward did); every Cpu hands each to it.
     let seen = check_all(&c, "V = 1, row 0 masked");
-    assert_eq!(seen.errors, 14);
-    assert_eq!(seen.fallbacks, 14 * cpus().len());
+    assert_eq!(seen.errors, CALLS);
+    assert_eq!(seen.fallbacks, CALLS * cpus().len());
     check_all(&c.to_bf16(), "V = 1, row 0 masked, bf16");
 }
 
-/// Each invalid input, in every storage type: grpo-core's `Err`s (counted among its 14 calls:
+/// Each invalid input, in every storage type: grpo-core's `Err`s (counted among its [`CALLS`]:
 /// only the calls that read the bad value or parameter fail), the same `Err` from every `Cpu`,
 /// and every output untouched ([`check_all`]).
 fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
@@ -410,8 +489,9 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let ninf = f32::NEG_INFINITY;
     // Calls that read the teacher: both KLs, the JSD, two KL term sets × two backwards.
     const TEACHER: usize = 7;
-    // Calls that take targets: two forward, three term sets × two backwards.
-    const TARGETS: usize = 8;
+    // Calls that take targets: two forward, three term sets × two backwards, the saving
+    // forward — and the four backwards from its states.
+    const TARGETS: usize = 13;
     let expect = |c: &Case<S>, what: &str, errors: usize| {
         let seen = check_all(c, &format!("{name} {what}"));
         assert_eq!(seen.errors, errors, "{name} {what}: grpo-core's Err count");
@@ -421,20 +501,20 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut nan = case();
     set(&mut nan.z, 2 * 40 + 17, f32::NAN);
     // Every operation per Cpu must have detected it and handed the call to grpo-core.
-    let seen = expect(&nan, "NaN logit", 14);
-    assert_eq!(seen.fallbacks, 14 * cpus().len(), "{name} NaN logit");
+    let seen = expect(&nan, "NaN logit", CALLS);
+    assert_eq!(seen.fallbacks, CALLS * cpus().len(), "{name} NaN logit");
     let mut nan_w = case();
     set(&mut nan_w.w, 3 * 40 + 39, f32::NAN);
     expect(&nan_w, "NaN teacher", TEACHER);
     let mut inf = case();
     set(&mut inf.z, 2 * 40 + 3, f32::INFINITY);
-    expect(&inf, "+inf logit", 14);
+    expect(&inf, "+inf logit", CALLS);
     let mut inf_w = case();
     set(&mut inf_w.w, 40 + 39, f32::INFINITY);
     expect(&inf_w, "+inf teacher", TEACHER);
     let mut masked = case();
     masked.z[40..80].fill(S::from_f32(ninf));
-    expect(&masked, "masked row", 14);
+    expect(&masked, "masked row", CALLS);
     let mut masked_w = case();
     masked_w.w[80..120].fill(S::from_f32(ninf));
     expect(&masked_w, "masked teacher row", TEACHER);
@@ -453,30 +533,31 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     expect(&sup, "support", 6);
     let mut huge = Case::<S>::new(4, 40, 11, 1e-30);
     set(&mut huge.z, 0, 3e38); // +∞ in f16: rejected either way
-    expect(&huge, "max/T overflow", 14);
+    expect(&huge, "max/T overflow", CALLS);
     for t in [0.0f32, -1.0, f32::NAN, f32::INFINITY, 1e-40] {
         let mut c = case();
         c.temperature = t;
-        expect(&c, &format!("temperature {t}"), 14);
+        expect(&c, &format!("temperature {t}"), CALLS);
     }
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
-    // with 1/T and the backwards require T ≥ 1e-6: all eight backward calls fail.
+    // with 1/T and the backwards require T ≥ 1e-6: all twelve backward calls fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 8);
+    expect(&small, "temperature 1e-7", 12);
     let mut beta = case();
     beta.beta = 1.0;
     expect(&beta, "beta = 1", 1);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
-    // The three term sets with a log-prob term, out of place and in place.
-    expect(&wts, "NaN logp weight", 6);
+    // The four term sets with a log-prob term (one from saved states), out of place and in
+    // place.
+    expect(&wts, "NaN logp weight", 8);
     let mut big = case();
     big.g_kl[1] = 2e9;
     expect(&big, "KL weight too large", 4);
     let mut short = case();
     short.z.pop();
-    expect(&short, "short logits", 14);
+    expect(&short, "short logits", CALLS);
     let mut short_w = case();
     short_w.w.truncate(100);
     expect(&short_w, "short teacher", TEACHER);
@@ -529,8 +610,35 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         None => grpo_core::vocab::backward_rows(z, v, t, &terms, a),
         Some(cpu) => cpu.backward_rows(z, v, t, &terms, a),
     };
+    // The saving forward with `b.len()` states (its `b`; `EMPTY` where not written).
+    let saving = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let mut st = vec![LseState::EMPTY; b.len()];
+        let r = match cpu {
+            None => grpo_core::vocab::logprob_entropy_rows_saved(z, v, y, t, a, None, &mut st),
+            Some(cpu) => cpu.logprob_entropy_rows_saved(z, v, y, t, a, None, &mut st),
+        };
+        let written = st.iter().filter(|s| **s != LseState::EMPTY).count();
+        b.fill(if written == 0 { SENTINEL } else { 0.0 });
+        r
+    };
+    let mut saved = vec![LseState::EMPTY; 4];
+    grpo_core::vocab::logprob_entropy_rows_saved(z, v, y, t, &mut [0.0; 4], None, &mut saved)
+        .unwrap();
+    let lse_terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((y, &c.g_lp[..])),
+        entropy: Some(&c.g_h[..]),
+        kl: None,
+    };
+    // The backward from saved states, with `b.len()` of them.
+    let from_saved = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let st = &saved[..b.len()];
+        match cpu {
+            None => grpo_core::vocab::backward_rows_saved(z, v, t, st, &lse_terms, a),
+            Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &lse_terms, a),
+        }
+    };
     // (operation, first output's length, second output's length)
-    let calls: [(&str, Call<'_>, usize, usize); 9] = [
+    let calls: [(&str, Call<'_>, usize, usize); 13] = [
         ("stats, short lse", &stats, 3, 4),
         ("stats, long entropy", &stats, 4, 5),
         ("logprob_entropy, short logp", &fused, 3, 4),
@@ -540,6 +648,15 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         ("jsd, long", &jsd, 5, 0),
         ("backward, short", &backward, 159, 0),
         ("backward, long", &backward, 161, 0),
+        ("saving forward, short states", &saving, 4, 3),
+        ("saving forward, long logp", &saving, 5, 4),
+        ("backward from saved states, short out", &from_saved, 159, 4),
+        (
+            "backward from saved states, short states",
+            &from_saved,
+            160,
+            3,
+        ),
     ];
     let untouched = |x: &[f32]| x.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
     for (what, call, n_a, n_b) in calls {

@@ -1,6 +1,9 @@
 //! Vocabulary-wide reductions over logit rows (MATH.md §5): log-sum-exp, token
 //! log-probabilities, entropy, KL and JSD between a student and a teacher row, and the fused
-//! backward — for one row or a batch of rows `[rows, V]`.
+//! backward — for one row or a batch of rows `[rows, V]`. The backward either recomputes each
+//! row's statistics ([`backward_rows`]) or takes the row states a forward saved
+//! ([`logprob_entropy_rows_saved`] → [`backward_rows_saved`]: one pass over the logits instead
+//! of two, the same bits).
 //!
 //! Logits are stored as `f32`, `half::bf16` or `half::f16` ([`Logit`]) and accumulated in f32.
 //! A temperature `T > 0` divides every logit (as a multiplication by τ = 1/T rounded once).
@@ -22,7 +25,8 @@
 //! weights and target ids (all rows), then row by row: the student row ([`validate::row`]:
 //! NaN/+∞, all −∞ → `EmptySegment`, `max/T` overflow), the teacher row (same), the KL support
 //! ([`validate::support`]) and the target ([`validate::target`]). The first failing check
-//! is returned.
+//! is returned. The backwards from saved states check the states ([`validate::saved`])
+//! instead of the rows, which they do not read before writing (see [`backward_rows_saved`]).
 //!
 //! ```
 //! use grpo_core::vocab::{logprob_entropy_rows, row_stats};
@@ -42,14 +46,16 @@ mod ops;
 /// exactly the same inputs with exactly the same errors (same order: temperature, lengths,
 /// targets, then row by row).
 pub mod validate {
-    pub use super::ops::{inverse_temperature, row, support, target, weights};
+    pub use super::ops::{inverse_temperature, row, saved, support, target, weights};
 }
 
-pub use canon::Logit;
+pub use canon::{Logit, LseState};
 pub use ops::{
-    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
-    backward_rows, backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows,
-    log_sum_exp, logprob_entropy, logprob_entropy_rows, row_stats, stats_rows, token_logprob,
+    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MAX_SAVED_ENTROPY, MIN_GRAD_TEMPERATURE,
+    RowStats, TokenId, backward_rows, backward_rows_in_place, backward_rows_in_place_saved,
+    backward_rows_saved, entropy, jsd, jsd_rows, kl_divergence, kl_rows, log_sum_exp,
+    logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved, row_stats, stats_rows,
+    token_logprob,
 };
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Row operations: log-sum-exp, token log-probability, entropy, KL, JSD and the fused backward,
 //! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
 
-use super::canon::{self, GradCoef, KlGrad};
+use super::canon::{self, GradCoef, KlGrad, LseState};
 use super::exp_ln::max_r;
 use crate::error::{Error, Result, check_len};
 
@@ -559,13 +559,85 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
     targets: &[I],
     temperature: f32,
     logp_out: &mut [f32],
+    entropy_out: Option<&mut [f32]>,
+) -> Result<()> {
+    logprob_entropy_rows_to(
+        logits,
+        vocab,
+        targets,
+        temperature,
+        logp_out,
+        entropy_out,
+        None,
+    )
+}
+
+/// [`logprob_entropy_rows`] that also saves each row's softmax state for
+/// [`backward_rows_saved`] \[ours\]: `saved_out[r]` is the merged [`canon::LseState`] of row
+/// `r` — its reference `max` (within 8·T below the row's maximum), `sum = Σ_v e^{(z_v −
+/// max)/T}` and `dot = Σ_v e^{(z_v − max)/T}·(z_v − max)/T` — from which `lse = max/T +
+/// ln(sum)`, `H = ln(sum) − dot/sum` and every `log p_v` follow. Saving costs nothing: the
+/// pass computes the state anyway (three `f32` per row). The log-probabilities and entropies
+/// are those of [`logprob_entropy_rows`], bit for bit.
+///
+/// The state is what a backward would otherwise recompute with a second pass over the
+/// logits: [`backward_rows_saved`] reads each logit once and writes its gradient, where
+/// [`backward_rows`] reads the logits twice (the flash-attention and Liger-kernel
+/// cross-entropy backward likewise keep the forward's log-sum-exp).
+///
+/// # Errors
+/// As [`logprob_entropy_rows`], plus `LengthMismatch{what: "saved_out"}` (after the other
+/// outputs' lengths). On `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::{logprob_entropy_rows_saved, LseState};
+/// // one row [0, ln 3], target 1 → logp = ln ¾; the state: max = ln 3, sum = 1 + ⅓
+/// let z = [0.0f32, 3f32.ln()];
+/// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+/// logprob_entropy_rows_saved(&z, 2, &[1u32], 1.0, &mut lp, None, &mut saved).unwrap();
+/// assert!((lp[0] - 0.75f32.ln()).abs() < 1e-6);
+/// assert_eq!(saved[0].max, 3f32.ln());
+/// assert!((saved[0].sum - 4.0 / 3.0).abs() < 1e-6);
+/// ```
+pub fn logprob_entropy_rows_saved<S: super::Logit, I: TokenId>(
+    logits: &[S],
+    vocab: usize,
+    targets: &[I],
+    temperature: f32,
+    logp_out: &mut [f32],
+    entropy_out: Option<&mut [f32]>,
+    saved_out: &mut [LseState],
+) -> Result<()> {
+    let saved_out = Some(saved_out);
+    logprob_entropy_rows_to(
+        logits,
+        vocab,
+        targets,
+        temperature,
+        logp_out,
+        entropy_out,
+        saved_out,
+    )
+}
+
+/// [`logprob_entropy_rows`], saving the row states in `saved_out` if given.
+fn logprob_entropy_rows_to<S: super::Logit, I: TokenId>(
+    logits: &[S],
+    vocab: usize,
+    targets: &[I],
+    temperature: f32,
+    logp_out: &mut [f32],
     mut entropy_out: Option<&mut [f32]>,
+    mut saved_out: Option<&mut [LseState]>,
 ) -> Result<()> {
     let rows = targets.len();
     let tau = check_rows(logits, vocab, rows, temperature)?;
     check_len("logp_out", rows, logp_out.len())?;
     if let Some(h) = entropy_out.as_deref() {
         check_len("entropy_out", rows, h.len())?;
+    }
+    if let Some(st) = saved_out.as_deref() {
+        check_len("saved_out", rows, st.len())?;
     }
     check_targets(targets, vocab)?;
     for (r, &t) in targets.iter().enumerate() {
@@ -579,6 +651,9 @@ pub fn logprob_entropy_rows<S: super::Logit, I: TokenId>(
         logp_out[r] = canon::logp_of(z[t.index()].to_f32(), tau, &st);
         if let Some(h) = entropy_out.as_deref_mut() {
             h[r] = canon::finish_lse(&st, tau).2;
+        }
+        if let Some(saved) = saved_out.as_deref_mut() {
+            saved[r] = st;
         }
     }
     Ok(())
@@ -743,6 +818,34 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
     out: Option<usize>,
 ) -> Result<(f32, usize)> {
+    let (tau, rows) = check_backward_args(logits.len(), vocab, temperature, terms, out, None)?;
+    for r in 0..rows {
+        let z = row_of(logits, vocab, r);
+        let m = row(z, "logits", r * vocab, r, tau)?;
+        if let Some(k) = &terms.kl {
+            let w = row_of(k.teacher, vocab, r);
+            row(w, "teacher", r * vocab, r, tau)?;
+            support(z, w, Some(k.direction), r * vocab)?;
+        }
+        if let Some((t, _)) = terms.logp {
+            target(z, t[r].index(), m, tau, r * vocab, r)?;
+        }
+    }
+    Ok((tau, rows))
+}
+
+/// The checks of a backward call that read no logit, in the module's order: the temperature
+/// (with the gradients' minimum), `vocab > 0`, every slice length (`out`: the out-of-place
+/// gradient's, if any; `saved`: the number of saved states, if any — and then no KL term),
+/// the weights and the target ids. Returns `(τ, rows)`.
+fn check_backward_args<I: TokenId, U: super::Logit>(
+    logits: usize,
+    vocab: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+    out: Option<usize>,
+    saved: Option<usize>,
+) -> Result<(f32, usize)> {
     let tau = inverse_temperature(temperature)?;
     crate::error::ensure(
         temperature >= MIN_GRAD_TEMPERATURE,
@@ -750,10 +853,18 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
         "must be >= 1e-6 for gradients (they scale with 1/T)",
     )?;
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
-    let rows = logits.len() / vocab;
-    rows_of("logits", logits.len(), vocab, rows)?;
+    let rows = logits / vocab;
+    rows_of("logits", logits, vocab, rows)?;
     if let Some(n) = out {
-        check_len("out", logits.len(), n)?;
+        check_len("out", logits, n)?;
+    }
+    if let Some(n) = saved {
+        check_len("saved", rows, n)?;
+        crate::error::ensure(
+            terms.kl.is_none(),
+            "kl",
+            "the backward from saved states has no KL term (use backward_rows)",
+        )?;
     }
     if let Some((t, g)) = terms.logp {
         check_len("targets", rows, t.len())?;
@@ -778,19 +889,17 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
     if let Some((t, _)) = terms.logp {
         check_targets(t, vocab)?;
     }
-    for r in 0..rows {
-        let z = row_of(logits, vocab, r);
-        let m = row(z, "logits", r * vocab, r, tau)?;
-        if let Some(k) = &terms.kl {
-            let w = row_of(k.teacher, vocab, r);
-            row(w, "teacher", r * vocab, r, tau)?;
-            support(z, w, Some(k.direction), r * vocab)?;
-        }
-        if let Some((t, _)) = terms.logp {
-            target(z, t[r].index(), m, tau, r * vocab, r)?;
-        }
-    }
     Ok((tau, rows))
+}
+
+/// The weights `(g_lp, g_H)` of row `r` and its target index (`usize::MAX` without a
+/// log-probability term).
+fn weights_of<I: TokenId, U>(terms: &GradTerms<'_, I, U>, r: usize) -> (f32, f32, usize) {
+    let (g_lp, y) = match terms.logp {
+        Some((t, g)) => (g[r], t[r].index()),
+        None => (0.0, usize::MAX),
+    };
+    (g_lp, terms.entropy.map_or(0.0, |g| g[r]), y)
 }
 
 /// The per-row coefficients of the backward, and the target index (or usize::MAX).
@@ -801,11 +910,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
     tau: f32,
     terms: &GradTerms<'_, I, U>,
 ) -> (GradCoef, usize, KlGrad) {
-    let (g_lp, y) = match terms.logp {
-        Some((t, g)) => (g[r], t[r].index()),
-        None => (0.0, usize::MAX),
-    };
-    let g_h = terms.entropy.map_or(0.0, |g| g[r]);
+    let (g_lp, g_h, y) = weights_of(terms, r);
     match &terms.kl {
         Some(k) => {
             let st = canon::pair_row(z, row_of(k.teacher, vocab, r), tau);
@@ -820,6 +925,44 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
             y,
             KlGrad::None,
         ),
+    }
+}
+
+/// [`canon::grad_step`] for every element of the row `z` (teacher row `w` when `kg` has a KL
+/// term) into `o`.
+fn grad_row_into<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: Option<&[U]>,
+    c: &GradCoef,
+    y: usize,
+    kg: KlGrad,
+    o: &mut [f32],
+) {
+    match w {
+        Some(w) => {
+            for v in 0..z.len() {
+                o[v] = canon::grad_step(z[v].to_f32(), w[v].to_f32(), v == y, c, kg);
+            }
+        }
+        None => {
+            for v in 0..z.len() {
+                o[v] = canon::grad_step(z[v].to_f32(), 0.0, v == y, c, KlGrad::None);
+            }
+        }
+    }
+}
+
+/// [`grad_row_into`] over the row itself, each gradient rounded by `S::from_f32`.
+fn grad_row_over<S: super::Logit, U: super::Logit>(
+    z: &mut [S],
+    w: Option<&[U]>,
+    c: &GradCoef,
+    y: usize,
+    kg: KlGrad,
+) {
+    for v in 0..z.len() {
+        let wv = w.map_or(0.0, |w| w[v].to_f32());
+        z[v] = S::from_f32(canon::grad_step(z[v].to_f32(), wv, v == y, c, kg));
     }
 }
 
@@ -859,20 +1002,8 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
     for r in 0..rows {
         let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
-        let o = &mut out[r * vocab..(r + 1) * vocab];
-        match &terms.kl {
-            Some(k) => {
-                let w = row_of(k.teacher, vocab, r);
-                for v in 0..vocab {
-                    o[v] = canon::grad_step(z[v].to_f32(), w[v].to_f32(), v == y, &c, kg);
-                }
-            }
-            None => {
-                for v in 0..vocab {
-                    o[v] = canon::grad_step(z[v].to_f32(), 0.0, v == y, &c, KlGrad::None);
-                }
-            }
-        }
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
+        grad_row_into(z, w, &c, y, kg, &mut out[r * vocab..(r + 1) * vocab]);
     }
     Ok(())
 }
@@ -901,12 +1032,177 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
     let (tau, rows) = check_backward(logits, vocab, temperature, terms, None)?;
     for r in 0..rows {
         let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
-        let z = &mut logits[r * vocab..(r + 1) * vocab];
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
-        for v in 0..vocab {
-            let wv = w.map_or(0.0, |w| w[v].to_f32());
-            z[v] = S::from_f32(canon::grad_step(z[v].to_f32(), wv, v == y, &c, kg));
+        grad_row_over(&mut logits[r * vocab..(r + 1) * vocab], w, &c, y, kg);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward from saved forward states.
+
+/// Largest entropy magnitude a saved state may imply ([`validate::saved`](saved)): a row's
+/// entropy lies in `[0, ln V]` up to rounding, and `ln V < 45` for every `V` an index can
+/// hold; 133 = 88 + 45 is the entropy bound [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
+pub const MAX_SAVED_ENTROPY: f32 = 133.0;
+
+/// Validates the saved forward state of row `index` ([`logprob_entropy_rows_saved`]) for a
+/// backward at `τ` = `tau`: the checks that make every coefficient [`GradCoef::from_lse`]
+/// derives from it finite and bounded, so that the gradient of the row it was saved from is
+/// finite (as [`backward_rows`]'s, see [`MAX_GRAD_WEIGHT`]).
+///
+/// A forward's state has `sum ≥ 1` up to rounding (the row's largest logit contributes
+/// `e^{(z_max − max)/T} ≥ 1`) and an entropy in `[0, ln V]`; the checks are looser than that
+/// by a wide margin, and reject what cannot be such a state.
+///
+/// # Errors
+/// `NonFinite{what: "saved", index}` when `max`, `max·τ`, `sum`, `dot`, or the log-sum-exp or
+/// entropy they imply, is not finite; `InvalidParam{name: "saved"}` when `sum < 0.5` or
+/// `|H| >` [`MAX_SAVED_ENTROPY`].
+///
+/// ```
+/// use grpo_core::vocab::{validate::saved, LseState};
+/// assert!(saved(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 0).is_ok());
+/// assert!(saved(&LseState { max: f32::NEG_INFINITY, sum: 2.0, dot: 0.0 }, 1.0, 0).is_err());
+/// assert!(saved(&LseState { max: 0.0, sum: 0.0, dot: 0.0 }, 1.0, 0).is_err());
+/// ```
+pub fn saved(st: &LseState, tau: f32, index: usize) -> Result<()> {
+    let (lse, _, h) = canon::finish_lse(st, tau);
+    let finite = [st.max, st.max * tau, st.sum, st.dot, lse, h];
+    if !finite.iter().all(|x| x.is_finite()) {
+        return Err(Error::NonFinite {
+            what: "saved",
+            index,
+        });
+    }
+    crate::error::ensure(
+        st.sum >= 0.5 && h.abs() <= MAX_SAVED_ENTROPY,
+        "saved",
+        "not a forward's row state: sum < 0.5 or |entropy| > 133",
+    )
+}
+
+/// Validates a backward from saved states: [`check_backward_args`], then row by row the saved
+/// state and the target (against the state's reference maximum).
+fn check_backward_saved<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    saved_states: &[LseState],
+    terms: &GradTerms<'_, I, U>,
+    out: Option<usize>,
+) -> Result<(f32, usize)> {
+    let n = Some(saved_states.len());
+    let (tau, rows) = check_backward_args(logits.len(), vocab, temperature, terms, out, n)?;
+    for (r, st) in saved_states.iter().enumerate() {
+        saved(st, tau, r)?;
+        if let Some((t, _)) = terms.logp {
+            target(
+                row_of(logits, vocab, r),
+                t[r].index(),
+                st.max,
+                tau,
+                r * vocab,
+                r,
+            )?;
         }
+    }
+    Ok((tau, rows))
+}
+
+/// [`backward_rows`] for the log-probability and entropy terms, from the row states a forward
+/// saved ([`logprob_entropy_rows_saved`]) instead of a pass over the logits to recompute them
+/// \[ours\]: one read of each logit and one write of its gradient. The same formulas and, for
+/// states saved from these logits at this temperature, the same bits as [`backward_rows`]
+/// (whose first pass computes exactly those states): each element is
+/// [`canon::grad_step`] with [`GradCoef::from_lse`] of `saved[r]`.
+///
+/// `U` is the teacher storage type of `terms`' KL term, which must be absent: it lets one
+/// `GradTerms` value serve this function and [`backward_rows`].
+///
+/// **The logits are not validated**: they must be the ones the states were saved from,
+/// unchanged, and `temperature` the forward's. Only the target logits are read before the
+/// gradient is written (the check of `logits[target]`). For other logits the result is
+/// meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient, not an error (never
+/// a panic).
+///
+/// # Errors
+/// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]),
+/// `InvalidParam{name: "vocab"}`, `LengthMismatch{what: "logits" | "out" | "saved" |
+/// "targets" | "grad_logp" | "grad_entropy"}`, `InvalidParam{name: "kl"}` when `terms.kl` is
+/// given (the KL term needs the teacher's state: use [`backward_rows`]), the weights'
+/// `NonFinite` / `InvalidParam`, `TokenOutOfRange`, then row by row the state
+/// ([`validate::saved`](saved)) and `NonFinite{what: "logits[target]", index: r·V + y}` when
+/// `(z_y − max)·τ` is not finite. On `Err`, `out` is untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows, backward_rows_saved, logprob_entropy_rows_saved};
+/// use grpo_core::vocab::{GradTerms, LseState};
+/// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, f32::NEG_INFINITY];
+/// let (mut lp, mut h, mut saved) = ([0.0f32; 2], [0.0f32; 2], [LseState::EMPTY; 2]);
+/// logprob_entropy_rows_saved(&z, 3, &[2u32, 0], 1.0, &mut lp, Some(&mut h), &mut saved)
+///     .unwrap();
+/// // loss = Σ_r (−logp_r − 0.01·H_r)
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[2, 0], &[-1.0, -1.0])), entropy: Some(&[-0.01; 2]), kl: None };
+/// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
+/// backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();
+/// backward_rows(&z, 3, 1.0, &terms, &mut g_again).unwrap();
+/// assert_eq!(g, g_again);
+/// // row 1: p = (½, ½, 0), H = ln 2: ∂/∂z_0 = −(1 − ½) − 0.01·(−½)(ln ½ + ln 2) = −½
+/// assert_eq!((g[3], g[4], g[5]), (-0.5, 0.5, 0.0));
+/// ```
+pub fn backward_rows_saved<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    saved: &[LseState],
+    terms: &GradTerms<'_, I, U>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (tau, rows) =
+        check_backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
+    for r in 0..rows {
+        let (g_lp, g_h, y) = weights_of(terms, r);
+        let c = GradCoef::from_lse(&saved[r], tau, g_lp, g_h);
+        let o = &mut out[r * vocab..(r + 1) * vocab];
+        grad_row_into::<S, U>(row_of(logits, vocab, r), None, &c, y, KlGrad::None, o);
+    }
+    Ok(())
+}
+
+/// [`backward_rows_saved`] writing the gradient over the logits themselves, rounded to their
+/// storage type `S` by `S::from_f32` (ties to even) \[ours\]: for states saved from these
+/// logits, the bits of [`backward_rows_in_place`].
+///
+/// The same precondition (the logits the states were saved from, the forward's temperature)
+/// and the same errors, in the same order, as [`backward_rows_saved`]; on `Err` the logits
+/// are untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows_in_place_saved, logprob_entropy_rows_saved};
+/// use grpo_core::vocab::{GradTerms, LseState};
+/// // [0, 0], target 0, ∂loss/∂logp = 1: the gradient (½, −½) replaces the logits
+/// let mut z = [0.0f32, 0.0];
+/// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+/// logprob_entropy_rows_saved(&z, 2, &[0u32], 1.0, &mut lp, None, &mut saved).unwrap();
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// backward_rows_in_place_saved(&mut z, 2, 1.0, &saved, &terms).unwrap();
+/// assert_eq!(z, [0.5, -0.5]);
+/// ```
+pub fn backward_rows_in_place_saved<S: super::Logit, I: TokenId, U: super::Logit>(
+    logits: &mut [S],
+    vocab: usize,
+    temperature: f32,
+    saved: &[LseState],
+    terms: &GradTerms<'_, I, U>,
+) -> Result<()> {
+    let (tau, rows) = check_backward_saved(logits, vocab, temperature, saved, terms, None)?;
+    for r in 0..rows {
+        let (g_lp, g_h, y) = weights_of(terms, r);
+        let c = GradCoef::from_lse(&saved[r], tau, g_lp, g_h);
+        let z = &mut logits[r * vocab..(r + 1) * vocab];
+        grad_row_over::<S, U>(z, None, &c, y, KlGrad::None);
     }
     Ok(())
 }

@@ -1166,3 +1166,288 @@ fn tiny_temperatures_and_huge_scaled_logits_stay_finite() {
         assert!(g.iter().all(|x| x.is_finite()), "{g:?}");
     }
 }
+
+#[test]
+fn saved_states_give_the_forward_and_backward_bits() {
+    let mut rng = Rng(31);
+    // V: a tail only, whole chunks and a tail, several blocks with masked entries and a spike
+    // (so that some blocks take the row's running maximum as their reference).
+    for (v, masked) in [(5usize, 0usize), (67, 3), (2 * BLOCK + 77, 40)] {
+        for t in [1.0f32, 0.7] {
+            let rows = 3;
+            let z: Vec<f32> = (0..rows)
+                .flat_map(|_| logits(&mut rng, v, 2.0, 2, masked))
+                .collect();
+            // a finite target in every row
+            let y: Vec<u32> = (0..rows)
+                .map(|r| {
+                    let row = &z[r * v..(r + 1) * v];
+                    row.iter().position(|x| x.is_finite()).unwrap() as u32
+                })
+                .collect();
+            let ctx = (v, t);
+            let (mut lp, mut h) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+            let (mut lp2, mut h2) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+            let mut saved = vec![LseState::EMPTY; rows];
+            logprob_entropy_rows(&z, v, &y, t, &mut lp, Some(&mut h)).unwrap();
+            logprob_entropy_rows_saved(&z, v, &y, t, &mut lp2, Some(&mut h2), &mut saved).unwrap();
+            assert_eq!((&lp, &h), (&lp2, &h2), "{ctx:?}");
+            let tau = 1.0 / t;
+            for r in 0..rows {
+                assert_eq!(
+                    saved[r],
+                    canon::lse_row(&z[r * v..(r + 1) * v], tau),
+                    "{ctx:?}"
+                );
+            }
+            // the state does not depend on whether the entropies are written
+            let mut saved2 = vec![LseState::EMPTY; rows];
+            logprob_entropy_rows_saved(&z, v, &y, t, &mut lp2, None, &mut saved2).unwrap();
+            assert_eq!(saved, saved2, "{ctx:?}");
+            let g_lp = [-1.0f32, 0.5, 2.0];
+            let g_h = [-0.01f32, 0.3, 0.0];
+            let all = [
+                (Some((&y[..], &g_lp[..])), Some(&g_h[..])),
+                (Some((&y[..], &g_lp[..])), None),
+                (None, Some(&g_h[..])),
+                (None, None),
+            ];
+            for (logp, entropy) in all {
+                let terms: GradTerms<'_, u32> = GradTerms {
+                    logp,
+                    entropy,
+                    kl: None,
+                };
+                let (mut g, mut g2) = (vec![7.0f32; rows * v], vec![9.0f32; rows * v]);
+                backward_rows(&z, v, t, &terms, &mut g).unwrap();
+                backward_rows_saved(&z, v, t, &saved, &terms, &mut g2).unwrap();
+                let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&g), bits(&g2), "{ctx:?}");
+                let mut zi = z.clone();
+                backward_rows_in_place_saved(&mut zi, v, t, &saved, &terms).unwrap();
+                assert_eq!(bits(&zi), bits(&g), "{ctx:?}");
+                // bf16 logits: their own states, the in-place rounding of the f32 gradient
+                let zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                let mut sb = vec![LseState::EMPTY; rows];
+                logprob_entropy_rows_saved(&zb, v, &y, t, &mut lp2, None, &mut sb).unwrap();
+                let (mut gb, mut zbi) = (vec![0.0f32; rows * v], zb.clone());
+                backward_rows(&zb, v, t, &terms, &mut gb).unwrap();
+                backward_rows_in_place_saved(&mut zbi, v, t, &sb, &terms).unwrap();
+                let rounded: Vec<half::bf16> =
+                    gb.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                assert_eq!(zbi, rounded, "{ctx:?}");
+            }
+        }
+    }
+    // and against the f64 analytic gradient on one row (logp and entropy terms)
+    let (v, y, t) = (300usize, 17usize, 0.8f32);
+    let z = logits(&mut rng, v, 1.5, 1, 2);
+    let (mut lp, mut saved) = ([0.0f32], [LseState::EMPTY]);
+    logprob_entropy_rows_saved(&z, v, &[y as u32], t, &mut lp, None, &mut saved).unwrap();
+    let terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((&[y as u32], &[0.7])),
+        entropy: Some(&[-0.3]),
+        kl: None,
+    };
+    let mut g = vec![0.0f32; v];
+    backward_rows_saved(&z, v, t, &saved, &terms, &mut g).unwrap();
+    let an = grad64(&z, &z, y, t as f64, [0.7, -0.3, 0.0], None);
+    for i in 0..v {
+        assert!(
+            (g[i] as f64 - an[i]).abs() < 2e-7 + 2e-6 * an[i].abs(),
+            "v={i}: {} vs {}",
+            g[i],
+            an[i]
+        );
+    }
+}
+
+#[test]
+fn saved_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
+    let good = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, f32::NEG_INFINITY];
+    let s = 7.25f32; // sentinel
+    let mut saved = [LseState::EMPTY; 2];
+    let (mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2]);
+    logprob_entropy_rows_saved(&good, 4, &[0u32, 1], 1.0, &mut lp, Some(&mut h), &mut saved)
+        .unwrap();
+    // The forward: `saved_out`'s length, after the other outputs'; nothing written on `Err`.
+    let mut short = [LseState::EMPTY; 1];
+    let (mut lp, mut h) = ([s; 2], [s; 2]);
+    assert_eq!(
+        logprob_entropy_rows_saved(&good, 4, &[0u32, 1], 1.0, &mut lp, Some(&mut h), &mut short),
+        Err(Error::LengthMismatch {
+            what: "saved_out",
+            expected: 2,
+            found: 1
+        })
+    );
+    assert_eq!((lp, h, short), ([s; 2], [s; 2], [LseState::EMPTY]));
+    assert_eq!(
+        logprob_entropy_rows_saved(&good, 4, &[0u32, 1], 1.0, &mut lp[..1], None, &mut short),
+        Err(Error::LengthMismatch {
+            what: "logp_out",
+            expected: 2,
+            found: 1
+        })
+    );
+    // The backward: every error leaves `out` and (in place) the logits untouched.
+    let check = |z: &[f32], v: usize, t: f32, st: &[LseState], terms: &GradTerms<'_, u32>| {
+        let mut out = vec![s; z.len()];
+        let r = backward_rows_saved(z, v, t, st, terms, &mut out);
+        let mut zi = z.to_vec();
+        let ri = backward_rows_in_place_saved(&mut zi, v, t, st, terms);
+        if r.is_err() {
+            assert!(out.iter().all(|x| x.to_bits() == s.to_bits()), "{r:?}");
+        }
+        if ri.is_err() {
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&zi), bits(z), "{ri:?}");
+        }
+        // `out`'s length is the only check the two forms do not share
+        if z.len() == out.len() {
+            assert_eq!(r, ri);
+        }
+        r
+    };
+    let lp_terms = |y: &'static [u32], g: &'static [f32]| GradTerms::<'static, u32> {
+        logp: Some((y, g)),
+        entropy: None,
+        kl: None,
+    };
+    let terms = lp_terms(&[0, 1], &[1.0, -1.0]);
+    assert!(check(&good, 4, 1.0, &saved, &terms).is_ok());
+    for t in [0.0f32, f32::NAN, 1e-7] {
+        assert!(matches!(
+            check(&good, 4, t, &saved, &terms),
+            Err(Error::InvalidParam {
+                name: "temperature",
+                ..
+            })
+        ));
+    }
+    assert!(matches!(
+        check(&good, 0, 1.0, &saved, &terms),
+        Err(Error::InvalidParam { name: "vocab", .. })
+    ));
+    assert_eq!(
+        check(&good[..7], 4, 1.0, &saved, &terms),
+        Err(Error::LengthMismatch {
+            what: "logits",
+            expected: 4,
+            found: 7
+        })
+    );
+    let mut out = [s; 7];
+    assert_eq!(
+        backward_rows_saved(&good, 4, 1.0, &saved, &terms, &mut out),
+        Err(Error::LengthMismatch {
+            what: "out",
+            expected: 8,
+            found: 7
+        })
+    );
+    assert_eq!(out.map(f32::to_bits), [s.to_bits(); 7]);
+    assert_eq!(
+        check(&good, 4, 1.0, &saved[..1], &terms),
+        Err(Error::LengthMismatch {
+            what: "saved",
+            expected: 2,
+            found: 1
+        })
+    );
+    let teacher = good;
+    let with_kl: GradTerms<'_, u32> = GradTerms {
+        logp: None,
+        entropy: None,
+        kl: Some(KlTerm {
+            teacher: &teacher,
+            grad: &[1.0, 1.0],
+            direction: KlDirection::Forward,
+        }),
+    };
+    let mut out = [s; 8];
+    assert!(matches!(
+        backward_rows_saved(&good, 4, 1.0, &saved, &with_kl, &mut out),
+        Err(Error::InvalidParam { name: "kl", .. })
+    ));
+    assert_eq!(out.map(f32::to_bits), [s.to_bits(); 8]);
+    assert_eq!(
+        check(&good, 4, 1.0, &saved, &lp_terms(&[0], &[1.0, 1.0])),
+        Err(Error::LengthMismatch {
+            what: "targets",
+            expected: 2,
+            found: 1
+        })
+    );
+    assert_eq!(
+        check(&good, 4, 1.0, &saved, &lp_terms(&[0, 1], &[1.0, f32::NAN])),
+        Err(Error::NonFinite {
+            what: "grad_logp",
+            index: 1
+        })
+    );
+    assert!(matches!(
+        check(&good, 4, 1.0, &saved, &lp_terms(&[0, 1], &[2e9, 1.0])),
+        Err(Error::InvalidParam {
+            name: "grad_logp",
+            ..
+        })
+    ));
+    assert_eq!(
+        check(&good, 4, 1.0, &saved, &lp_terms(&[0, 4], &[1.0, 1.0])),
+        Err(Error::TokenOutOfRange {
+            index: 1,
+            token: 4,
+            vocab: 4
+        })
+    );
+    // the states, row by row: not finite, or not a forward's
+    let bad = |f: fn(&mut LseState)| {
+        let mut st = saved;
+        f(&mut st[1]);
+        st
+    };
+    for f in [
+        (|s: &mut LseState| s.max = f32::NAN) as fn(&mut LseState),
+        |s| s.max = f32::NEG_INFINITY,
+        |s| s.sum = f32::INFINITY,
+        |s| s.dot = f32::NAN,
+        |s| s.sum = 0.0,
+        |s| s.max = 3e38,
+    ] {
+        let st = bad(f);
+        let t = if st[1].max == 3e38 { 0.5 } else { 1.0 }; // 3e38 / 0.5 overflows
+        assert_eq!(
+            check(&good, 4, t, &st, &terms),
+            Err(Error::NonFinite {
+                what: "saved",
+                index: 1
+            }),
+            "{:?}",
+            st[1]
+        );
+    }
+    for f in [
+        (|s: &mut LseState| s.sum = 0.25) as fn(&mut LseState),
+        |s| s.dot = -1e30,
+    ] {
+        assert!(matches!(
+            check(&good, 4, 1.0, &bad(f), &terms),
+            Err(Error::InvalidParam { name: "saved", .. })
+        ));
+    }
+    // a masked target (row 1, element 3) is the only logit the checks read
+    assert_eq!(
+        check(&good, 4, 1.0, &saved, &lp_terms(&[0, 3], &[1.0, 1.0])),
+        Err(Error::NonFinite {
+            what: "logits[target]",
+            index: 7
+        })
+    );
+    // Documented: the other logits are not validated. A NaN gives a NaN gradient, not an error.
+    let mut z = good;
+    z[2] = f32::NAN;
+    let mut out = [s; 8];
+    assert!(backward_rows_saved(&z, 4, 1.0, &saved, &terms, &mut out).is_ok());
+    assert!(out[2].is_nan() && out[4..].iter().all(|x| x.is_finite()));
+}
