@@ -239,7 +239,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         b0.push((r, g, ri, zi));
     }
     // The forward that saves its row states, and the backward from them (the two term sets
-    // without a KL term). Where the forward fails its states stay `EMPTY`, which the saved
+    // without a KL term, the first two). Where the forward fails its states stay `EMPTY`, which the saved
     // backward rejects (after the checks that come before the states').
     let (mut ps0, mut saved0) = (out(), vec![LseState::EMPTY; rows]);
     let f0 = grpo_core::vocab::logprob_entropy_rows_saved(
@@ -251,20 +251,9 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         None,
         &mut saved0,
     );
-    let saved_terms: Vec<GradTerms<'_, u32, U>> = vec![
-        GradTerms {
-            logp: Some((&c.targets, &c.g_lp)),
-            entropy: Some(&c.g_h),
-            kl: None,
-        },
-        GradTerms {
-            logp: None,
-            entropy: Some(&c.g_h),
-            kl: None,
-        },
-    ];
+    let saved_terms = &term_sets[..2];
     let mut bs0 = Vec::new();
-    for terms in &saved_terms {
+    for terms in saved_terms {
         let mut g = grad();
         let r = grpo_core::vocab::backward_rows_saved(z, v, t, &saved0, terms, &mut g);
         let mut zi = c.z.clone();
@@ -384,7 +373,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
                 "saved backward_in_place {k} {tag}"
             );
             // From the states of a valid forward, the bits of the backward that recomputes
-            // them (term sets 0 and 1 are the first two of `term_sets`).
+            // them.
             if f0.is_ok() && b0[k].0.is_ok() {
                 assert_eq!(bits(&g), bits(&b0[k].1), "saved vs recomputed {k} {tag}");
                 assert_eq!(

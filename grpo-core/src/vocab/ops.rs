@@ -1128,10 +1128,10 @@ fn check_backward_saved<S: super::Logit, I: TokenId, U: super::Logit>(
 ///
 /// # Errors
 /// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]),
-/// `InvalidParam{name: "vocab"}`, `LengthMismatch{what: "logits" | "out" | "saved" |
-/// "targets" | "grad_logp" | "grad_entropy"}`, `InvalidParam{name: "kl"}` when `terms.kl` is
-/// given (the KL term needs the teacher's state: use [`backward_rows`]), the weights'
-/// `NonFinite` / `InvalidParam`, `TokenOutOfRange`, then row by row the state
+/// `InvalidParam{name: "vocab"}`, `LengthMismatch{what: "logits" | "out" | "saved"}`,
+/// `InvalidParam{name: "kl"}` when `terms.kl` is given (the KL term needs the teacher's state:
+/// use [`backward_rows`]), `LengthMismatch{what: "targets" | "grad_logp" | "grad_entropy"}`,
+/// the weights' `NonFinite` / `InvalidParam`, `TokenOutOfRange`, then row by row the state
 /// ([`validate::saved`](saved)) and `NonFinite{what: "logits[target]", index: r·V + y}` when
 /// `(z_y − max)·τ` is not finite. On `Err`, `out` is untouched.
 ///
