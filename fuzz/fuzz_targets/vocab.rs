@@ -4,13 +4,15 @@
 //! the same error. The forward that saves its row states gives the log-probabilities of the one
 //! that does not, and the backward from those states the gradient of the one that recomputes
 //! them; from altered states it may return anything but a panic (its documented precondition).
+//! Likewise the KL forward that saves its pair states, and the backward (with a KL term) from
+//! them.
 #![no_main]
 
 use grpo_core::Result;
 use grpo_core::vocab::{
-    self, GradTerms, KlDirection, KlTerm, Logit, LseState, backward_rows, backward_rows_in_place,
-    backward_rows_in_place_saved, backward_rows_saved, jsd_rows, kl_rows, logprob_entropy_rows,
-    logprob_entropy_rows_saved, stats_rows,
+    self, GradTerms, KlDirection, KlTerm, Logit, LseState, PairState, SavedState, backward_rows,
+    backward_rows_in_place, backward_rows_in_place_saved, backward_rows_saved, jsd_rows, kl_rows,
+    kl_rows_saved, logprob_entropy_rows, logprob_entropy_rows_saved, stats_rows,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -27,8 +29,9 @@ struct Input {
     beta: u32,
     weights: Vec<u32>,
     bf16: bool,
-    /// The saved states: how many (`states % 8` rows when below 6, else one per target), and
-    /// whether one field of one of them is replaced by `poison`'s bits (bits 3–7: which).
+    /// The saved states: how many (`states % 8` rows when below 6, else one per target, or per
+    /// row for pair states), and whether one field of one of them is replaced by `poison`'s
+    /// bits (bits 3–7: which).
     states: u8,
     poison: u32,
 }
@@ -170,6 +173,38 @@ fn single_row<S: Logit>(z: &[S], w: &[S], y: u32, t: f32, beta: f32) -> Single {
     }
 }
 
+/// The backwards from saved states `(saved, poisoned, whether the saving forward succeeded)`,
+/// with `reference` the recomputing backward's result and gradient for the same terms: from
+/// the saved states its bits; from the poisoned ones (possibly equal to them) no panic, and
+/// on `Err` nothing written.
+fn from_saved<St: SavedState + PartialEq>(
+    z: &[f32],
+    vocab: usize,
+    t: f32,
+    (saved, poisoned, forward_ok): (&[St], &[St], bool),
+    terms: &GradTerms<'_, u32>,
+    reference: (Result<()>, &[f32]),
+) {
+    let mut g = fresh(z.len());
+    let r = backward_rows_saved(z, vocab, t, saved, terms, &mut g);
+    if forward_ok && reference.0.is_ok() {
+        assert_eq!(r, Ok(()));
+        assert_eq!(raw(&g), raw(reference.1));
+    } else if r.is_err() {
+        assert!(untouched(&g));
+    }
+    let mut g_bad = fresh(z.len());
+    if backward_rows_saved(z, vocab, t, poisoned, terms, &mut g_bad).is_err() {
+        assert!(untouched(&g_bad));
+    }
+    let mut zs = z.to_vec();
+    match backward_rows_in_place_saved(&mut zs, vocab, t, poisoned, terms) {
+        Ok(()) if poisoned == saved && r.is_ok() => assert_eq!(raw(&zs), raw(&g)),
+        Ok(()) => {}
+        Err(_) => assert_eq!(raw(&zs), raw(z)),
+    }
+}
+
 /// Row `r` of a `[rows, vocab]` slice, clipped to what `x` holds (possibly short or empty).
 fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
     let end = ((r + 1) * vocab).min(x.len());
@@ -298,7 +333,8 @@ fuzz_target!(|inp: Input| {
         }),
     };
     let mut g = fresh(z.len());
-    check(backward_rows(&z, vocab, temperature, &terms, &mut g), &[&g]);
+    let r_full = backward_rows(&z, vocab, temperature, &terms, &mut g);
+    check(r_full, &[&g]);
 
     // The backward from the saved states (log-probability and entropy terms): from states the
     // forward saved, the recomputing backward's bits; from altered ones, no panic, and on `Err`
@@ -314,25 +350,52 @@ fuzz_target!(|inp: Input| {
         let x = f32::from_bits(inp.poison);
         *[&mut st.max, &mut st.sum, &mut st.dot][which % 3] = x;
     }
-    let (mut g_ref, mut g_saved) = (fresh(z.len()), fresh(z.len()));
+    let mut g_ref = fresh(z.len());
     let r_ref = backward_rows(&z, vocab, temperature, &lse_terms, &mut g_ref);
-    let r_saved = backward_rows_saved(&z, vocab, temperature, &saved, &lse_terms, &mut g_saved);
-    if res.is_ok() && r_ref.is_ok() {
-        assert_eq!(r_saved, Ok(()));
-        assert_eq!(raw(&g_saved), raw(&g_ref));
-    } else if r_saved.is_err() {
-        assert!(untouched(&g_saved));
+    let from = (&saved[..], &poisoned[..], res.is_ok());
+    from_saved(&z, vocab, temperature, from, &lse_terms, (r_ref, &g_ref));
+
+    // The KL forward that saves its pair states (those of the KL term's direction), and the
+    // backward with every term from them: as above.
+    let kl_dir = terms
+        .kl
+        .map(|k| k.direction)
+        .unwrap_or(KlDirection::Forward);
+    let n_pairs = match inp.states % 8 {
+        k @ 0..6 => usize::from(k),
+        _ => rows,
+    };
+    let mut pairs = vec![PairState::EMPTY; n_pairs];
+    let (mut kl, mut kl_ref) = (fresh(rows), fresh(rows));
+    let res_kl = kl_rows_saved(&z, &w, vocab, temperature, kl_dir, &mut kl, &mut pairs);
+    if check(res_kl, &[&kl]) {
+        assert_eq!(
+            kl_rows(&z, &w, vocab, temperature, kl_dir, &mut kl_ref),
+            Ok(())
+        );
+        assert_eq!(raw(&kl), raw(&kl_ref));
+        assert!(pairs.iter().all(|s| s.sz >= 0.5 && s.sw >= 0.5));
+    } else {
+        assert!(pairs.iter().all(|s| *s == PairState::EMPTY));
     }
-    let mut g_bad = fresh(z.len());
-    if backward_rows_saved(&z, vocab, temperature, &poisoned, &lse_terms, &mut g_bad).is_err() {
-        assert!(untouched(&g_bad));
+    let mut poisoned_pairs = pairs.clone();
+    if let Some(st) = poisoned_pairs.get_mut(which / 8) {
+        let x = f32::from_bits(inp.poison);
+        let fields = [
+            &mut st.zmax,
+            &mut st.sz,
+            &mut st.tz,
+            &mut st.wmax,
+            &mut st.sw,
+            &mut st.tw,
+            &mut st.u,
+            &mut st.v,
+        ];
+        *fields.into_iter().nth(which % 8).unwrap() = x;
     }
-    let mut zs = z.clone();
-    match backward_rows_in_place_saved(&mut zs, vocab, temperature, &poisoned, &lse_terms) {
-        Ok(()) if poisoned == saved && r_saved.is_ok() => assert_eq!(raw(&zs), raw(&g_saved)),
-        Ok(()) => {}
-        Err(_) => assert_eq!(raw(&zs), raw(&z)),
-    }
+    let from = (&pairs[..], &poisoned_pairs[..], res_kl.is_ok());
+    from_saved(&z, vocab, temperature, from, &terms, (r_full, &g));
+
     if inp.bf16 {
         let mut zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let before = raw(&zb);

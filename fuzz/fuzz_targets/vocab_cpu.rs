@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 
 use grpo_core::Result;
-use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, Logit, LseState, MAX_GRAD_WEIGHT};
+use grpo_core::vocab::{
+    self, GradTerms, KlDirection, KlTerm, Logit, LseState, MAX_GRAD_WEIGHT, PairState, SavedState,
+};
 use grpo_cpu::{Backend, Cpu, Storage};
 use libfuzzer_sys::fuzz_target;
 
@@ -155,6 +157,13 @@ fn state_bits(st: &[LseState]) -> Vec<[u32; 3]> {
         .collect()
 }
 
+/// A saved pair state's bits (as [`state_bits`]).
+fn pair_bits(st: &[PairState]) -> Vec<[u32; 8]> {
+    st.iter()
+        .map(|s| [s.zmax, s.sz, s.tz, s.wmax, s.sw, s.tw, s.u, s.v].map(f32::to_bits))
+        .collect()
+}
+
 /// Runs `op` with grpo-core (`None`), then with every executor, each time on fresh outputs of
 /// lengths `lens` filled with [`SENTINEL`]: every executor must return grpo-core's result and
 /// output bits, and on `Err` every output must still be the sentinel.
@@ -208,13 +217,63 @@ fn forward<S: Storage>(c: &Case<'_>, z: &[S]) {
         None => vocab::kl_rows(z, w, v, t, c.dir, k),
         Some(cpu) => cpu.kl_rows(z, w, v, t, c.dir, k),
     });
+    // The saving KL forward: its pair states compared bit for bit, `EMPTY` on `Err`.
+    let mut want = (vec![SENTINEL; c.out], vec![PairState::EMPTY; c.out]);
+    let res = vocab::kl_rows_saved(z, w, v, t, c.dir, &mut want.0, &mut want.1);
+    for cpu in &c.cpus {
+        let mut got = (vec![SENTINEL; c.out], vec![PairState::EMPTY; c.out]);
+        let r = cpu.kl_rows_saved(z, w, v, t, c.dir, &mut got.0, &mut got.1);
+        assert_eq!(r, res, "{cpu:?}");
+        assert_eq!(bits(&got.0), bits(&want.0), "{cpu:?}");
+        assert_eq!(pair_bits(&got.1), pair_bits(&want.1), "{cpu:?}");
+        if res.is_err() {
+            assert!(untouched(&got.0) && got.1.iter().all(|s| *s == PairState::EMPTY));
+        }
+    }
     differential(&c.cpus, [c.out], |cpu, [j]| match cpu {
         None => vocab::jsd_rows(z, w, v, c.beta, t, j),
         Some(cpu) => cpu.jsd_rows(z, w, v, c.beta, t, j),
     });
 }
 
-/// Both backwards on student logits stored as `S`; in place, the gradient is rounded to `S`
+/// [`differential`] for an operation that writes over the logits: each run on a copy of `z`,
+/// every executor's result and logits equal to grpo-core's, and on `Err` the logits unchanged.
+fn differential_in_place<S: Storage>(
+    cpus: &[&Cpu],
+    z: &[S],
+    op: impl Fn(Option<&Cpu>, &mut [S]) -> Result<()>,
+) {
+    let mut want = z.to_vec();
+    let res = op(None, &mut want);
+    for cpu in cpus {
+        let mut got = z.to_vec();
+        assert_eq!(op(Some(cpu), &mut got), res, "{cpu:?}");
+        assert_eq!(bits(&got), bits(&want), "{cpu:?}");
+        if res.is_err() {
+            assert!(raw(&got) == raw(z) && raw(&want) == raw(z), "{res:?}");
+        }
+    }
+}
+
+/// The backwards from saved states `st` (either kind) with `terms`, out of place and in place.
+fn from_saved<S: Storage, St: SavedState>(
+    c: &Case<'_>,
+    z: &[S],
+    st: &[St],
+    terms: &GradTerms<'_, u32, f32>,
+) {
+    let (v, t) = (c.vocab, c.t);
+    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
+        None => vocab::backward_rows_saved(z, v, t, st, terms, g),
+        Some(cpu) => cpu.backward_rows_saved(z, v, t, st, terms, g),
+    });
+    differential_in_place(&c.cpus, z, |cpu, zi| match cpu {
+        None => vocab::backward_rows_in_place_saved(zi, v, t, st, terms),
+        Some(cpu) => cpu.backward_rows_in_place_saved(zi, v, t, st, terms),
+    });
+}
+
+/// Every backward on student logits stored as `S`; in place, the gradient is rounded to `S`
 /// (vector roundings in grpo-cpu, `half`'s scalar ones in grpo-core).
 fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     let (v, t) = (c.vocab, c.t);
@@ -222,37 +281,20 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
         None => vocab::backward_rows(z, v, t, &c.terms, g),
         Some(cpu) => cpu.backward_rows(z, v, t, &c.terms, g),
     });
-    // From the states grpo-core's saving forward wrote (`EMPTY` where it failed).
+    differential_in_place(&c.cpus, z, |cpu, zi| match cpu {
+        None => vocab::backward_rows_in_place(zi, v, t, &c.terms),
+        Some(cpu) => cpu.backward_rows_in_place(zi, v, t, &c.terms),
+    });
+    // From the row states grpo-core's saving forward wrote (`EMPTY` where it failed).
     let mut saved = vec![LseState::EMPTY; c.out];
     let mut lp = vec![SENTINEL; c.out];
     let _ = vocab::logprob_entropy_rows_saved(z, v, c.targets, t, &mut lp, None, &mut saved);
-    let st = &saved[..];
-    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
-        None => vocab::backward_rows_saved(z, v, t, st, &c.saved_terms, g),
-        Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &c.saved_terms, g),
-    });
-    let mut want = z.to_vec();
-    let res = vocab::backward_rows_in_place_saved(&mut want, v, t, st, &c.saved_terms);
-    for cpu in &c.cpus {
-        let mut got = z.to_vec();
-        let r = cpu.backward_rows_in_place_saved(&mut got, v, t, st, &c.saved_terms);
-        assert_eq!(r, res, "{cpu:?}");
-        assert_eq!(bits(&got), bits(&want), "{cpu:?}");
-        if res.is_err() {
-            assert!(raw(&got) == raw(z) && raw(&want) == raw(z), "{res:?}");
-        }
-    }
-    let mut want = z.to_vec();
-    let res = vocab::backward_rows_in_place(&mut want, v, t, &c.terms);
-    for cpu in &c.cpus {
-        let mut got = z.to_vec();
-        let r = cpu.backward_rows_in_place(&mut got, v, t, &c.terms);
-        assert_eq!(r, res, "{cpu:?}");
-        assert_eq!(bits(&got), bits(&want), "{cpu:?}");
-        if res.is_err() {
-            assert!(raw(&got) == raw(z) && raw(&want) == raw(z), "{res:?}");
-        }
-    }
+    from_saved(c, z, &saved, &c.saved_terms);
+    // From the pair states grpo-core's saving KL forward wrote, with every term.
+    let mut pairs = vec![PairState::EMPTY; c.out];
+    let mut kl = vec![SENTINEL; c.out];
+    let _ = vocab::kl_rows_saved(z, c.teacher, v, t, c.dir, &mut kl, &mut pairs);
+    from_saved(c, z, &pairs, &c.terms);
 }
 
 fuzz_target!(|inp: Input| {

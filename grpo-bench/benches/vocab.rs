@@ -4,7 +4,7 @@
 //! use the `grpo-bench vocab` binary.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use grpo_core::vocab::{GradTerms, KlDirection};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState};
 use grpo_cpu::{Backend, Cpu, Storage};
 
 const ROWS: usize = 64;
@@ -59,6 +59,13 @@ fn bench_dtype<S: Storage>(c: &mut Criterion, dtype: &str) {
                     .unwrap()
             })
         });
+        let mut pairs = vec![PairState::EMPTY; ROWS];
+        g.bench_function(id("kl_saved"), |bench| {
+            bench.iter(|| {
+                cpu.kl_rows_saved(&z, &w, VOCAB, 1.0, KlDirection::Forward, &mut a, &mut pairs)
+                    .unwrap()
+            })
+        });
         g.bench_function(id("jsd"), |bench| {
             bench.iter(|| cpu.jsd_rows(&z, &w, VOCAB, 0.5, 1.0, &mut a).unwrap())
         });
@@ -71,6 +78,40 @@ fn bench_dtype<S: Storage>(c: &mut Criterion, dtype: &str) {
             };
             bench.iter(|| {
                 cpu.backward_rows(&z, VOCAB, 1.0, &terms, &mut grad)
+                    .unwrap()
+            })
+        });
+        // From the row states of one forward (not timed).
+        g.bench_function(id("backward_saved"), |bench| {
+            let terms: GradTerms<'_, u32> = GradTerms {
+                logp: Some((&targets, &ones)),
+                entropy: Some(&ones),
+                kl: None,
+            };
+            let mut saved = vec![LseState::EMPTY; ROWS];
+            cpu.logprob_entropy_rows_saved(&z, VOCAB, &targets, 1.0, &mut a, None, &mut saved)
+                .unwrap();
+            bench.iter(|| {
+                cpu.backward_rows_saved(&z, VOCAB, 1.0, &saved, &terms, &mut grad)
+                    .unwrap()
+            })
+        });
+        // With a forward KL term: from the pair states of one KL forward (not timed).
+        g.throughput(Throughput::Bytes(2 * bytes + (ROWS * VOCAB * 4) as u64));
+        g.bench_function(id("backward_kl_saved"), |bench| {
+            let terms: GradTerms<'_, u32, S> = GradTerms {
+                logp: Some((&targets, &ones)),
+                entropy: Some(&ones),
+                kl: Some(KlTerm {
+                    teacher: &w,
+                    grad: &ones,
+                    direction: KlDirection::Forward,
+                }),
+            };
+            cpu.kl_rows_saved(&z, &w, VOCAB, 1.0, KlDirection::Forward, &mut a, &mut pairs)
+                .unwrap();
+            bench.iter(|| {
+                cpu.backward_rows_saved(&z, VOCAB, 1.0, &pairs, &terms, &mut grad)
                     .unwrap()
             })
         });

@@ -1,6 +1,6 @@
 //! `grpo-bench vocab`: grpo-cpu's vocabulary kernels against the same-run memory roofline.
 
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState};
 use grpo_cpu::{Cpu, Storage, roofline};
 
 use crate::{Args, interleaved_times, median};
@@ -11,11 +11,13 @@ pub(crate) const KERNELS: &[&str] = &[
     "logprob",
     "stats",
     "kl",
+    "kl_saved",
     "jsd",
     "backward",
     "backward_in_place",
     "backward_kl",
     "backward_saved",
+    "backward_kl_saved",
 ];
 
 /// The default shapes `(rows, vocab)`: a 32k-vocabulary batch and a Qwen-sized vocabulary.
@@ -127,7 +129,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
     let needs_teacher = c
         .kernels
         .iter()
-        .any(|k| matches!(*k, "kl" | "jsd" | "backward_kl"));
+        .any(|k| k.starts_with("kl") || matches!(*k, "jsd" | "backward_kl" | "backward_kl_saved"));
     let w: Vec<S> = if needs_teacher {
         logits(2, n, c.masked).into_iter().map(&conv).collect()
     } else {
@@ -156,20 +158,24 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
     for &kernel in c.kernels {
         // Bytes the kernel must move: its inputs once, its gradient output once.
         let (read, write) = match kernel {
-            "kl" | "jsd" => (2 * n * size, 0),
+            // `kl_saved` also writes eight f32 per row (the pair states): not counted.
+            "kl" | "kl_saved" | "jsd" => (2 * n * size, 0),
             // `backward_saved` reads the logits once, `backward` twice (its forward pass): the
             // same bytes to move.
             "backward" | "backward_saved" => (n * size, n * 4),
-            // Distillation: student and teacher read, the student's gradient written.
-            "backward_kl" => (2 * n * size, n * 4),
+            // Distillation: student and teacher read, the student's gradient written (twice
+            // read by `backward_kl`, once by `backward_kl_saved`).
+            "backward_kl" | "backward_kl_saved" => (2 * n * size, n * 4),
             "backward_in_place" => (n * size, n * size),
             _ => (n * size, 0),
         };
-        // `backward_kl` adds a forward KL(p‖q) term towards the teacher row.
+        // `backward_kl` and `backward_kl_saved` add a forward KL(p‖q) term towards the teacher
+        // row.
+        let with_kl = matches!(kernel, "backward_kl" | "backward_kl_saved");
         let terms: GradTerms<'_, u32, S> = GradTerms {
             logp: Some((&targets, &ones)),
             entropy: Some(&halves),
-            kl: (kernel == "backward_kl").then_some(KlTerm {
+            kl: with_kl.then_some(KlTerm {
                 teacher: &w,
                 grad: &halves,
                 direction: KlDirection::Forward,
@@ -190,6 +196,15 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     ent,
                     &mut saved,
                 )
+                .map_err(|e| format!("{kernel}: {e}"))?;
+        }
+        // `backward_kl_saved`: the pair states of the KL forward a distillation step has run
+        // anyway (untimed).
+        let mut pairs = vec![PairState::EMPTY; c.rows];
+        if kernel == "backward_kl_saved" {
+            let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
+            c.cpus[0]
+                .kl_rows_saved(&z, &w, v, t, d, &mut a, &mut pairs)
                 .map_err(|e| format!("{kernel}: {e}"))?;
         }
         let lse_terms: GradTerms<'_, u32> = GradTerms {
@@ -226,6 +241,10 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     "kl" => {
                         cpu.kl_rows(&z, &w, c.vocab, c.temperature, KlDirection::Forward, &mut a)
                     }
+                    "kl_saved" => {
+                        let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
+                        cpu.kl_rows_saved(&z, &w, v, t, d, &mut a, &mut pairs)
+                    }
                     _ => cpu.jsd_rows(&z, &w, c.vocab, 0.5, c.temperature, &mut a),
                 };
                 if let Err(e) = r {
@@ -256,6 +275,10 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     "backward_saved" => {
                         let t = c.temperature;
                         cpu.backward_rows_saved(&z, c.vocab, t, &saved, &lse_terms, &mut grad)
+                    }
+                    "backward_kl_saved" => {
+                        let t = c.temperature;
+                        cpu.backward_rows_saved(&z, c.vocab, t, &pairs, &terms, &mut grad)
                     }
                     _ => cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad),
                 };

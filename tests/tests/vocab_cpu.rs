@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use grpo_core::vocab::exp_ln;
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit, LseState};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit, LseState, PairState};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
@@ -163,8 +163,9 @@ impl Case<f32> {
 
 /// The calls [`check_all`] makes of grpo-core (and of every `Cpu`): six forward (stats, two
 /// log-prob, two KL, JSD), four backward term sets × out of place and in place, the forward
-/// that saves its row states and two term sets × two backwards from them.
-const CALLS: usize = 19;
+/// that saves its row states and two term sets × two backwards from them, the KL forward that
+/// saves its pair states in both directions and the four term sets × two backwards from them.
+const CALLS: usize = 29;
 
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
 /// among its [`CALLS`] calls.
@@ -260,6 +261,24 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, &saved0, terms);
         bs0.push((r, g, ri, zi));
     }
+    // The KL forwards that save their pair states (the same states either way), and the
+    // backwards from the forward direction's with every term set (`EMPTY` states where it
+    // failed).
+    let mut kls0 = Vec::new();
+    for d in [KlDirection::Forward, KlDirection::Reverse] {
+        let (mut o, mut st) = (out(), vec![PairState::EMPTY; rows]);
+        let r = grpo_core::vocab::kl_rows_saved(z, w, v, t, d, &mut o, &mut st);
+        kls0.push((d, r, o, st));
+    }
+    let pairs0 = &kls0[0].3;
+    let mut bp0 = Vec::new();
+    for terms in &term_sets {
+        let mut g = grad();
+        let r = grpo_core::vocab::backward_rows_saved(z, v, t, pairs0, terms, &mut g);
+        let mut zi = c.z.clone();
+        let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, pairs0, terms);
+        bp0.push((r, g, ri, zi));
+    }
 
     let untouched = |x: &[f32]| x.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
     let mut errors = 0;
@@ -287,7 +306,21 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             "{what}: saved states"
         );
     }
-    for (k, (r, g, ri, zi)) in b0.iter().chain(&bs0).enumerate() {
+    for (d, r, o, st) in &kls0 {
+        if r.is_err() {
+            errors += 1;
+            assert!(untouched(o), "{what}: saving kl {d:?} wrote on {r:?}");
+            assert!(
+                st.iter().all(|s| *s == PairState::EMPTY),
+                "{what}: pair states"
+            );
+        }
+    }
+    if kls0.iter().all(|k| k.1.is_ok()) {
+        let same = kls0[0].3 == kls0[1].3;
+        assert!(same, "{what}: the pair states depend on the direction");
+    }
+    for (k, (r, g, ri, zi)) in b0.iter().chain(&bs0).chain(&bp0).enumerate() {
         if r.is_err() {
             errors += 1;
             assert!(untouched(g), "{what}: backward {k} wrote on {r:?}");
@@ -383,6 +416,48 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
                 );
             }
         }
+
+        for (d, r_ref, o_ref, st_ref) in &kls0 {
+            let (mut o, mut st) = (out(), vec![PairState::EMPTY; rows]);
+            let r = cpu.kl_rows_saved(z, w, v, t, *d, &mut o, &mut st);
+            assert_eq!(&r, r_ref, "saving kl {d:?} {tag}");
+            assert_eq!(bits(&o), bits(o_ref), "saving kl {d:?} {tag}");
+            let pair_bits = |x: &[PairState]| -> Vec<[u32; 8]> {
+                x.iter()
+                    .map(|s| [s.zmax, s.sz, s.tz, s.wmax, s.sw, s.tw, s.u, s.v].map(f32::to_bits))
+                    .collect()
+            };
+            assert_eq!(pair_bits(&st), pair_bits(st_ref), "pair states {d:?} {tag}");
+        }
+        for (k, terms) in term_sets.iter().enumerate() {
+            let (r_ref, g_ref, ri_ref, zi_ref) = &bp0[k];
+            let mut g = grad();
+            let r = cpu.backward_rows_saved(z, v, t, pairs0, terms, &mut g);
+            assert_eq!(&r, r_ref, "pair-saved backward {k} {tag}");
+            assert_eq!(bits(&g), bits(g_ref), "pair-saved backward {k} {tag}");
+            let mut zi = c.z.clone();
+            let ri = cpu.backward_rows_in_place_saved(&mut zi, v, t, pairs0, terms);
+            assert_eq!(&ri, ri_ref, "pair-saved backward_in_place {k} {tag}");
+            assert_eq!(
+                bits_s(&zi),
+                bits_s(zi_ref),
+                "pair-saved backward_in_place {k} {tag}"
+            );
+            // From the states of a valid KL forward, the bits of the backward that recomputes
+            // them — the KL term's in either direction, and the terms without one.
+            if kls0[0].1.is_ok() && b0[k].0.is_ok() {
+                assert_eq!(
+                    bits(&g),
+                    bits(&b0[k].1),
+                    "pair-saved vs recomputed {k} {tag}"
+                );
+                assert_eq!(
+                    bits_s(&zi),
+                    bits_s(&b0[k].3),
+                    "pair-saved vs recomputed {k} {tag}"
+                );
+            }
+        }
     }
     // Calls handed to grpo-core (validation failures); valid input must never be among them.
     // (Pathological valid input whose row statistics overflow — e.g. a logit of 5e29 at
@@ -399,7 +474,12 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         && k0r.is_ok()
         && j0r.is_ok()
         && f0.is_ok()
-        && b0.iter().chain(&bs0).all(|b| b.0.is_ok() && b.2.is_ok());
+        && kls0.iter().all(|k| k.1.is_ok())
+        && b0
+            .iter()
+            .chain(&bs0)
+            .chain(&bp0)
+            .all(|b| b.0.is_ok() && b.2.is_ok());
     if all_ok {
         assert_eq!(fallbacks, 0, "{what}: valid input took the grpo-core path");
     }
@@ -476,11 +556,13 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let case = || Case::<S>::new(4, 40, 11, 1.0);
     let set = |x: &mut [S], i: usize, v: f32| x[i] = S::from_f32(v);
     let ninf = f32::NEG_INFINITY;
-    // Calls that read the teacher: both KLs, the JSD, two KL term sets × two backwards.
-    const TEACHER: usize = 7;
+    // Calls that read the teacher: both KLs, the JSD, two KL term sets × two backwards, both
+    // saving KLs — and the eight backwards from the pair states.
+    const TEACHER: usize = 17;
     // Calls that take targets: two forward, three term sets × two backwards, the saving
-    // forward — and the four backwards from its states.
-    const TARGETS: usize = 13;
+    // forward — and the four backwards from its states — and three term sets × two
+    // backwards from the pair states.
+    const TARGETS: usize = 19;
     let expect = |c: &Case<S>, what: &str, errors: usize| {
         let seen = check_all(c, &format!("{name} {what}"));
         assert_eq!(seen.errors, errors, "{name} {what}: grpo-core's Err count");
@@ -518,8 +600,10 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut sup = case();
     set(&mut sup.w, 2 * 40 + 5, ninf); // forward KL support violated
     set(&mut sup.z, 3 * 40 + 6, ninf); // reverse KL support violated
-    // Each KL direction once, and its term set in both backwards; the JSD has no support rule.
-    expect(&sup, "support", 6);
+    // Each KL direction once, and its term set in both backwards, each saving KL once, and
+    // the eight backwards from the (forward direction's, failed) pair states; the JSD has no
+    // support rule.
+    expect(&sup, "support", 16);
     let mut huge = Case::<S>::new(4, 40, 11, 1e-30);
     set(&mut huge.z, 0, 3e38); // +∞ in f16: rejected either way
     expect(&huge, "max/T overflow", CALLS);
@@ -530,20 +614,21 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     }
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
-    // with 1/T and the backwards require T ≥ 1e-6: all twelve backward calls fail.
+    // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 12);
+    expect(&small, "temperature 1e-7", 20);
     let mut beta = case();
     beta.beta = 1.0;
     expect(&beta, "beta = 1", 1);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
-    // The four term sets with a log-prob term (one from saved states), out of place and in
-    // place.
-    expect(&wts, "NaN logp weight", 8);
+    // The seven term sets with a log-prob term (one from saved row states, three from saved
+    // pair states), out of place and in place.
+    expect(&wts, "NaN logp weight", 14);
     let mut big = case();
     big.g_kl[1] = 2e9;
-    expect(&big, "KL weight too large", 4);
+    // The two KL term sets, recomputing and from pair states, out of place and in place.
+    expect(&big, "KL weight too large", 8);
     let mut short = case();
     short.z.pop();
     expect(&short, "short logits", CALLS);
@@ -626,8 +711,40 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
             Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &lse_terms, a),
         }
     };
+    // The saving KL forward with `b.len()` pair states (as `saving`).
+    let saving_kl = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let mut st = vec![PairState::EMPTY; b.len()];
+        let d = KlDirection::Forward;
+        let r = match cpu {
+            None => grpo_core::vocab::kl_rows_saved(z, w, v, t, d, a, &mut st),
+            Some(cpu) => cpu.kl_rows_saved(z, w, v, t, d, a, &mut st),
+        };
+        let written = st.iter().filter(|s| **s != PairState::EMPTY).count();
+        b.fill(if written == 0 { SENTINEL } else { 0.0 });
+        r
+    };
+    let mut pairs = vec![PairState::EMPTY; 4];
+    let d = KlDirection::Forward;
+    grpo_core::vocab::kl_rows_saved(z, w, v, t, d, &mut [0.0; 4], &mut pairs).unwrap();
+    let kl_terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((y, &c.g_lp[..])),
+        entropy: None,
+        kl: Some(KlTerm {
+            teacher: w,
+            grad: &c.g_kl[..],
+            direction: d,
+        }),
+    };
+    // The backward from saved pair states, with `b.len()` of them.
+    let from_pairs = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let st = &pairs[..b.len()];
+        match cpu {
+            None => grpo_core::vocab::backward_rows_saved(z, v, t, st, &kl_terms, a),
+            Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &kl_terms, a),
+        }
+    };
     // (operation, first output's length, second output's length)
-    let calls: [(&str, Call<'_>, usize, usize); 13] = [
+    let calls: [(&str, Call<'_>, usize, usize); 17] = [
         ("stats, short lse", &stats, 3, 4),
         ("stats, long entropy", &stats, 4, 5),
         ("logprob_entropy, short logp", &fused, 3, 4),
@@ -643,6 +760,15 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         (
             "backward from saved states, short states",
             &from_saved,
+            160,
+            3,
+        ),
+        ("saving kl, short states", &saving_kl, 4, 3),
+        ("saving kl, long kl", &saving_kl, 5, 4),
+        ("backward from pair states, long out", &from_pairs, 161, 4),
+        (
+            "backward from pair states, short states",
+            &from_pairs,
             160,
             3,
         ),

@@ -2,8 +2,8 @@
 //! log-probabilities, entropy, KL and JSD between a student and a teacher row, and the fused
 //! backward — for one row or a batch of rows `[rows, V]`. The backward either recomputes each
 //! row's statistics ([`backward_rows`]) or takes the row states a forward saved
-//! ([`logprob_entropy_rows_saved`] → [`backward_rows_saved`]: one pass over the logits instead
-//! of two, the same bits).
+//! ([`logprob_entropy_rows_saved`] or, for distillation, [`kl_rows_saved`] →
+//! [`backward_rows_saved`]: one pass over the logits instead of two, the same bits).
 //!
 //! Logits are stored as `f32`, `half::bf16` or `half::f16` ([`Logit`]) and accumulated in f32.
 //! A temperature `T > 0` divides every logit (as a multiplication by τ = 1/T rounded once).
@@ -41,21 +41,25 @@
 pub mod canon;
 pub mod exp_ln;
 mod ops;
+mod saved;
 
 /// The input checks of the vocabulary operations, public so that other backends reject
 /// exactly the same inputs with exactly the same errors (same order: temperature, lengths,
 /// targets, then row by row).
 pub mod validate {
-    pub use super::ops::{inverse_temperature, row, saved, support, target, weights};
+    pub use super::ops::{inverse_temperature, row, support, target, weights};
+    pub use super::saved::saved;
 }
 
-pub use canon::{Logit, LseState};
+pub use canon::{Logit, LseState, PairState};
 pub use ops::{
-    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MAX_SAVED_ENTROPY, MIN_GRAD_TEMPERATURE,
-    RowStats, TokenId, backward_rows, backward_rows_in_place, backward_rows_in_place_saved,
-    backward_rows_saved, entropy, jsd, jsd_rows, kl_divergence, kl_rows, log_sum_exp,
-    logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved, row_stats, stats_rows,
-    token_logprob,
+    GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
+    backward_rows, backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows,
+    kl_rows_saved, log_sum_exp, logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved,
+    row_stats, stats_rows, token_logprob,
+};
+pub use saved::{
+    MAX_SAVED_ENTROPY, MAX_SAVED_KL, SavedState, backward_rows_in_place_saved, backward_rows_saved,
 };
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! Row operations: log-sum-exp, token log-probability, entropy, KL, JSD and the fused backward,
 //! for one row and for a batch of rows `[rows, V]` (MATH.md §5).
 
-use super::canon::{self, GradCoef, KlGrad, LseState};
+use super::canon::{self, GradCoef, KlGrad, LseState, PairState};
 use super::exp_ln::max_r;
+#[cfg(doc)]
+use super::saved::backward_rows_saved;
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -37,6 +39,21 @@ pub enum KlDirection {
     Forward,
     /// Reverse KL(q‖p) = Σ q (log q − log p).
     Reverse,
+}
+
+impl From<KlDirection> for KlGrad {
+    /// The gradient of the KL in this direction.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{canon::KlGrad, KlDirection};
+    /// assert_eq!(KlGrad::from(KlDirection::Reverse), KlGrad::Reverse);
+    /// ```
+    fn from(d: KlDirection) -> KlGrad {
+        match d {
+            KlDirection::Forward => KlGrad::Forward,
+            KlDirection::Reverse => KlGrad::Reverse,
+        }
+    }
 }
 
 /// Validates a temperature and returns τ = 1/T (one IEEE division): the factor every kernel
@@ -468,7 +485,7 @@ fn check_rows<S: super::Logit>(
 
 /// Row `r` of a validated `[rows, vocab]` slice.
 #[inline]
-fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
+pub(super) fn row_of<T>(x: &[T], vocab: usize, r: usize) -> &[T] {
     &x[r * vocab..(r + 1) * vocab]
 }
 
@@ -684,24 +701,93 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
     direction: KlDirection,
     out: &mut [f32],
 ) -> Result<()> {
+    kl_rows_to(student, teacher, vocab, temperature, direction, out, None)
+}
+
+/// [`kl_rows`] that also saves each row pair's merged state for [`backward_rows_saved`]
+/// \[ours\]: `saved_out[r]` is [`canon::pair_row`] of the student and teacher rows `r` — both
+/// references and sums of exponentials, both entropies' sums (`tz`, `tw`) and both KL sums
+/// (`u`, `v`), whichever `direction` asks for — from which both log-softmaxes, both
+/// entropies and both KL directions follow ([`canon::finish_lse`], [`canon::finish_kl`]).
+/// The KL values are those of [`kl_rows`], bit for bit.
+///
+/// A distillation backward from these states ([`backward_rows_saved`] with a KL term) reads
+/// the student and teacher rows once, where [`backward_rows`] reads both twice. Computing all
+/// the sums costs up to three more FMAs per element pair than [`kl_rows`]' one (a
+/// compute-bound loop in 16-bit storage), nothing in memory traffic: eight `f32` per row.
+///
+/// The state does not depend on `direction`; its support check does: a state saved by the
+/// forward direction's call may serve a reverse KL term's gradient (finite: `(p_v − q_v)/T`)
+/// even where KL(q‖p) itself is +∞.
+///
+/// # Errors
+/// As [`kl_rows`], plus `LengthMismatch{what: "saved_out"}` (after the rows' lengths). On
+/// `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::{kl_rows_saved, KlDirection, PairState};
+/// use grpo_core::vocab::canon::finish_kl;
+/// // p = [½, ½], q = [¼, ¾] → KL(p‖q) = 0.1438410; the state also gives KL(q‖p)
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+/// let (mut kl, mut saved) = ([0.0f32; 1], [PairState::EMPTY; 1]);
+/// kl_rows_saved(&z, &w, 2, 1.0, KlDirection::Forward, &mut kl, &mut saved).unwrap();
+/// assert!((kl[0] - 0.1438410).abs() < 1e-6);
+/// let (forward, reverse) = finish_kl(&saved[0]);
+/// assert_eq!(forward, kl[0]);
+/// assert!((reverse - 0.1308120).abs() < 1e-6); // ¼ ln ½ + ¾ ln (3/2)
+/// ```
+pub fn kl_rows_saved<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    temperature: f32,
+    direction: KlDirection,
+    out: &mut [f32],
+    saved_out: &mut [PairState],
+) -> Result<()> {
+    let saved_out = Some(saved_out);
+    kl_rows_to(
+        student,
+        teacher,
+        vocab,
+        temperature,
+        direction,
+        out,
+        saved_out,
+    )
+}
+
+/// [`kl_rows`], saving the pair states in `saved_out` if given.
+fn kl_rows_to<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    temperature: f32,
+    direction: KlDirection,
+    out: &mut [f32],
+    mut saved_out: Option<&mut [PairState]>,
+) -> Result<()> {
     let rows = out.len();
     let tau = inverse_temperature(temperature)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
+    if let Some(st) = saved_out.as_deref() {
+        check_len("saved_out", rows, st.len())?;
+    }
     for r in 0..rows {
         let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
-        let (f, rev) = canon::finish_kl(&canon::pair_row(
-            row_of(student, vocab, r),
-            row_of(teacher, vocab, r),
-            tau,
-        ));
+        let st = canon::pair_row(row_of(student, vocab, r), row_of(teacher, vocab, r), tau);
+        let (f, rev) = canon::finish_kl(&st);
         *o = match direction {
             KlDirection::Forward => f,
             KlDirection::Reverse => rev,
         };
+        if let Some(saved) = saved_out.as_deref_mut() {
+            saved[r] = st;
+        }
     }
     Ok(())
 }
@@ -836,15 +922,16 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
 
 /// The checks of a backward call that read no logit, in the module's order: the temperature
 /// (with the gradients' minimum), `vocab > 0`, every slice length (`out`: the out-of-place
-/// gradient's, if any; `saved`: the number of saved states, if any — and then no KL term),
-/// the weights and the target ids. Returns `(τ, rows)`.
-fn check_backward_args<I: TokenId, U: super::Logit>(
+/// gradient's, if any; `saved`: the number of saved states and whether they hold the
+/// teacher's, if any — without it, no KL term), the weights and the target ids. Returns
+/// `(τ, rows)`.
+pub(super) fn check_backward_args<I: TokenId, U: super::Logit>(
     logits: usize,
     vocab: usize,
     temperature: f32,
     terms: &GradTerms<'_, I, U>,
     out: Option<usize>,
-    saved: Option<usize>,
+    saved: Option<(usize, bool)>,
 ) -> Result<(f32, usize)> {
     let tau = inverse_temperature(temperature)?;
     crate::error::ensure(
@@ -858,12 +945,12 @@ fn check_backward_args<I: TokenId, U: super::Logit>(
     if let Some(n) = out {
         check_len("out", logits, n)?;
     }
-    if let Some(n) = saved {
+    if let Some((n, has_teacher)) = saved {
         check_len("saved", rows, n)?;
         crate::error::ensure(
-            terms.kl.is_none(),
+            terms.kl.is_none() || has_teacher,
             "kl",
-            "the backward from saved states has no KL term (use backward_rows)",
+            "a KL term needs the teacher's saved state (PairState, from kl_rows_saved)",
         )?;
     }
     if let Some((t, g)) = terms.logp {
@@ -894,12 +981,23 @@ fn check_backward_args<I: TokenId, U: super::Logit>(
 
 /// The weights `(g_lp, g_H)` of row `r` and its target index (`usize::MAX` without a
 /// log-probability term).
-fn weights_of<I: TokenId, U>(terms: &GradTerms<'_, I, U>, r: usize) -> (f32, f32, usize) {
+pub(super) fn weights_of<I: TokenId, U>(
+    terms: &GradTerms<'_, I, U>,
+    r: usize,
+) -> (f32, f32, usize) {
     let (g_lp, y) = match terms.logp {
         Some((t, g)) => (g[r], t[r].index()),
         None => (0.0, usize::MAX),
     };
     (g_lp, terms.entropy.map_or(0.0, |g| g[r]), y)
+}
+
+/// Which KL gradient the terms ask for.
+pub(super) fn kl_grad_of<I, U>(terms: &GradTerms<'_, I, U>) -> KlGrad {
+    terms
+        .kl
+        .as_ref()
+        .map_or(KlGrad::None, |k| k.direction.into())
 }
 
 /// The per-row coefficients of the backward, and the target index (or usize::MAX).
@@ -914,11 +1012,8 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
     match &terms.kl {
         Some(k) => {
             let st = canon::pair_row(z, row_of(k.teacher, vocab, r), tau);
-            let dir = match k.direction {
-                KlDirection::Forward => KlGrad::Forward,
-                KlDirection::Reverse => KlGrad::Reverse,
-            };
-            (GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]), y, dir)
+            let c = GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]);
+            (c, y, kl_grad_of(terms))
         }
         None => (
             GradCoef::from_lse(&canon::lse_row(z, tau), tau, g_lp, g_h),
@@ -930,7 +1025,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
 
 /// [`canon::grad_step`] for every element of the row `z` (teacher row `w` when `kg` has a KL
 /// term) into `o`.
-fn grad_row_into<S: super::Logit, U: super::Logit>(
+pub(super) fn grad_row_into<S: super::Logit, U: super::Logit>(
     z: &[S],
     w: Option<&[U]>,
     c: &GradCoef,
@@ -953,7 +1048,7 @@ fn grad_row_into<S: super::Logit, U: super::Logit>(
 }
 
 /// [`grad_row_into`] over the row itself, each gradient rounded by `S::from_f32`.
-fn grad_row_over<S: super::Logit, U: super::Logit>(
+pub(super) fn grad_row_over<S: super::Logit, U: super::Logit>(
     z: &mut [S],
     w: Option<&[U]>,
     c: &GradCoef,
@@ -1034,175 +1129,6 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
         let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
         grad_row_over(&mut logits[r * vocab..(r + 1) * vocab], w, &c, y, kg);
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Backward from saved forward states.
-
-/// Largest entropy magnitude a saved state may imply ([`validate::saved`](saved)): a row's
-/// entropy lies in `[0, ln V]` up to rounding, and `ln V < 45` for every `V` an index can
-/// hold; 133 = 88 + 45 is the entropy bound [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
-pub const MAX_SAVED_ENTROPY: f32 = 133.0;
-
-/// Validates the saved forward state of row `index` ([`logprob_entropy_rows_saved`]) for a
-/// backward at `τ` = `tau`: the checks that make every coefficient [`GradCoef::from_lse`]
-/// derives from it finite and bounded, so that the gradient of the row it was saved from is
-/// finite (as [`backward_rows`]'s, see [`MAX_GRAD_WEIGHT`]).
-///
-/// A forward's state has `sum ≥ 1` up to rounding (the row's largest logit contributes
-/// `e^{(z_max − max)/T} ≥ 1`) and an entropy in `[0, ln V]`; the checks are looser than that
-/// by a wide margin, and reject what cannot be such a state.
-///
-/// # Errors
-/// `NonFinite{what: "saved", index}` when `max`, `max·τ`, `sum`, `dot`, or the log-sum-exp or
-/// entropy they imply, is not finite; `InvalidParam{name: "saved"}` when `sum < 0.5` or
-/// `|H| >` [`MAX_SAVED_ENTROPY`].
-///
-/// ```
-/// use grpo_core::vocab::{validate::saved, LseState};
-/// assert!(saved(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 0).is_ok());
-/// assert!(saved(&LseState { max: f32::NEG_INFINITY, sum: 2.0, dot: 0.0 }, 1.0, 0).is_err());
-/// assert!(saved(&LseState { max: 0.0, sum: 0.0, dot: 0.0 }, 1.0, 0).is_err());
-/// ```
-pub fn saved(st: &LseState, tau: f32, index: usize) -> Result<()> {
-    let (lse, _, h) = canon::finish_lse(st, tau);
-    let finite = [st.max, st.max * tau, st.sum, st.dot, lse, h];
-    if !finite.iter().all(|x| x.is_finite()) {
-        return Err(Error::NonFinite {
-            what: "saved",
-            index,
-        });
-    }
-    crate::error::ensure(
-        st.sum >= 0.5 && h.abs() <= MAX_SAVED_ENTROPY,
-        "saved",
-        "not a forward's row state: sum < 0.5 or |entropy| > 133",
-    )
-}
-
-/// Validates a backward from saved states: [`check_backward_args`], then row by row the saved
-/// state and the target (against the state's reference maximum).
-fn check_backward_saved<S: super::Logit, I: TokenId, U: super::Logit>(
-    logits: &[S],
-    vocab: usize,
-    temperature: f32,
-    saved_states: &[LseState],
-    terms: &GradTerms<'_, I, U>,
-    out: Option<usize>,
-) -> Result<(f32, usize)> {
-    let n = Some(saved_states.len());
-    let (tau, rows) = check_backward_args(logits.len(), vocab, temperature, terms, out, n)?;
-    for (r, st) in saved_states.iter().enumerate() {
-        saved(st, tau, r)?;
-        if let Some((t, _)) = terms.logp {
-            target(
-                row_of(logits, vocab, r),
-                t[r].index(),
-                st.max,
-                tau,
-                r * vocab,
-                r,
-            )?;
-        }
-    }
-    Ok((tau, rows))
-}
-
-/// [`backward_rows`] for the log-probability and entropy terms, from the row states a forward
-/// saved ([`logprob_entropy_rows_saved`]) instead of a pass over the logits to recompute them
-/// \[ours\]: one read of each logit and one write of its gradient. The same formulas and, for
-/// states saved from these logits at this temperature, the same bits as [`backward_rows`]
-/// (whose first pass computes exactly those states): each element is
-/// [`canon::grad_step`] with [`GradCoef::from_lse`] of `saved[r]`.
-///
-/// `U` is the teacher storage type of `terms`' KL term, which must be absent: it lets one
-/// `GradTerms` value serve this function and [`backward_rows`].
-///
-/// **The logits are not validated**: they must be the ones the states were saved from,
-/// unchanged, and `temperature` the forward's. Only the target logits are read before the
-/// gradient is written (the check of `logits[target]`). For other logits the result is
-/// meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient, not an error (never
-/// a panic).
-///
-/// # Errors
-/// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]),
-/// `InvalidParam{name: "vocab"}`, `LengthMismatch{what: "logits" | "out" | "saved"}`,
-/// `InvalidParam{name: "kl"}` when `terms.kl` is given (the KL term needs the teacher's state:
-/// use [`backward_rows`]), `LengthMismatch{what: "targets" | "grad_logp" | "grad_entropy"}`,
-/// the weights' `NonFinite` / `InvalidParam`, `TokenOutOfRange`, then row by row the state
-/// ([`validate::saved`](saved)) and `NonFinite{what: "logits[target]", index: r·V + y}` when
-/// `(z_y − max)·τ` is not finite. On `Err`, `out` is untouched.
-///
-/// ```
-/// use grpo_core::vocab::{backward_rows, backward_rows_saved, logprob_entropy_rows_saved};
-/// use grpo_core::vocab::{GradTerms, LseState};
-/// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, f32::NEG_INFINITY];
-/// let (mut lp, mut h, mut saved) = ([0.0f32; 2], [0.0f32; 2], [LseState::EMPTY; 2]);
-/// logprob_entropy_rows_saved(&z, 3, &[2u32, 0], 1.0, &mut lp, Some(&mut h), &mut saved)
-///     .unwrap();
-/// // loss = Σ_r (−logp_r − 0.01·H_r)
-/// let terms: GradTerms<'_, u32> =
-///     GradTerms { logp: Some((&[2, 0], &[-1.0, -1.0])), entropy: Some(&[-0.01; 2]), kl: None };
-/// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
-/// backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();
-/// backward_rows(&z, 3, 1.0, &terms, &mut g_again).unwrap();
-/// assert_eq!(g, g_again);
-/// // row 1: p = (½, ½, 0), H = ln 2: ∂/∂z_0 = −(1 − ½) − 0.01·(−½)(ln ½ + ln 2) = −½
-/// assert_eq!((g[3], g[4], g[5]), (-0.5, 0.5, 0.0));
-/// ```
-pub fn backward_rows_saved<S: super::Logit, I: TokenId, U: super::Logit>(
-    logits: &[S],
-    vocab: usize,
-    temperature: f32,
-    saved: &[LseState],
-    terms: &GradTerms<'_, I, U>,
-    out: &mut [f32],
-) -> Result<()> {
-    let (tau, rows) =
-        check_backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
-    for r in 0..rows {
-        let (g_lp, g_h, y) = weights_of(terms, r);
-        let c = GradCoef::from_lse(&saved[r], tau, g_lp, g_h);
-        let o = &mut out[r * vocab..(r + 1) * vocab];
-        grad_row_into::<S, U>(row_of(logits, vocab, r), None, &c, y, KlGrad::None, o);
-    }
-    Ok(())
-}
-
-/// [`backward_rows_saved`] writing the gradient over the logits themselves, rounded to their
-/// storage type `S` by `S::from_f32` (ties to even) \[ours\]: for states saved from these
-/// logits, the bits of [`backward_rows_in_place`].
-///
-/// The same precondition (the logits the states were saved from, the forward's temperature)
-/// and the same errors, in the same order, as [`backward_rows_saved`]; on `Err` the logits
-/// are untouched.
-///
-/// ```
-/// use grpo_core::vocab::{backward_rows_in_place_saved, logprob_entropy_rows_saved};
-/// use grpo_core::vocab::{GradTerms, LseState};
-/// // [0, 0], target 0, ∂loss/∂logp = 1: the gradient (½, −½) replaces the logits
-/// let mut z = [0.0f32, 0.0];
-/// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
-/// logprob_entropy_rows_saved(&z, 2, &[0u32], 1.0, &mut lp, None, &mut saved).unwrap();
-/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
-/// backward_rows_in_place_saved(&mut z, 2, 1.0, &saved, &terms).unwrap();
-/// assert_eq!(z, [0.5, -0.5]);
-/// ```
-pub fn backward_rows_in_place_saved<S: super::Logit, I: TokenId, U: super::Logit>(
-    logits: &mut [S],
-    vocab: usize,
-    temperature: f32,
-    saved: &[LseState],
-    terms: &GradTerms<'_, I, U>,
-) -> Result<()> {
-    let (tau, rows) = check_backward_saved(logits, vocab, temperature, saved, terms, None)?;
-    for r in 0..rows {
-        let (g_lp, g_h, y) = weights_of(terms, r);
-        let c = GradCoef::from_lse(&saved[r], tau, g_lp, g_h);
-        let z = &mut logits[r * vocab..(r + 1) * vocab];
-        grad_row_over::<S, U>(z, None, &c, y, KlGrad::None);
     }
     Ok(())
 }

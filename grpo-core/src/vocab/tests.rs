@@ -1451,3 +1451,312 @@ fn saved_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     assert!(backward_rows_saved(&z, 4, 1.0, &saved, &terms, &mut out).is_ok());
     assert!(out[2].is_nan() && out[4..].iter().all(|x| x.is_finite()));
 }
+
+/// Student and teacher rows (`rows × v`) with the same masked entries, so that both KL
+/// directions have support, and a finite target in every row.
+fn pair_batch(
+    rng: &mut Rng,
+    rows: usize,
+    v: usize,
+    masked: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<u32>) {
+    let z: Vec<f32> = (0..rows)
+        .flat_map(|_| logits(rng, v, 2.0, 2, masked))
+        .collect();
+    let mut w: Vec<f32> = (0..rows).flat_map(|_| logits(rng, v, 3.0, 1, 0)).collect();
+    for (b, a) in w.iter_mut().zip(&z) {
+        if *a == f32::NEG_INFINITY {
+            *b = f32::NEG_INFINITY;
+        }
+    }
+    let y = (0..rows)
+        .map(|r| {
+            z[r * v..(r + 1) * v]
+                .iter()
+                .position(|x| x.is_finite())
+                .unwrap() as u32
+        })
+        .collect();
+    (z, w, y)
+}
+
+#[test]
+fn pair_states_give_the_kl_forward_and_backward_bits() {
+    let mut rng = Rng(37);
+    let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (v, masked) in [(5usize, 0usize), (67, 3), (2 * BLOCK + 77, 40)] {
+        for t in [1.0f32, 0.7] {
+            let rows = 3;
+            let (z, w, y) = pair_batch(&mut rng, rows, v, masked);
+            let ctx = (v, t);
+            let tau = 1.0 / t;
+            // The saving forward: kl_rows' bits, and the same full state in either direction.
+            let mut states = Vec::new();
+            for d in [KlDirection::Forward, KlDirection::Reverse] {
+                let (mut kl, mut kl2) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+                let mut saved = vec![PairState::EMPTY; rows];
+                kl_rows(&z, &w, v, t, d, &mut kl).unwrap();
+                kl_rows_saved(&z, &w, v, t, d, &mut kl2, &mut saved).unwrap();
+                assert_eq!(bits(&kl), bits(&kl2), "{ctx:?} {d:?}");
+                for r in 0..rows {
+                    let (zr, wr) = (&z[r * v..(r + 1) * v], &w[r * v..(r + 1) * v]);
+                    assert_eq!(saved[r], canon::pair_row(zr, wr, tau), "{ctx:?}");
+                    // its student half is the student row's own state
+                    assert_eq!(saved[r].student(), canon::lse_row(zr, tau), "{ctx:?}");
+                }
+                states.push(saved);
+            }
+            assert_eq!(states[0], states[1], "{ctx:?}");
+            let saved = &states[0];
+            let g_lp = [-1.0f32, 0.5, 2.0];
+            let g_h = [-0.01f32, 0.3, 0.0];
+            let g_kl = [0.4f32, -1.5, 1.0];
+            let logps = [Some((&y[..], &g_lp[..])), None];
+            let entropies = [Some(&g_h[..]), None];
+            let kls = [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)];
+            for (logp, entropy, kl) in itertools3(&logps, &entropies, &kls) {
+                let terms: GradTerms<'_, u32> = GradTerms {
+                    logp,
+                    entropy,
+                    kl: kl.map(|direction| KlTerm {
+                        teacher: &w[..],
+                        grad: &g_kl[..],
+                        direction,
+                    }),
+                };
+                let what = (ctx, logp.is_some(), entropy.is_some(), kl);
+                let (mut g, mut g2) = (vec![7.0f32; rows * v], vec![9.0f32; rows * v]);
+                backward_rows(&z, v, t, &terms, &mut g).unwrap();
+                backward_rows_saved(&z, v, t, saved, &terms, &mut g2).unwrap();
+                assert_eq!(bits(&g), bits(&g2), "{what:?}");
+                let mut zi = z.clone();
+                backward_rows_in_place_saved(&mut zi, v, t, saved, &terms).unwrap();
+                assert_eq!(bits(&zi), bits(&g), "{what:?}");
+            }
+        }
+    }
+    // bf16 student, f32 teacher: the saved state of the mixed pair, the in-place rounding
+    let (v, t) = (300usize, 0.8f32);
+    let (z, w, y) = pair_batch(&mut rng, 2, v, 4);
+    let zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    let mut saved = vec![PairState::EMPTY; 2];
+    let mut kl = [0.0f32; 2];
+    kl_rows_saved(&zb, &w, v, t, KlDirection::Forward, &mut kl, &mut saved).unwrap();
+    let terms: GradTerms<'_, u32> = GradTerms {
+        logp: Some((&y, &[0.7, -0.2])),
+        entropy: Some(&[-0.3, 0.1]),
+        kl: Some(KlTerm {
+            teacher: &w,
+            grad: &[0.45, 1.0],
+            direction: KlDirection::Forward,
+        }),
+    };
+    let (mut gb, mut zbi) = (vec![0.0f32; 2 * v], zb.clone());
+    backward_rows(&zb, v, t, &terms, &mut gb).unwrap();
+    backward_rows_in_place_saved(&mut zbi, v, t, &saved, &terms).unwrap();
+    let rounded: Vec<half::bf16> = gb.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    assert_eq!(zbi, rounded);
+    // and against the f64 analytic gradient on one row, each KL direction with the other terms
+    let (z, w, y) = pair_batch(&mut rng, 1, v, 2);
+    let y = y[0] as usize;
+    for d in [KlDirection::Forward, KlDirection::Reverse] {
+        let mut saved = [PairState::EMPTY];
+        kl_rows_saved(&z, &w, v, t, d, &mut [0.0], &mut saved).unwrap();
+        let terms: GradTerms<'_, u32> = GradTerms {
+            logp: Some((&[y as u32], &[0.7])),
+            entropy: Some(&[-0.3]),
+            kl: Some(KlTerm {
+                teacher: &w,
+                grad: &[0.45],
+                direction: d,
+            }),
+        };
+        let mut g = vec![0.0f32; v];
+        backward_rows_saved(&z, v, t, &saved, &terms, &mut g).unwrap();
+        let an = grad64(&z, &w, y, t as f64, [0.7, -0.3, 0.45], Some(d));
+        for i in 0..v {
+            assert!(
+                (g[i] as f64 - an[i]).abs() < 2e-7 + 2e-6 * an[i].abs(),
+                "{d:?} v={i}: {} vs {}",
+                g[i],
+                an[i]
+            );
+        }
+    }
+}
+
+/// Every combination of one item of each slice, in order.
+fn itertools3<'a, A: Copy, B: Copy, C: Copy>(
+    a: &'a [A],
+    b: &'a [B],
+    c: &'a [C],
+) -> impl Iterator<Item = (A, B, C)> + 'a {
+    a.iter().flat_map(move |&x| {
+        b.iter()
+            .flat_map(move |&y| c.iter().map(move |&z| (x, y, z)))
+    })
+}
+
+#[test]
+fn pair_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
+    let s = 7.25f32; // sentinel
+    let z = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, f32::NEG_INFINITY];
+    let w = [1.0f32, 0.0, 2.0, -1.0, 0.5, 1.5, -0.5, f32::NEG_INFINITY];
+    let fwd = KlDirection::Forward;
+    // The forward: `saved_out`'s length after the rows'; nothing written on `Err`.
+    let (mut kl, mut short) = ([s; 2], [PairState::EMPTY; 1]);
+    assert_eq!(
+        kl_rows_saved(&z, &w, 4, 1.0, fwd, &mut kl, &mut short),
+        Err(Error::LengthMismatch {
+            what: "saved_out",
+            expected: 2,
+            found: 1
+        })
+    );
+    assert_eq!(
+        kl_rows_saved(&z, &w[..7], 4, 1.0, fwd, &mut kl, &mut short),
+        Err(Error::LengthMismatch {
+            what: "teacher",
+            expected: 8,
+            found: 7
+        })
+    );
+    assert_eq!(
+        (kl.map(f32::to_bits), short),
+        ([s.to_bits(); 2], [PairState::EMPTY])
+    );
+    // a support violation of the direction asked for only
+    let mut w_masked = w;
+    w_masked[1] = f32::NEG_INFINITY;
+    let mut saved = [PairState::EMPTY; 2];
+    assert!(kl_rows_saved(&z, &w_masked, 4, 1.0, fwd, &mut kl, &mut saved).is_err());
+    assert_eq!(
+        (kl.map(f32::to_bits), saved),
+        ([s.to_bits(); 2], [PairState::EMPTY; 2])
+    );
+    let rev = KlDirection::Reverse;
+    kl_rows_saved(&z, &w_masked, 4, 1.0, rev, &mut kl, &mut saved).unwrap();
+    kl_rows_saved(&z, &w, 4, 1.0, fwd, &mut kl, &mut saved).unwrap();
+
+    let check = |st: &[PairState], terms: &GradTerms<'_, u32>| {
+        let mut out = [s; 8];
+        let r = backward_rows_saved(&z, 4, 1.0, st, terms, &mut out);
+        let mut zi = z;
+        let ri = backward_rows_in_place_saved(&mut zi, 4, 1.0, st, terms);
+        assert_eq!(r, ri);
+        if r.is_err() {
+            assert_eq!(out.map(f32::to_bits), [s.to_bits(); 8], "{r:?}");
+            assert_eq!(zi.map(f32::to_bits), z.map(f32::to_bits), "{r:?}");
+        }
+        r
+    };
+    let kl_terms = |teacher: &'static [f32], g: &'static [f32]| GradTerms::<'static, u32> {
+        logp: Some((&[2, 0], &[1.0, 1.0])),
+        entropy: Some(&[0.5, 0.5]),
+        kl: Some(KlTerm {
+            teacher,
+            grad: g,
+            direction: KlDirection::Forward,
+        }),
+    };
+    static W: [f32; 8] = [1.0, 0.0, 2.0, -1.0, 0.5, 1.5, -0.5, f32::NEG_INFINITY];
+    assert!(check(&saved, &kl_terms(&W, &[1.0, -1.0])).is_ok());
+    assert_eq!(
+        check(&saved[..1], &kl_terms(&W, &[1.0, -1.0])),
+        Err(Error::LengthMismatch {
+            what: "saved",
+            expected: 2,
+            found: 1
+        })
+    );
+    assert_eq!(
+        check(&saved, &kl_terms(&W[..4], &[1.0, -1.0])),
+        Err(Error::LengthMismatch {
+            what: "teacher",
+            expected: 8,
+            found: 4
+        })
+    );
+    assert_eq!(
+        check(&saved, &kl_terms(&W, &[1.0])),
+        Err(Error::LengthMismatch {
+            what: "grad_kl",
+            expected: 2,
+            found: 1
+        })
+    );
+    assert_eq!(
+        check(&saved, &kl_terms(&W, &[1.0, f32::INFINITY])),
+        Err(Error::NonFinite {
+            what: "grad_kl",
+            index: 1
+        })
+    );
+    // the states, row by row: either half, or the KL values, not finite or not a forward's
+    let bad = |f: fn(&mut PairState)| {
+        let mut st = saved;
+        f(&mut st[1]);
+        st
+    };
+    let terms = kl_terms(&W, &[1.0, -1.0]);
+    for f in [
+        (|s: &mut PairState| s.zmax = f32::NAN) as fn(&mut PairState),
+        |s| s.tz = f32::INFINITY,
+        |s| s.wmax = f32::NEG_INFINITY,
+        |s| s.tw = f32::NAN,
+        |s| s.u = f32::NAN,
+        |s| s.v = f32::INFINITY,
+    ] {
+        let st = bad(f);
+        assert_eq!(
+            check(&st, &terms),
+            Err(Error::NonFinite {
+                what: "saved",
+                index: 1
+            }),
+            "{:?}",
+            st[1]
+        );
+    }
+    for f in [
+        (|s: &mut PairState| s.sz = 0.25) as fn(&mut PairState),
+        |s| s.sw = 0.25,
+        |s| s.tw = -1e30,
+        |s| s.u = 1e30,
+    ] {
+        let st = bad(f);
+        assert!(
+            matches!(
+                check(&st, &terms),
+                Err(Error::InvalidParam { name: "saved", .. })
+            ),
+            "{:?}",
+            st[1]
+        );
+    }
+    // the KL bound: 2^65 accepted, the next float above it not (u/s_z with s_z = 1, equal sums)
+    let edge = |u: f32| PairState {
+        zmax: 0.0,
+        sz: 1.0,
+        tz: 0.0,
+        wmax: 0.0,
+        sw: 1.0,
+        tw: 0.0,
+        u,
+        v: 0.0,
+    };
+    assert_eq!(validate::saved(&edge(MAX_SAVED_KL), 1.0, 0), Ok(()));
+    assert!(validate::saved(&edge(MAX_SAVED_KL.next_up()), 1.0, 0).is_err());
+    assert_eq!(MAX_SAVED_KL, 2f32.powi(65));
+    // a pair state serves the terms without a KL term too; an LseState no KL term
+    let lse: Vec<LseState> = saved.iter().map(|p| p.student()).collect();
+    assert!(matches!(
+        backward_rows_saved(&z, 4, 1.0, &lse, &terms, &mut [s; 8]),
+        Err(Error::InvalidParam { name: "kl", .. })
+    ));
+    let no_kl = GradTerms::<'_, u32> { kl: None, ..terms };
+    let (mut a, mut b) = ([0.0f32; 8], [1.0f32; 8]);
+    backward_rows_saved(&z, 4, 1.0, &saved, &no_kl, &mut a).unwrap();
+    backward_rows_saved(&z, 4, 1.0, &lse, &no_kl, &mut b).unwrap();
+    assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
+}

@@ -1013,10 +1013,11 @@ pub(crate) fn lse_row<V: F32x16, S: Load, const DOT: bool>(z: &[S], tau: f32) ->
 /// | `KlReverse`   | `finish_kl(..).1`                       | `v`               |
 /// | `GradForward` | `GradCoef::from_pair` with `KlGrad::Forward` (entropy, KL(p‖q)) | `tz`, `u` |
 /// | `GradReverse` | `GradCoef::from_pair` with `KlGrad::Reverse` (entropy; `kl` unread) | `tz` |
+/// | `Saved`       | `kl_rows_saved`: the whole state, `canon::pair_row`'s bits | `tz`, `tw`, `u`, `v` |
 ///
 /// The sums left out are unspecified in the returned state (finite garbage: they start at 0
-/// and go through the merges). The teacher's `tw` (its entropy) is read by no operation, so
-/// it is never computed. Every computed sum has the reference's bits.
+/// and go through the merges). The teacher's `tw` (its entropy) is read only from a saved
+/// state. Every computed sum has the reference's bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PairNeed {
     Jsd,
@@ -1024,6 +1025,7 @@ pub(crate) enum PairNeed {
     KlReverse,
     GradForward,
     GradReverse,
+    Saved,
 }
 
 /// `SUMS` bit of a pair pass: the student's `tz = Σ e_z·δz`.
@@ -1032,16 +1034,19 @@ const SUM_TZ: u8 = 1;
 const SUM_U: u8 = 2;
 /// `SUMS` bit: `v = Σ e_w·(δw − δz)` (KL(q‖p)).
 const SUM_V: u8 = 4;
+/// `SUMS` bit: the teacher's `tw = Σ e_w·δw`.
+const SUM_TW: u8 = 8;
 
 impl PairNeed {
     /// Every need (for tests).
     #[cfg(test)]
-    pub(crate) const ALL: [PairNeed; 5] = [
+    pub(crate) const ALL: [PairNeed; 6] = [
         PairNeed::Jsd,
         PairNeed::KlForward,
         PairNeed::KlReverse,
         PairNeed::GradForward,
         PairNeed::GradReverse,
+        PairNeed::Saved,
     ];
 
     /// The `SUMS` bits of this need.
@@ -1052,14 +1057,20 @@ impl PairNeed {
             PairNeed::KlReverse => SUM_V,
             PairNeed::GradForward => SUM_TZ | SUM_U,
             PairNeed::GradReverse => SUM_TZ,
+            PairNeed::Saved => SUM_TZ | SUM_TW | SUM_U | SUM_V,
         }
     }
 
-    /// Whether `tz`, `u`, `v` are computed.
+    /// Whether `tz`, `tw`, `u`, `v` are computed.
     #[cfg(test)]
-    pub(crate) const fn computes(self) -> (bool, bool, bool) {
+    pub(crate) const fn computes(self) -> [bool; 4] {
         let s = self.sums();
-        (s & SUM_TZ != 0, s & SUM_U != 0, s & SUM_V != 0)
+        [
+            s & SUM_TZ != 0,
+            s & SUM_TW != 0,
+            s & SUM_U != 0,
+            s & SUM_V != 0,
+        ]
     }
 }
 
@@ -1070,22 +1081,25 @@ fn pair_step<V: F32x16, const SUMS: u8>(z: V, w: V, tau: V, cz: V, cw: V, acc: &
     let dmin = V::splat(D_MIN);
     let neg_max = V::splat(LOG_RATIO_FLOOR);
     let (dz, dw) = (z.sub(cz).mul(tau), w.sub(cw).mul(tau));
-    let dzc = dmin.max(dz);
+    let (dzc, dwc) = (dmin.max(dz), dmin.max(dw));
     let ez = exp_nonpos_clamped(dzc);
-    let ew = exp_nonpos_clamped(dmin.max(dw));
+    let ew = exp_nonpos_clamped(dwc);
     let g = neg_max.max(dz).sub(neg_max.max(dw));
-    pair_accumulate::<V, SUMS>(ez, ew, dzc, g, acc);
+    pair_accumulate::<V, SUMS>(ez, ew, [dzc, dwc], g, acc);
 }
 
 /// The sums of one element pair (in the reference's order): `ez`, `ew` its exponentials,
-/// `dzc` the student's clamped difference, `g` the floored log-ratio difference.
+/// `dc` the clamped differences `[δz, δw]`, `g` the floored log-ratio difference.
 #[inline(always)]
-fn pair_accumulate<V: F32x16, const SUMS: u8>(ez: V, ew: V, dzc: V, g: V, acc: &mut [V; 6]) {
+fn pair_accumulate<V: F32x16, const SUMS: u8>(ez: V, ew: V, dc: [V; 2], g: V, acc: &mut [V; 6]) {
     acc[0] = acc[0].add(ez);
     if SUMS & SUM_TZ != 0 {
-        acc[1] = ez.mul_add(dzc, acc[1]);
+        acc[1] = ez.mul_add(dc[0], acc[1]);
     }
     acc[2] = acc[2].add(ew);
+    if SUMS & SUM_TW != 0 {
+        acc[3] = ew.mul_add(dc[1], acc[3]);
+    }
     if SUMS & SUM_U != 0 {
         acc[4] = ez.mul_add(g, acc[4]);
     }
@@ -1358,7 +1372,7 @@ fn pair_steps<
             } else {
                 neg_max.max(dz[k]).sub(neg_max.max(dw[k]))
             };
-            pair_accumulate::<V, SUMS>(e[k], e[2 + k], dc[k], g, acc);
+            pair_accumulate::<V, SUMS>(e[k], e[2 + k], [dc[k], dc[2 + k]], g, acc);
         }
     }
     let nan = if SUMS & SUM_U != 0 {
@@ -1792,6 +1806,7 @@ impl<S: Load, U: Load> PairRows<'_, S, U> {
             PairNeed::KlReverse => self.run_for::<{ PairNeed::KlReverse.sums() }>(target),
             PairNeed::GradForward => self.run_for::<{ PairNeed::GradForward.sums() }>(target),
             PairNeed::GradReverse => self.run_for::<{ PairNeed::GradReverse.sums() }>(target),
+            PairNeed::Saved => self.run_for::<{ PairNeed::Saved.sums() }>(target),
         }
     }
 
@@ -2121,10 +2136,10 @@ mod tests {
                         }
                         .run_on(b);
                         // The sums `need` leaves out are unspecified: compare the rest.
-                        let (tz, u, v) = need.computes();
+                        let [tz, tw, u, v] = need.computes();
                         let masked = |s: &PairState| {
                             let mut x = bits_pair(s);
-                            for (i, keep) in [(2, tz), (5, false), (6, u), (7, v)] {
+                            for (i, keep) in [(2, tz), (5, tw), (6, u), (7, v)] {
                                 if !keep {
                                     x[i] = 0;
                                 }
@@ -2202,8 +2217,8 @@ mod tests {
                         }
                         .run_on(b);
                         let got = bits_pair(&out[0].0);
-                        let (tz, u, v) = need.computes();
-                        let keep = [true, true, tz, true, true, false, u, v];
+                        let [tz, tw, u, v] = need.computes();
+                        let keep = [true, true, tz, true, true, tw, u, v];
                         for i in 0..8 {
                             assert!(
                                 !keep[i] || same(got[i], want_p[i]),

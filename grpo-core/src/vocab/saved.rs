@@ -1,0 +1,322 @@
+//! The backward from the row states a forward saved: [`logprob_entropy_rows_saved`] saves one
+//! [`LseState`] per row, [`kl_rows_saved`] one [`PairState`] per student/teacher row pair, and
+//! [`backward_rows_saved`] / [`backward_rows_in_place_saved`] take either ([`SavedState`])
+//! instead of a first pass over the logits that recomputes them.
+//!
+//! [`logprob_entropy_rows_saved`]: super::logprob_entropy_rows_saved
+//! [`kl_rows_saved`]: super::kl_rows_saved
+
+use super::canon::{self, GradCoef, LseState, PairState};
+use super::ops::{
+    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, kl_grad_of, row_of,
+    target, weights_of,
+};
+#[cfg(doc)]
+use super::ops::{
+    MAX_GRAD_WEIGHT, backward_rows, backward_rows_in_place, kl_rows_saved,
+    logprob_entropy_rows_saved,
+};
+use crate::error::{Error, Result};
+
+/// Largest entropy magnitude a saved state may imply ([`validate::saved`](saved)): a row's
+/// entropy lies in `[0, ln V]` up to rounding, and `ln V < 45` for every `V` an index can
+/// hold; 133 = 88 + 45 is the entropy bound [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
+pub const MAX_SAVED_ENTROPY: f32 = 133.0;
+
+/// Largest KL(p‖q) magnitude a saved [`PairState`] may imply ([`validate::saved`](saved)):
+/// 2^65. A forward's KL is `(ln s_w − ln s_z) + u/s_z`, where `u/s_z` is a p-weighted mean of
+/// log-ratios floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]), so `|KL| ≤ 2^64 + 2·133`; 2^65
+/// is the KL bound [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
+pub const MAX_SAVED_KL: f32 = 3.6893488e19;
+
+mod sealed {
+    /// Only grpo-core's state types are saved states: their checks are part of the contract.
+    pub trait Sealed {}
+    impl Sealed for super::LseState {}
+    impl Sealed for super::PairState {}
+}
+
+/// A row state a forward saved for [`backward_rows_saved`] \[ours\]:
+///
+/// | state | saved by | serves the terms |
+/// |---|---|---|
+/// | [`LseState`] (student row) | [`logprob_entropy_rows_saved`] | log-probability, entropy |
+/// | [`PairState`] (student and teacher rows) | [`kl_rows_saved`] | log-probability, entropy, KL (either direction) |
+///
+/// Sealed: implemented by these two types only.
+///
+/// ```
+/// use grpo_core::vocab::{LseState, PairState, SavedState};
+/// use grpo_core::vocab::canon::{lse_row, pair_row};
+/// let (z, w) = ([0.5f32, -1.0, 2.0], [0.0f32, 1.0, 1.0]);
+/// let pair = pair_row(&z, &w, 1.0);
+/// assert!(PairState::HAS_TEACHER && !LseState::HAS_TEACHER);
+/// // the pair state's student half is the student row's own state, bit for bit
+/// assert_eq!(SavedState::student(&pair), lse_row(&z, 1.0));
+/// ```
+pub trait SavedState: sealed::Sealed + Copy {
+    /// Whether the state holds the teacher row's statistics, which a KL term needs.
+    const HAS_TEACHER: bool;
+
+    /// The student row's state.
+    fn student(&self) -> LseState;
+
+    /// The checks of [`validate::saved`](saved).
+    ///
+    /// # Errors
+    /// As [`validate::saved`](saved).
+    fn check(&self, tau: f32, index: usize) -> Result<()>;
+
+    /// The row's backward coefficients for the weights `g_lp`, `g_h` and `g_kl` (read only
+    /// with a teacher): [`GradCoef::from_lse`] or [`GradCoef::from_pair`].
+    fn coef(&self, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef;
+}
+
+impl SavedState for LseState {
+    const HAS_TEACHER: bool = false;
+
+    fn student(&self) -> LseState {
+        *self
+    }
+
+    fn check(&self, tau: f32, index: usize) -> Result<()> {
+        let (lse, _, h) = canon::finish_lse(self, tau);
+        let finite = [self.max, self.max * tau, self.sum, self.dot, lse, h];
+        if !finite.iter().all(|x| x.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "saved",
+                index,
+            });
+        }
+        crate::error::ensure(
+            self.sum >= 0.5 && h.abs() <= MAX_SAVED_ENTROPY,
+            "saved",
+            "not a forward's row state: sum < 0.5 or |entropy| > 133",
+        )
+    }
+
+    fn coef(&self, tau: f32, g_lp: f32, g_h: f32, _g_kl: f32) -> GradCoef {
+        GradCoef::from_lse(self, tau, g_lp, g_h)
+    }
+}
+
+impl SavedState for PairState {
+    const HAS_TEACHER: bool = true;
+
+    fn student(&self) -> LseState {
+        PairState::student(self)
+    }
+
+    fn check(&self, tau: f32, index: usize) -> Result<()> {
+        self.student().check(tau, index)?;
+        self.teacher().check(tau, index)?;
+        let (forward, reverse) = canon::finish_kl(self);
+        if !(forward.is_finite() && reverse.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "saved",
+                index,
+            });
+        }
+        crate::error::ensure(
+            forward.abs() <= MAX_SAVED_KL,
+            "saved",
+            "not a forward's pair state: |KL(p‖q)| > 2^65",
+        )
+    }
+
+    fn coef(&self, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef {
+        GradCoef::from_pair(self, tau, g_lp, g_h, g_kl)
+    }
+}
+
+/// Validates the saved forward state of row `index` for a backward at `τ` = `tau`: the
+/// checks that make every coefficient [`SavedState::coef`] derives from it finite and
+/// bounded, so that the gradient of the row it was saved from is finite (as
+/// [`backward_rows`]'s, see [`MAX_GRAD_WEIGHT`]).
+///
+/// A forward's row state has `sum ≥ 1` up to rounding (the row's largest logit contributes
+/// `e^{(z_max − max)/T} ≥ 1`) and an entropy in `[0, ln V]`; the checks are looser than that
+/// by a wide margin, and reject what cannot be such a state.
+///
+/// # Errors
+/// For an [`LseState`]: `NonFinite{what: "saved", index}` when `max`, `max·τ`, `sum`, `dot`,
+/// or the log-sum-exp or entropy they imply, is not finite; `InvalidParam{name: "saved"}`
+/// when `sum < 0.5` or `|H| >` [`MAX_SAVED_ENTROPY`]. For a [`PairState`]: those checks of
+/// the student's half, then of the teacher's, then `NonFinite{what: "saved", index}` when
+/// either KL direction ([`canon::finish_kl`]) is not finite and `InvalidParam{name:
+/// "saved"}` when `|KL(p‖q)| >` [`MAX_SAVED_KL`].
+///
+/// ```
+/// use grpo_core::vocab::{validate::saved, LseState, PairState};
+/// assert!(saved(&LseState { max: 0.0, sum: 2.0, dot: 0.0 }, 1.0, 0).is_ok());
+/// assert!(saved(&LseState { max: f32::NEG_INFINITY, sum: 2.0, dot: 0.0 }, 1.0, 0).is_err());
+/// assert!(saved(&LseState { max: 0.0, sum: 0.0, dot: 0.0 }, 1.0, 0).is_err());
+/// // two rows of two equal logits 0: both halves valid, KL = 0
+/// let pair = PairState { zmax: 0.0, sz: 2.0, tz: 0.0, wmax: 0.0, sw: 2.0, tw: 0.0, u: 0.0, v: 0.0 };
+/// assert!(saved(&pair, 1.0, 0).is_ok());
+/// assert!(saved(&PairState { sw: 0.25, ..pair }, 1.0, 0).is_err());
+/// ```
+pub fn saved<St: SavedState>(st: &St, tau: f32, index: usize) -> Result<()> {
+    st.check(tau, index)
+}
+
+/// Validates a backward from saved states: [`check_backward_args`], then row by row the saved
+/// state and the target (against the student state's reference maximum).
+fn check_backward_saved<S: super::Logit, I: TokenId, U: super::Logit, St: SavedState>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    saved_states: &[St],
+    terms: &GradTerms<'_, I, U>,
+    out: Option<usize>,
+) -> Result<(f32, usize)> {
+    let n = Some((saved_states.len(), St::HAS_TEACHER));
+    let (tau, rows) = check_backward_args(logits.len(), vocab, temperature, terms, out, n)?;
+    for (r, st) in saved_states.iter().enumerate() {
+        saved(st, tau, r)?;
+        if let Some((t, _)) = terms.logp {
+            let z = row_of(logits, vocab, r);
+            target(z, t[r].index(), st.student().max, tau, r * vocab, r)?;
+        }
+    }
+    Ok((tau, rows))
+}
+
+/// The coefficients of row `r` from its saved state, and its target index (or `usize::MAX`).
+fn coef_of_saved<I: TokenId, U, St: SavedState>(
+    st: &St,
+    tau: f32,
+    terms: &GradTerms<'_, I, U>,
+    r: usize,
+) -> (GradCoef, usize) {
+    let (g_lp, g_h, y) = weights_of(terms, r);
+    let g_kl = terms.kl.as_ref().map_or(0.0, |k| k.grad[r]);
+    (st.coef(tau, g_lp, g_h, g_kl), y)
+}
+
+/// [`backward_rows`] from the row states a forward saved instead of a pass over the logits to
+/// recompute them \[ours\]: one read of each logit (and teacher logit) and one write of its
+/// gradient. The same formulas and, for states saved from these logits at this temperature,
+/// the same bits as [`backward_rows`] (whose first pass computes exactly those states): each
+/// element is [`canon::grad_step`] with [`SavedState::coef`] of `saved[r]`.
+///
+/// `saved` holds [`LseState`]s ([`logprob_entropy_rows_saved`]: log-probability and entropy
+/// terms) or [`PairState`]s ([`kl_rows_saved`]: any terms, a KL term in either direction
+/// included; the teacher logits of the KL term are read again for `log q_v`). `U` is the
+/// teacher storage type of `terms`' KL term: with `LseState`s it must be absent, and `U`
+/// lets one `GradTerms` value serve this function and [`backward_rows`].
+///
+/// **The logits are not validated**: they (and the teacher's) must be the ones the states
+/// were saved from, unchanged, and `temperature` the forward's. Only the target logits are
+/// read before the gradient is written (the check of `logits[target]`); the KL support is
+/// not checked (the saving forward checked its direction's). For other logits the result is
+/// meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient, not an error (never a
+/// panic).
+///
+/// # Errors
+/// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]),
+/// `InvalidParam{name: "vocab"}`, `LengthMismatch{what: "logits" | "out" | "saved"}`,
+/// `InvalidParam{name: "kl"}` when `terms.kl` is given with `LseState`s (the KL term needs
+/// the teacher's state), `LengthMismatch{what: "targets" | "grad_logp" | "grad_entropy" |
+/// "teacher" | "grad_kl"}`, the weights' `NonFinite` / `InvalidParam`, `TokenOutOfRange`,
+/// then row by row the state ([`validate::saved`](saved)) and `NonFinite{what:
+/// "logits[target]", index: r·V + y}` when `(z_y − max)·τ` is not finite. On `Err`, `out` is
+/// untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows, backward_rows_saved, logprob_entropy_rows_saved};
+/// use grpo_core::vocab::{GradTerms, LseState};
+/// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, f32::NEG_INFINITY];
+/// let (mut lp, mut h, mut saved) = ([0.0f32; 2], [0.0f32; 2], [LseState::EMPTY; 2]);
+/// logprob_entropy_rows_saved(&z, 3, &[2u32, 0], 1.0, &mut lp, Some(&mut h), &mut saved)
+///     .unwrap();
+/// // loss = Σ_r (−logp_r − 0.01·H_r)
+/// let terms: GradTerms<'_, u32> =
+///     GradTerms { logp: Some((&[2, 0], &[-1.0, -1.0])), entropy: Some(&[-0.01; 2]), kl: None };
+/// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
+/// backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();
+/// backward_rows(&z, 3, 1.0, &terms, &mut g_again).unwrap();
+/// assert_eq!(g, g_again);
+/// // row 1: p = (½, ½, 0), H = ln 2: ∂/∂z_0 = −(1 − ½) − 0.01·(−½)(ln ½ + ln 2) = −½
+/// assert_eq!((g[3], g[4], g[5]), (-0.5, 0.5, 0.0));
+/// ```
+///
+/// Distillation, from the pair states of the KL forward:
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows, backward_rows_saved, kl_rows_saved};
+/// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
+/// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, 1.0];
+/// let w = [0.0f32, -1.0, 2.5, /* row 1 */ 1.0, 0.0, 0.0];
+/// let (mut kl, mut saved) = ([0.0f32; 2], [PairState::EMPTY; 2]);
+/// kl_rows_saved(&z, &w, 3, 1.0, KlDirection::Reverse, &mut kl, &mut saved).unwrap();
+/// // loss = Σ_r KL_r(q‖p)
+/// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0, 1.0], direction: KlDirection::Reverse };
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
+/// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
+/// backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();
+/// backward_rows(&z, 3, 1.0, &terms, &mut g_again).unwrap();
+/// assert_eq!(g, g_again);
+/// // ∂KL(q‖p)/∂z_v = p_v − q_v: each row's gradient sums to 0
+/// assert!((g[3] + g[4] + g[5]).abs() < 1e-6);
+/// ```
+pub fn backward_rows_saved<S: super::Logit, I: TokenId, U: super::Logit, St: SavedState>(
+    logits: &[S],
+    vocab: usize,
+    temperature: f32,
+    saved: &[St],
+    terms: &GradTerms<'_, I, U>,
+    out: &mut [f32],
+) -> Result<()> {
+    let (tau, rows) =
+        check_backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
+    let kg = kl_grad_of(terms);
+    for r in 0..rows {
+        let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
+        let o = &mut out[r * vocab..(r + 1) * vocab];
+        grad_row_into(row_of(logits, vocab, r), w, &c, y, kg, o);
+    }
+    Ok(())
+}
+
+/// [`backward_rows_saved`] writing the gradient over the logits themselves, rounded to their
+/// storage type `S` by `S::from_f32` (ties to even) \[ours\]: for states saved from these
+/// logits, the bits of [`backward_rows_in_place`].
+///
+/// The same precondition (the logits the states were saved from, the forward's temperature)
+/// and the same errors, in the same order, as [`backward_rows_saved`]; on `Err` the logits
+/// are untouched.
+///
+/// ```
+/// use grpo_core::vocab::{backward_rows_in_place_saved, logprob_entropy_rows_saved};
+/// use grpo_core::vocab::{GradTerms, LseState};
+/// // [0, 0], target 0, ∂loss/∂logp = 1: the gradient (½, −½) replaces the logits
+/// let mut z = [0.0f32, 0.0];
+/// let (mut lp, mut saved) = ([0.0f32; 1], [LseState::EMPTY; 1]);
+/// logprob_entropy_rows_saved(&z, 2, &[0u32], 1.0, &mut lp, None, &mut saved).unwrap();
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+/// backward_rows_in_place_saved(&mut z, 2, 1.0, &saved, &terms).unwrap();
+/// assert_eq!(z, [0.5, -0.5]);
+/// ```
+pub fn backward_rows_in_place_saved<
+    S: super::Logit,
+    I: TokenId,
+    U: super::Logit,
+    St: SavedState,
+>(
+    logits: &mut [S],
+    vocab: usize,
+    temperature: f32,
+    saved: &[St],
+    terms: &GradTerms<'_, I, U>,
+) -> Result<()> {
+    let (tau, rows) = check_backward_saved(logits, vocab, temperature, saved, terms, None)?;
+    let kg = kl_grad_of(terms);
+    for r in 0..rows {
+        let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
+        let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
+        grad_row_over(&mut logits[r * vocab..(r + 1) * vocab], w, &c, y, kg);
+    }
+    Ok(())
+}
