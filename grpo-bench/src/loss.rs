@@ -8,7 +8,10 @@
 //! `threads`; `median_ms`; `gbps` = bytes moved / time, bytes = lp, old, adv read
 //! (3 × 4 B/token) + value, grad written (2 × 4 B/token); `roofline_gbps` = grpo-cpu's
 //! multi-threaded copy of the same 20 B/token (half read, half written) on the same threads,
-//! timed interleaved; `ratio = gbps / roofline_gbps`; `tokens_per_s`. `--clip core` (not in
+//! timed interleaved; `ratio = gbps / roofline_gbps`; `tokens_per_s`; `stream_roofline_gbps`
+//! and `stream_ratio`, the same against the copy with streaming stores
+//! (`grpo_cpu::roofline::copy_stream`, a stricter roofline where plain stores read each
+//! destination line before writing it). `--clip core` (not in
 //! `all`) times grpo-core's own single-threaded `ppo_clip` instead (`backend` = `"core"`,
 //! `threads` = 1; its roofline is still the copy on the pool's threads).
 
@@ -49,7 +52,8 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
     let mut grad = vec![0.0f32; n];
     let half = n * 20 / 8;
     let src = vec![1.0f32; half];
-    let mut dst = vec![0.0f32; half];
+    // One destination per copy probe: each closure borrows its own.
+    let (mut dst, mut dst_stream) = (vec![0.0f32; half], vec![0.0f32; half]);
     for clip in clips {
         // `core`: grpo-core's own `ppo_clip` on the calling thread, for comparison.
         let on_core = clip == "core";
@@ -61,7 +65,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             ),
         };
         let mut fail = None;
-        let [ms, roof_ms] = interleaved_medians(
+        let [ms, roof_ms, stream_ms] = interleaved_medians(
             iters,
             [
                 &mut || {
@@ -75,6 +79,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
                     }
                 },
                 &mut || roofline::copy(&cpu, &src, &mut dst),
+                &mut || roofline::copy_stream(&cpu, &src, &mut dst_stream),
             ],
         );
         if let Some(e) = fail {
@@ -83,8 +88,9 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
         let bytes = (n * 20) as f64;
         let gbps = bytes / ms / 1e6;
         let roof = (half * 8) as f64 / roof_ms / 1e6;
+        let stream_roof = (half * 8) as f64 / stream_ms / 1e6;
         println!(
-            "{{\"kernel\":\"{name}\",\"dtype\":\"f32\",\"rows\":{rows},\"vocab\":{cols},\"backend\":\"{}\",\"threads\":{},\"iters\":{iters},\"median_ms\":{ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"tokens_per_s\":{:.0}}}",
+            "{{\"kernel\":\"{name}\",\"dtype\":\"f32\",\"rows\":{rows},\"vocab\":{cols},\"backend\":\"{}\",\"threads\":{},\"iters\":{iters},\"median_ms\":{ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"tokens_per_s\":{:.0},\"stream_roofline_gbps\":{stream_roof:.2},\"stream_ratio\":{:.3}}}",
             if on_core {
                 "core"
             } else {
@@ -93,6 +99,7 @@ pub(crate) fn main(args: &[String]) -> Result<(), String> {
             if on_core { 1 } else { cpu.threads() },
             gbps / roof,
             n as f64 / (ms / 1e3),
+            gbps / stream_roof,
         );
     }
     Ok(())

@@ -19,6 +19,11 @@
 //! gradients written); `roofline_gbps` is a plain multi-threaded streaming read (forward
 //! kernels) or read + write (backward) of the same number of bytes on the same threads, timed
 //! interleaved with the kernel so machine drift hits both alike; `ratio = gbps / roofline_gbps`.
+//! The kernels that write (the backwards) also get `stream_roofline_gbps` and `stream_ratio`:
+//! the same against a copy with streaming stores (`grpo_cpu::roofline::copy_stream`), which on
+//! AVX-512 moves two bytes over the memory bus per byte copied where the plain copy's stores
+//! move three (each destination line is read before it is written) — the stricter read + write
+//! roofline, since the AVX-512 backwards write their gradients with streaming stores too.
 //! `vocab --prefetch both` times each kernel with the software prefetches on and off in the
 //! same rounds, against one roofline, and prints a line for each with `time_vs_other_prefetch`:
 //! the median over rounds of its time over the other setting's (so the setting a CPU should

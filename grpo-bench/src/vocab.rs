@@ -215,7 +215,8 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let mut fail: Option<String> = None;
         let cpus = c.cpus;
         let roof_cpu = &cpus[0];
-        // Job `j < cpus.len()` is the kernel on `cpus[j]`; the last job is the roofline.
+        // Job `j < cpus.len()` is the kernel on `cpus[j]`; the next is the roofline, and for
+        // the kernels that write, the one after it the copy with streaming stores.
         let (times, roof_bytes);
         if write == 0 {
             let probe = vec![1.0f32; read / 4];
@@ -261,9 +262,13 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             } else {
                 grad = vec![0.0f32; n];
             }
-            times = interleaved_times(c.iters, cpus.len() + 1, |j| {
+            times = interleaved_times(c.iters, cpus.len() + 2, |j| {
                 let Some(cpu) = cpus.get(j) else {
-                    roofline::copy(roof_cpu, &src, &mut dst);
+                    if j == cpus.len() {
+                        roofline::copy(roof_cpu, &src, &mut dst);
+                    } else {
+                        roofline::copy_stream(roof_cpu, &src, &mut dst);
+                    }
                     return;
                 };
                 let r = match kernel {
@@ -293,6 +298,11 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         let bytes = (read + write) as f64;
         let roof_ms = median(&mut times[cpus.len()].clone());
         let roof = roof_bytes as f64 / roof_ms / 1e6;
+        // The kernels that write: the copy with streaming stores as a second, stricter
+        // read + write roofline (see `roofline::copy_stream`).
+        let stream_roof = times
+            .get(cpus.len() + 1)
+            .map(|t| roof_bytes as f64 / median(&mut t.clone()) / 1e6);
         for (j, cpu) in cpus.iter().enumerate() {
             let kernel_ms = median(&mut times[j].clone());
             let gbps = bytes / kernel_ms / 1e6;
@@ -309,8 +319,14 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                 }
                 _ => String::new(),
             };
+            let stream = stream_roof.map_or(String::new(), |r| {
+                format!(
+                    ",\"stream_roofline_gbps\":{r:.2},\"stream_ratio\":{:.3}",
+                    gbps / r
+                )
+            });
             println!(
-                "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}{paired}}}",
+                "{{\"kernel\":\"{kernel}\",\"dtype\":\"{}\",\"rows\":{},\"vocab\":{},\"temperature\":{},\"masked\":{},\"backend\":\"{}\",\"prefetch\":{},\"threads\":{},\"iters\":{},\"median_ms\":{kernel_ms:.3},\"gbps\":{gbps:.2},\"roofline_gbps\":{roof:.2},\"ratio\":{:.3},\"rows_per_s\":{:.0}{stream}{paired}}}",
                 c.dtype,
                 c.rows,
                 c.vocab,

@@ -707,9 +707,15 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// [`kl_rows`] that also saves each row pair's merged state for [`backward_rows_saved`]
 /// \[ours\]: `saved_out[r]` is [`canon::pair_row`] of the student and teacher rows `r` — both
 /// references and sums of exponentials, both entropies' sums (`tz`, `tw`) and both KL sums
-/// (`u`, `v`), whichever `direction` asks for — from which both log-softmaxes, both
-/// entropies and both KL directions follow ([`canon::finish_lse`], [`canon::finish_kl`]).
-/// The KL values are those of [`kl_rows`], bit for bit.
+/// (`u`, `v`), whatever the `direction` — from which both log-softmaxes, both entropies and
+/// both KL directions follow ([`canon::finish_lse`], [`canon::finish_kl`]). The KL values are
+/// those of [`kl_rows`], bit for bit.
+///
+/// The student half of a state (`PairState::student`) is the student row's own
+/// [`LseState`], so the student's log-probabilities and entropies follow from it with the
+/// bits of [`logprob_entropy_rows`]: `canon::logp_of(z[y], τ, &st.student())` and
+/// `canon::finish_lse(&st.student(), τ).2` (τ = 1/T rounded once). A distillation forward
+/// that needs them as well as the KL reads the student rows once.
 ///
 /// A distillation backward from these states ([`backward_rows_saved`] with a KL term) reads
 /// the student and teacher rows once, where [`backward_rows`] reads both twice. Computing all

@@ -1508,6 +1508,16 @@ fn pair_states_give_the_kl_forward_and_backward_bits() {
             }
             assert_eq!(states[0], states[1], "{ctx:?}");
             let saved = &states[0];
+            // The student's log-probabilities and entropies from the pair states (as the
+            // documentation of kl_rows_saved derives them): logprob_entropy_rows' bits.
+            let (mut lp, mut h) = (vec![0.0f32; rows], vec![0.0f32; rows]);
+            logprob_entropy_rows(&z, v, &y, t, &mut lp, Some(&mut h)).unwrap();
+            for r in 0..rows {
+                let st = saved[r].student();
+                let zy = z[r * v + y[r] as usize];
+                assert_eq!(canon::logp_of(zy, tau, &st).to_bits(), lp[r].to_bits());
+                assert_eq!(canon::finish_lse(&st, tau).2.to_bits(), h[r].to_bits());
+            }
             let g_lp = [-1.0f32, 0.5, 2.0];
             let g_h = [-0.01f32, 0.3, 0.0];
             let g_kl = [0.4f32, -1.5, 1.0];

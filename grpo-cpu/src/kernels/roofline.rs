@@ -1,5 +1,5 @@
-//! The memory roofline: the fastest plain streaming read (and read + write) of a buffer, against
-//! which the vocabulary kernels' bandwidth is reported.
+//! The memory roofline: the fastest plain streaming read (and read + write, with plain or
+//! streaming stores) of a buffer, against which the vocabulary kernels' bandwidth is reported.
 //!
 //! Sixteen independent vector accumulators hide the add latency, so the loop is limited by the
 //! memory system only; this is the "best vectorised read loop" a kernel is compared to.
@@ -47,6 +47,31 @@ impl Kernel for Copy<'_> {
         let (d, d_tail) = dst.as_chunks_mut::<16>();
         for (d, s) in d.iter_mut().zip(s) {
             V::load(s).store(d);
+        }
+        d_tail.copy_from_slice(s_tail);
+    }
+}
+
+/// [`Copy`] writing through [`F32x16::store_stream`] from the destination's first 64-byte
+/// boundary on (plain stores before it and for the tail), as the backward kernels write their
+/// gradients: on AVX-512 the streaming stores skip the read for ownership of each destination
+/// line that plain stores pay, so this probe moves two bytes over the memory bus for each
+/// byte copied where [`Copy`] moves three. Lengths must be equal.
+pub(crate) struct CopyStream<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
+
+impl Kernel for CopyStream<'_> {
+    type Output = ();
+    const PREFETCHES: bool = false;
+
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        let (src, dst) = (self.0, self.1);
+        let head = dst.as_ptr().align_offset(64).min(dst.len());
+        dst[..head].copy_from_slice(&src[..head]);
+        let (s, s_tail) = src[head..].as_chunks::<16>();
+        let (d, d_tail) = dst[head..].as_chunks_mut::<16>();
+        for (d, s) in d.iter_mut().zip(s) {
+            V::load(s).store_stream(d);
         }
         d_tail.copy_from_slice(s_tail);
     }
