@@ -562,7 +562,7 @@ impl Cpu {
                     let c = GradCoef::from_pair(s, tau, g_lp(r), g_h(r), k.grad[r]);
                     v.push((s.student(), c));
                 }
-                (v, k.direction.into())
+                (v, terms.kl_grad())
             }
             None => {
                 // The entropy's sum even without an entropy term: the coefficient
@@ -834,7 +834,7 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        let kl = kl_grad(terms);
+        let kl = terms.kl_grad();
         self.grads_into(logits, w, ys, &coefs, kl, vocab, out);
         Ok(())
     }
@@ -875,17 +875,9 @@ impl Cpu {
         };
         let w: &[U] = terms.kl.as_ref().map_or(&[], |k| k.teacher);
         let ys = terms.logp.is_some().then_some(&ys[..]);
-        self.grads_over(logits, w, ys, &coefs, kl_grad(terms), vocab);
+        self.grads_over(logits, w, ys, &coefs, terms.kl_grad(), vocab);
         Ok(())
     }
-}
-
-/// Which KL gradient `terms` asks for.
-fn kl_grad<I, U>(terms: &GradTerms<'_, I, U>) -> KlGrad {
-    terms
-        .kl
-        .as_ref()
-        .map_or(KlGrad::None, |k| k.direction.into())
 }
 
 /// The public row operations on every backend this CPU has, in every storage type, against

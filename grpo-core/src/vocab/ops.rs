@@ -873,6 +873,21 @@ pub struct GradTerms<'a, I, U = f32> {
     pub kl: Option<KlTerm<'a, U>>,
 }
 
+impl<I, U> GradTerms<'_, I, U> {
+    /// Which KL gradient the terms ask for: [`KlGrad::None`] without a KL term.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{canon::KlGrad, GradTerms};
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: Some(&[1.0]), kl: None };
+    /// assert_eq!(terms.kl_grad(), KlGrad::None);
+    /// ```
+    pub fn kl_grad(&self) -> KlGrad {
+        self.kl
+            .as_ref()
+            .map_or(KlGrad::None, |k| k.direction.into())
+    }
+}
+
 /// Validates per-row backward weights: length `rows`, finite, `|g| ≤` [`MAX_GRAD_WEIGHT`].
 ///
 /// # Errors
@@ -998,14 +1013,6 @@ pub(super) fn weights_of<I: TokenId, U>(
     (g_lp, terms.entropy.map_or(0.0, |g| g[r]), y)
 }
 
-/// Which KL gradient the terms ask for.
-pub(super) fn kl_grad_of<I, U>(terms: &GradTerms<'_, I, U>) -> KlGrad {
-    terms
-        .kl
-        .as_ref()
-        .map_or(KlGrad::None, |k| k.direction.into())
-}
-
 /// The per-row coefficients of the backward, and the target index (or usize::MAX).
 fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
     z: &[S],
@@ -1019,7 +1026,7 @@ fn coef_of<S: super::Logit, I: TokenId, U: super::Logit>(
         Some(k) => {
             let st = canon::pair_row(z, row_of(k.teacher, vocab, r), tau);
             let c = GradCoef::from_pair(&st, tau, g_lp, g_h, k.grad[r]);
-            (c, y, kl_grad_of(terms))
+            (c, y, terms.kl_grad())
         }
         None => (
             GradCoef::from_lse(&canon::lse_row(z, tau), tau, g_lp, g_h),

@@ -8,8 +8,8 @@
 
 use super::canon::{self, GradCoef, LseState, PairState};
 use super::ops::{
-    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, kl_grad_of, row_of,
-    target, weights_of,
+    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, row_of, target,
+    weights_of,
 };
 #[cfg(doc)]
 use super::ops::{
@@ -270,7 +270,7 @@ pub fn backward_rows_saved<S: super::Logit, I: TokenId, U: super::Logit, St: Sav
 ) -> Result<()> {
     let (tau, rows) =
         check_backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
-    let kg = kl_grad_of(terms);
+    let kg = terms.kl_grad();
     for r in 0..rows {
         let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
@@ -312,7 +312,7 @@ pub fn backward_rows_in_place_saved<
     terms: &GradTerms<'_, I, U>,
 ) -> Result<()> {
     let (tau, rows) = check_backward_saved(logits, vocab, temperature, saved, terms, None)?;
-    let kg = kl_grad_of(terms);
+    let kg = terms.kl_grad();
     for r in 0..rows {
         let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
