@@ -398,7 +398,20 @@ fn row_stats(row: u32, r: Online, zmax: f32) -> RowStats {
 @compute @workgroup_size(256)
 fn forward(@builtin(workgroup_id) wid: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x;
+    forward_row(wid.x, lid, false);
+}
+
+// Fused forward that also saves each row's softmax state for `backward_saved` [grpo-core's
+// logprob_entropy_rows_saved]: what `forward` writes, plus grpo-core's LseState in binding 6
+// (`grad`, 4 floats per row): (reference = the raw maximum, Σ e^{d} with the maximum's own 1,
+// Σ e^{d}·d, 0), d = (z − max z)/T as the scan shifts.
+@compute @workgroup_size(256)
+fn forward_saved(@builtin(workgroup_id) wid: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    forward_row(wid.x, lid, true);
+}
+
+fn forward_row(row: u32, lid: u32, save: bool) {
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
@@ -420,6 +433,12 @@ fn forward(@builtin(workgroup_id) wid: vec3<u32>,
         status[row * 4u + 1u] = o.flags;
         status[row * 4u + 2u] = over;
         status[row * 4u + 3u] = 0u;
+        if save {
+            grad[row * 4u] = zmax;
+            grad[row * 4u + 1u] = rmax(r.s + 1.0, 1.0);
+            grad[row * 4u + 2u] = r.t;
+            grad[row * 4u + 3u] = 0.0;
+        }
     }
 }
 
@@ -524,6 +543,134 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
+// The backward from saved row states [grpo-core's backward_rows_saved]: the host validated the
+// states (grpo-core's validate::backward_saved) and turned each into grpo-core's per-row
+// coefficients (SavedState::coef → canon::GradCoef), so this pass has no reduction: one read of
+// each logit (and, with a KL term, teacher logit) and one write of its gradient.
+//
+// Coefficients per row in binding 7 (`upstream`, SAVED_COEF floats): the student's log-softmax
+// (reference, −ln Σ), H, the weights g_lp, g_H, g_KL, the teacher's log-softmax (reference,
+// −ln Σ), KL(p‖q), and three unused. The target of each row is in binding 1 (NO_INDEX without a
+// log-probability term).
+const SAVED_COEF: u32 = 12u;
+const KL_NONE: u32 = 0u;
+const KL_FORWARD: u32 = 1u;
+const KL_REVERSE: u32 = 2u;
+
+struct SavedCoef {
+    p_max: f32,
+    p_neg_ln_sum: f32,
+    h: f32,
+    g_lp: f32,
+    g_h: f32,
+    g_kl: f32,
+    q_max: f32,
+    q_neg_ln_sum: f32,
+    kl: f32,
+}
+
+fn saved_coef(row: u32) -> SavedCoef {
+    let b = row * SAVED_COEF;
+    return SavedCoef(upstream[b], upstream[b + 1u], upstream[b + 2u], upstream[b + 3u],
+                     upstream[b + 4u], upstream[b + 5u], upstream[b + 6u], upstream[b + 7u],
+                     upstream[b + 8u]);
+}
+
+// grpo-core's log_prob fma(z − max, τ, −ln Σ) floored at LOG_RATIO_FLOOR, its −∞ (a masked
+// logit, or a shift that overflows) taken to the floor on its bits: every use of it floors it at
+// LOG_RATIO_FLOOR or higher (canon::grad_step).
+fn saved_log_prob(z: f32, mx: f32, neg_ln_sum: f32) -> f32 {
+    if is_neg_inf_bits(z) {
+        return LOG_RATIO_FLOOR;
+    }
+    let d = (z - mx) * params.inv_temp;
+    if !is_finite_bits(d) {
+        return LOG_RATIO_FLOOR;
+    }
+    return rmax(LOG_RATIO_FLOOR, fma(z - mx, params.inv_temp, neg_ln_sum));
+}
+
+// grpo-core's canon::grad_step for column v (student logit z, teacher logit w): with
+// lp = log p_v, lpc = max(D_MIN, lp), p = e^{lpc}:
+//   k = g_H·(lpc + H) + g_lp,  o = g_lp·1[v = y]
+//   forward KL: k −= g_KL·(lp − lq − KL);  reverse KL: k −= g_KL, o −= g_KL·q_v
+//   grad = (o − p·k)/T.
+fn saved_grad(z: f32, w: f32, is_target: bool, c: SavedCoef, kl: u32) -> f32 {
+    let lp = saved_log_prob(z, c.p_max, c.p_neg_ln_sum);
+    let lpc = rmax(LOGP_MIN, lp);
+    let p = exp(lpc);
+    var k = fma(c.g_h, lpc + c.h, c.g_lp);
+    var o = select(0.0, c.g_lp, is_target);
+    if kl == KL_FORWARD {
+        let lq = saved_log_prob(w, c.q_max, c.q_neg_ln_sum);
+        k = fma(-c.g_kl, (lp - lq) - c.kl, k);
+    } else if kl == KL_REVERSE {
+        let lq = saved_log_prob(w, c.q_max, c.q_neg_ln_sum);
+        k = k - c.g_kl;
+        o = fma(-c.g_kl, exp(rmax(LOGP_MIN, lq)), o);
+    }
+    return fma(-p, k, o) * params.inv_temp;
+}
+
+// One row of the saved backward. Columns are loaded SAVED_BATCH at a time before the first is
+// used (as `scan_row` does, so that loads are in flight together).
+const SAVED_BATCH: u32 = 4u;
+
+fn saved_row(row: u32, lid: u32, kl: u32) {
+    if row >= params.rows {
+        return;
+    }
+    let c = saved_coef(row);
+    let y = targets[row];
+    let start = params.base + row * params.vocab;
+    let out0 = row * params.vocab;
+    let n = params.vocab;
+    var v = lid;
+    for (; v < n && n - v > (SAVED_BATCH - 1u) * WG; v += SAVED_BATCH * WG) {
+        let i = start + v;
+        let z0 = load_logit(i);
+        let z1 = load_logit(i + WG);
+        let z2 = load_logit(i + 2u * WG);
+        let z3 = load_logit(i + 3u * WG);
+        var w = vec4<f32>(0.0);
+        if kl != KL_NONE {
+            w = vec4<f32>(load_teacher(i), load_teacher(i + WG), load_teacher(i + 2u * WG),
+                          load_teacher(i + 3u * WG));
+        }
+        let j = out0 + v;
+        grad[j] = saved_grad(z0, w.x, v == y, c, kl);
+        grad[j + WG] = saved_grad(z1, w.y, v + WG == y, c, kl);
+        grad[j + 2u * WG] = saved_grad(z2, w.z, v + 2u * WG == y, c, kl);
+        grad[j + 3u * WG] = saved_grad(z3, w.w, v + 3u * WG == y, c, kl);
+    }
+    for (; v < n; v += WG) {
+        var w = 0.0;
+        if kl != KL_NONE {
+            w = load_teacher(start + v);
+        }
+        grad[out0 + v] = saved_grad(load_logit(start + v), w, v == y, c, kl);
+    }
+}
+
+// No barrier in these three, so returning early (rows past the chunk) is allowed.
+@compute @workgroup_size(256)
+fn backward_saved(@builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    saved_row(wid.x, lid, KL_NONE);
+}
+
+@compute @workgroup_size(256)
+fn backward_saved_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
+                             @builtin(local_invocation_index) lid: u32) {
+    saved_row(wid.x, lid, KL_FORWARD);
+}
+
+@compute @workgroup_size(256)
+fn backward_saved_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
+                             @builtin(local_invocation_index) lid: u32) {
+    saved_row(wid.x, lid, KL_REVERSE);
+}
+
 // KL(p‖q) between p = softmax(student/T) and q = softmax(teacher/T) [grpo-core's kl_rows], in
 // grpo-core's form KL = (ln S_q − ln S_p) + u/S_p with u = Σ_v e^{dp_v}·(⌊dp_v⌋ − ⌊dq_v⌋), where
 // dp_v = x_p − m_p and dq_v = x_q − m_q are the shifts of the scaled logits to their row maxima,
@@ -535,24 +682,46 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
 //
 // Status per row, 4 words: word 0 = first column where either row holds NaN or +∞ (NO_INDEX if
 // none); word 1 = flags (FLAG_EMPTY_ROW: a row has no usable logit; FLAG_KL_INFINITE: the teacher
-// is −∞ where the student has mass; FLAG_SCALE_OVERFLOW: a finite logit of either row has a
-// non-finite z/T); words 2, 3 unused. Any of these (or a non-finite value) sends the row to
-// grpo-core on the host, which gives the exact error or the value. stats = (lse_p, lse_q, 0, KL).
+// is −∞ where the student has mass; FLAG_KL_REVERSE_INFINITE: the other way round;
+// FLAG_SCALE_OVERFLOW: a finite logit of either row has a non-finite z/T); words 2, 3 unused. Any
+// of these (or a non-finite value) sends the row to grpo-core on the host, which gives the exact
+// error or the value (the host reads the support flag of the direction it asked for).
+// stats = (lse_p, lse_q, 0 — KL(q‖p) in `kl_saved` —, KL(p‖q)).
 var<workgroup> wflags: atomic<u32>;
 
 @compute @workgroup_size(256)
 fn kl(@builtin(workgroup_id) wid: vec3<u32>,
       @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x;
+    kl_row(wid.x, lid, false);
+}
+
+// `kl` that also saves each row pair's state for `backward_saved_kl_*` [grpo-core's
+// kl_rows_saved]: grpo-core's PairState in binding 6 (`grad`, 8 floats per row: the student's
+// reference = raw maximum, Σ e^{dp}, Σ e^{dp}·dp, the teacher's three, u = Σ e^{dp}(⌊dp⌋ − ⌊dq⌋),
+// v = Σ e^{dq}(⌊dq⌋ − ⌊dp⌋)), and KL(q‖p) = (ln S_p − ln S_q) + v/S_q in stats slot 2. The
+// host passes the student as the first row whatever the direction; FLAG_KL_REVERSE_INFINITE
+// marks a row where the student is −∞ where the teacher has mass (KL(q‖p) = +∞).
+@compute @workgroup_size(256)
+fn kl_saved(@builtin(workgroup_id) wid: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    kl_row(wid.x, lid, true);
+}
+
+const FLAG_KL_REVERSE_INFINITE: u32 = 32u;
+
+fn kl_row(row: u32, lid: u32, save: bool) {
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
         atomicStore(&wflags, 0u);
     }
     workgroupBarrier();
-    // Pass 1: online state of each row.
+    // Pass 1: online state of each row, and (to save the states) each row's largest raw logit
+    // among those the state holds.
     var sp = online_empty();
     var sq = online_empty();
+    var zp_max = NEG_BIG;
+    var zq_max = NEG_BIG;
     if row_ok {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
@@ -567,43 +736,61 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
             if q_masked && !p_masked {
                 atomicOr(&wflags, FLAG_KL_INFINITE);
             }
+            if p_masked && !q_masked {
+                atomicOr(&wflags, FLAG_KL_REVERSE_INFINITE);
+            }
             sp = pair_push(sp, zp);
             sq = pair_push(sq, zq);
+            if save {
+                if !p_masked && is_finite_bits(zp * params.inv_temp) {
+                    zp_max = rmax(zp_max, zp);
+                }
+                if !q_masked && is_finite_bits(zq * params.inv_temp) {
+                    zq_max = rmax(zq_max, zq);
+                }
+            }
         }
     }
-    let rp = workgroup_reduce(lid, sp, NEG_BIG);
-    // Every invocation has read the student's result from slot 0 before the teacher's tree
-    // overwrites it.
+    let rp = workgroup_reduce(lid, sp, zp_max);
+    let zp_ref = wz[0];
+    // Every invocation has read the student's results from slot 0 before the teacher's tree
+    // overwrites them.
     workgroupBarrier();
-    let rq = workgroup_reduce(lid, sq, NEG_BIG);
+    let rq = workgroup_reduce(lid, sq, zq_max);
+    let zq_ref = wz[0];
     let sp1 = rmax(rp.s + 1.0, 1.0);
     let sq1 = rmax(rq.s + 1.0, 1.0);
     let usable = rp.s >= 0.0 && rq.s >= 0.0;
-    // Pass 2: the lane's part of u (same strided columns as pass 1). Columns where the student
-    // has no mass (masked, overflowed, or e^{dp} below e^{D_MIN}) add nothing.
+    // Pass 2: the lane's part of u (same strided columns as pass 1), and to save the states of
+    // v. Columns where the expectation's row has no mass (masked, overflowed, or e^{d} below
+    // e^{D_MIN}) add nothing; a non-finite x (masked, or overflowed: flagged above) has its
+    // shift floored.
     var acc = 0.0;
+    var acc_v = 0.0;
     if row_ok && usable {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
             let xp = load_logit(start + v) * params.inv_temp;
             let xq = load_teacher(start + v) * params.inv_temp;
-            if !is_finite_bits(xp) {
-                continue;
+            var dp = LOG_RATIO_FLOOR;
+            if is_finite_bits(xp) {
+                dp = floor_shift(xp - rp.m, LOG_RATIO_FLOOR);
             }
-            let dp = xp - rp.m;
-            if !(floor_shift(dp, LOGP_MIN) > LOGP_MIN) {
-                continue;
-            }
-            // A non-finite x_q (masked, or overflowed) is flagged above; its shift floors.
             var dq = LOG_RATIO_FLOOR;
             if is_finite_bits(xq) {
                 dq = floor_shift(xq - rq.m, LOG_RATIO_FLOOR);
             }
-            acc = fma(exp(dp), dp - dq, acc);
+            if dp > LOGP_MIN {
+                acc = fma(exp(dp), dp - dq, acc);
+            }
+            if save && dq > LOGP_MIN {
+                acc_v = fma(exp(dq), dq - dp, acc_v);
+            }
         }
     }
-    // Fixed pairwise tree over the lane sums (in `wt`; every invocation read slot 0 of the
-    // teacher's tree before this overwrites it).
+    // Fixed pairwise trees over the lane sums (in `wt`; every invocation read slot 0 of the
+    // teacher's tree before the first overwrites it, and slot 0 of the first before the second
+    // does). The second runs in both entry points: barriers stay in uniform control flow.
     workgroupBarrier();
     wt[lid] = acc;
     workgroupBarrier();
@@ -613,24 +800,50 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
         }
         workgroupBarrier();
     }
+    let u = wt[0];
+    workgroupBarrier();
+    wt[lid] = acc_v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
+        if lid < stride {
+            wt[lid] = wt[lid] + wt[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    let v_sum = wt[0];
     let bad = atomicLoad(&wbad);
     let flags_in = atomicLoad(&wflags);
     if row_ok && lid == 0u {
         var flags = flags_in;
         var value = 0.0;
+        var reverse = 0.0;
         if !usable {
             flags = flags | FLAG_EMPTY_ROW;
         } else {
-            value = (log(sq1) - log(sp1)) + wt[0] / sp1;
+            value = (log(sq1) - log(sp1)) + u / sp1;
+            if save {
+                reverse = (log(sp1) - log(sq1)) + v_sum / sq1;
+            }
         }
         stats[row * 4u] = rp.m + log(sp1);
         stats[row * 4u + 1u] = rq.m + log(sq1);
-        stats[row * 4u + 2u] = 0.0;
+        stats[row * 4u + 2u] = reverse;
         stats[row * 4u + 3u] = value;
         status[row * 4u] = bad;
         status[row * 4u + 1u] = flags;
         status[row * 4u + 2u] = NO_INDEX;
         status[row * 4u + 3u] = 0u;
+        if save {
+            let o = row * 8u;
+            grad[o] = zp_ref;
+            grad[o + 1u] = sp1;
+            grad[o + 2u] = rp.t;
+            grad[o + 3u] = zq_ref;
+            grad[o + 4u] = sq1;
+            grad[o + 5u] = rq.t;
+            grad[o + 6u] = u;
+            grad[o + 7u] = v_sum;
+        }
     }
 }
 

@@ -12,6 +12,11 @@
 //! - `kl`: KL(p‖q) between every student row and a teacher row per dtype; bytes = both rows
 //!   read once (the kernel reads each pair twice, its shifts taken to the final row maxima;
 //!   the second read is not counted).
+//! - `backward_saved`: the backward of `backward` from the softmax states a forward saved
+//!   (`VocabKernel::backward_saved`; the states computed by grpo-core when the work is built);
+//!   the same bytes as `backward`, which the kernel moves exactly (one read, one write).
+//! - `backward_kl_saved`: the same from pair states with a forward-KL term as well; bytes = both
+//!   rows read once + the f32 gradient written once.
 //! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
 //!   `rows` = sequences of 1024 tokens, `vocab` = tokens per sequence, `tokens_per_s`; bytes =
 //!   28 per token, what the kernel moves: lp, old, adv and the 4-byte mask word read, value,
@@ -289,6 +294,16 @@ impl Bench<'_> {
             ("fused", ResidentVocab::Forward, n * elem),
             ("backward", ResidentVocab::Backward, n * elem + n * 4),
             ("kl", ResidentVocab::Kl { teacher: &teacher }, 2 * n * elem),
+            (
+                "backward_saved",
+                ResidentVocab::BackwardSaved,
+                n * elem + n * 4,
+            ),
+            (
+                "backward_kl_saved",
+                ResidentVocab::BackwardKlSaved { teacher: &teacher },
+                2 * n * elem + n * 4,
+            ),
         ] {
             let work = k
                 .resident(&logits, o.vocab, what)

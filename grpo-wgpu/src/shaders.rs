@@ -83,7 +83,17 @@ impl ShaderId {
     /// Entry points of the module.
     pub const fn entry_points(self) -> &'static [&'static str] {
         match self {
-            ShaderId::Vocab(_) => &["forward", "backward", "kl", "jsd"],
+            ShaderId::Vocab(_) => &[
+                "forward",
+                "forward_saved",
+                "backward",
+                "backward_saved",
+                "backward_saved_kl_forward",
+                "backward_saved_kl_reverse",
+                "kl",
+                "kl_saved",
+                "jsd",
+            ],
             ShaderId::Advantage => &[
                 "group_stats",
                 "group_rank",

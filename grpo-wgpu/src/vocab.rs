@@ -4,14 +4,14 @@
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
-use grpo_core::vocab::KlDirection;
+use grpo_core::vocab::{GradTerms, KlDirection, LseState, PairState, SavedState};
 
 use crate::context::{Arg, GpuContext, Readback, Resident};
 use crate::error::{GpuError, Result, check_len, ensure};
 use crate::shaders::{LogitDtype, ShaderId};
 
 /// A logit storage type the shaders read: `f32`, `half::f16`, `half::bf16`.
-pub trait LogitStorage: Pod + sealed::Sealed {
+pub trait LogitStorage: Pod + grpo_core::vocab::Logit + sealed::Sealed {
     /// Which shader prelude reads it.
     const DTYPE: LogitDtype;
     /// Exact widening to f32 (what the shaders do).
@@ -88,6 +88,15 @@ pub enum ResidentVocab<'a, L> {
         /// The teacher rows (as many as the logits).
         teacher: &'a [L],
     },
+    /// [`VocabKernel::backward_saved`] from softmax states (computed by grpo-core when the
+    /// work is built): upstream gradients 1 (log-prob) and 0.5 (entropy).
+    BackwardSaved,
+    /// [`VocabKernel::backward_saved`] from pair states with a forward-KL term (weight 1)
+    /// besides the log-prob and entropy terms of `BackwardSaved`.
+    BackwardKlSaved {
+        /// The teacher rows (as many as the logits).
+        teacher: &'a [L],
+    },
 }
 
 /// What [`VocabKernel::dispatch_rows`] runs: an entry point over `logits` (`vocab` per row)
@@ -106,7 +115,10 @@ const FLAG_TARGET_NON_FINITE: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
 const FLAG_TEACHER_EMPTY: u32 = 8;
 const FLAG_SCALE_OVERFLOW: u32 = 16;
+const FLAG_KL_REVERSE_INFINITE: u32 = 32;
 const NO_INDEX: u32 = u32::MAX;
+/// Floats per row of `backward_saved`'s coefficients (`SAVED_COEF` in shaders/vocab.wgsl).
+const SAVED_COEF: usize = 12;
 
 /// Per-row results of the fused forward pass; each output is optional (`None` skips it; the
 /// pass costs the same). Every present slice has one element per row.
@@ -332,7 +344,7 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
         match what {
-            ResidentVocab::Kl { teacher } => {
+            ResidentVocab::Kl { teacher } | ResidentVocab::BackwardKlSaved { teacher } => {
                 self.validate_pair(logits, teacher, vocab, rows, 1.0)?
             }
             _ => self.validate(logits, vocab, rows, 1.0)?,
@@ -345,9 +357,41 @@ impl<'c> VocabKernel<'c> {
                 per_dimension,
             });
         }
-        let targets = vec![0u32; rows];
-        let upstream: Vec<f32> = (0..rows).flat_map(|_| [1.0f32, 0.5]).collect();
+        let mut targets = vec![0u32; rows];
+        let mut upstream: Vec<f32> = (0..rows).flat_map(|_| [1.0f32, 0.5]).collect();
         let params = VocabParams::new(rows, vocab, 0, 1.0);
+        let (ones, halves) = (vec![1.0f32; rows], vec![0.5f32; rows]);
+        let mut saved_entry = "";
+        let mut terms = GradTerms {
+            logp: Some((&targets[..], &ones[..])),
+            entropy: Some(&halves[..]),
+            kl: None,
+        };
+        match what {
+            ResidentVocab::BackwardSaved => {
+                let mut saved = vec![LseState::EMPTY; rows];
+                let mut lp = vec![0f32; rows];
+                grpo_core::vocab::logprob_entropy_rows_saved(
+                    logits, vocab, &targets, 1.0, &mut lp, None, &mut saved,
+                )?;
+                (upstream, targets, saved_entry) = Self::saved_coefs(&saved, 1.0, &terms);
+            }
+            ResidentVocab::BackwardKlSaved { teacher } => {
+                let mut saved = vec![PairState::EMPTY; rows];
+                let mut kl = vec![0f32; rows];
+                let forward = KlDirection::Forward;
+                grpo_core::vocab::kl_rows_saved(
+                    logits, teacher, vocab, 1.0, forward, &mut kl, &mut saved,
+                )?;
+                terms.kl = Some(grpo_core::vocab::KlTerm {
+                    teacher,
+                    grad: &ones,
+                    direction: forward,
+                });
+                (upstream, targets, saved_entry) = Self::saved_coefs(&saved, 1.0, &terms);
+            }
+            _ => {}
+        }
         let mut args = vec![
             (0, Arg::In(bytemuck::cast_slice(logits))),
             (1, Arg::In(bytemuck::cast_slice(&targets))),
@@ -366,6 +410,16 @@ impl<'c> VocabKernel<'c> {
                 // As `kl`: the teacher in binding 5 (the targets binding stays, unused).
                 args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
                 "kl"
+            }
+            ResidentVocab::BackwardSaved | ResidentVocab::BackwardKlSaved { .. } => {
+                // As `backward_saved`: the coefficients in binding 7 (stats and status stay,
+                // unused).
+                args.push((6, Arg::Out((rows * vocab * 4) as u64)));
+                args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
+                if let ResidentVocab::BackwardKlSaved { teacher } = what {
+                    args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
+                }
+                saved_entry
             }
         };
         self.ctx.resident(
@@ -390,7 +444,7 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: ForwardOut<'_>,
     ) -> Result<()> {
-        let f = self.forward_with(logits, vocab, targets, temperature, out, Wait::Block);
+        let f = self.forward_with(logits, vocab, targets, temperature, out, None, Wait::Block);
         pollster::block_on(f)
     }
 
@@ -423,10 +477,80 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: ForwardOut<'_>,
     ) -> Result<()> {
-        self.forward_with(logits, vocab, targets, temperature, out, Wait::Await)
+        self.forward_with(logits, vocab, targets, temperature, out, None, Wait::Await)
             .await
     }
 
+    /// [`VocabKernel::forward`] that also saves each row's softmax state for
+    /// [`VocabKernel::backward_saved`], grpo-core's
+    /// [`logprob_entropy_rows_saved`](grpo_core::vocab::logprob_entropy_rows_saved) on the GPU
+    /// \[ours\]: the same pass over the logits, which writes `saved[r]` as well.
+    ///
+    /// The state is grpo-core's [`LseState`]: the reference is the row's largest logit `m`,
+    /// `sum = Σ_v e^{(z_v − m)/T}` and `dot = Σ_v e^{(z_v − m)/T}·(z_v − m)/T`, summed by the
+    /// shader (within the tolerance of the forward outputs, not grpo-core's bits). Any backend's
+    /// backward takes it: grpo-core's and grpo-cpu's `backward_rows_saved` as well as this
+    /// one. The number of rows is `saved.len()` (the present outputs must agree).
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, LseState};
+    /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // Row [0, ln 3]: logp(1) = ln ¾; the state: max = ln 3, sum = 1 + ⅓.
+    /// let z = [0.0f32, 3f32.ln()];
+    /// let (mut lp, mut saved) = ([0.0f32], [LseState::EMPTY]);
+    /// let out = ForwardOut { logp: Some(&mut lp), ..Default::default() };
+    /// k.forward_saved(&z, 2, &[1], 1.0, out, &mut saved)?;
+    /// assert!((lp[0] - 0.75f32.ln()).abs() < 2e-6);
+    /// assert!(saved[0].max == 3f32.ln() && (saved[0].sum - 4.0 / 3.0).abs() < 1e-6);
+    /// // The backward from the saved state: ∂logp(1)/∂z = 1[v = 1] − p = (−¼, ¼).
+    /// let terms: GradTerms<'_, u32, f32> =
+    ///     GradTerms { logp: Some((&[1], &[1.0])), entropy: None, kl: None };
+    /// let mut grad = [0.0f32; 2];
+    /// k.backward_saved(&z, 2, 1.0, &saved, &terms, &mut grad)?;
+    /// assert!((grad[0] + 0.25).abs() < 1e-6 && (grad[1] - 0.25).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::forward`], plus `LengthMismatch { what: "saved_out" }` (after the
+    /// other outputs' lengths, as grpo-core). On `Err` nothing is written.
+    pub fn forward_saved<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        targets: &[u32],
+        temperature: f32,
+        out: ForwardOut<'_>,
+        saved: &mut [LseState],
+    ) -> Result<()> {
+        let saved = Some(saved);
+        let f = self.forward_with(logits, vocab, targets, temperature, out, saved, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::forward_saved`]: awaits the readback instead of blocking (same
+    /// results, same errors; nothing written on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::forward_saved`].
+    pub async fn forward_saved_async<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        targets: &[u32],
+        temperature: f32,
+        out: ForwardOut<'_>,
+        saved: &mut [LseState],
+    ) -> Result<()> {
+        let saved = Some(saved);
+        self.forward_with(logits, vocab, targets, temperature, out, saved, Wait::Await)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn forward_with<L: LogitStorage>(
         &self,
         logits: &[L],
@@ -434,6 +558,7 @@ impl<'c> VocabKernel<'c> {
         targets: &[u32],
         temperature: f32,
         out: ForwardOut<'_>,
+        saved: Option<&mut [LseState]>,
         wait: Wait,
     ) -> Result<()> {
         let ForwardOut { lse, logp, entropy } = out;
@@ -442,6 +567,7 @@ impl<'c> VocabKernel<'c> {
             .flatten()
             .map(|s| s.len())
             .next()
+            .or(saved.as_deref().map(<[LseState]>::len))
             .unwrap_or(0);
         if let Some(s) = &lse {
             check_len("lse", rows, s.len())?;
@@ -451,6 +577,9 @@ impl<'c> VocabKernel<'c> {
         }
         if let Some(s) = &entropy {
             check_len("entropy", rows, s.len())?;
+        }
+        if let Some(s) = &saved {
+            check_len("saved_out", rows, s.len())?;
         }
         let tau = self.validate(logits, vocab, rows, temperature)?;
         let zeros;
@@ -463,8 +592,14 @@ impl<'c> VocabKernel<'c> {
             &zeros[..]
         };
         let mut stats = vec![0f32; rows * 4];
+        // `forward_saved` also writes each row's state (4 floats) to binding 6.
+        let mut states = vec![0f32; if saved.is_some() { rows * 4 } else { 0 }];
         let dispatch = RowDispatch {
-            entry: "forward",
+            entry: if saved.is_some() {
+                "forward_saved"
+            } else {
+                "forward"
+            },
             logits,
             targets,
             checked: logp.is_some().then_some(targets),
@@ -472,9 +607,15 @@ impl<'c> VocabKernel<'c> {
             tau,
         };
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
-            let res = self.dispatch_rows(&dispatch, &c, &[], wait).await?;
+            let extra = [(6, Arg::Out((c.rows * 16) as u64))];
+            let extra = if saved.is_some() { &extra[..] } else { &[] };
+            let res = self.dispatch_rows(&dispatch, &c, extra, wait).await?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             stats[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&st[..c.rows * 4]);
+            if saved.is_some() {
+                let sv: &[f32] = bytemuck::cast_slice(&res[2]);
+                states[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&sv[..c.rows * 4]);
+            }
         }
         // Everything validated: now write the caller's buffers.
         for (k, dst) in [lse, logp, entropy].into_iter().enumerate() {
@@ -482,6 +623,15 @@ impl<'c> VocabKernel<'c> {
                 for (r, d) in dst.iter_mut().enumerate() {
                     *d = stats[r * 4 + k];
                 }
+            }
+        }
+        if let Some(saved) = saved {
+            for (d, st) in saved.iter_mut().zip(states.chunks_exact(4)) {
+                *d = LseState {
+                    max: st[0],
+                    sum: st[1],
+                    dot: st[2],
+                };
             }
         }
         Ok(())
@@ -607,6 +757,7 @@ impl<'c> VocabKernel<'c> {
             temperature,
             direction,
             out,
+            None,
             Wait::Block,
         );
         pollster::block_on(f)
@@ -649,11 +800,89 @@ impl<'c> VocabKernel<'c> {
             temperature,
             direction,
             out,
+            None,
             Wait::Await,
         )
         .await
     }
 
+    /// [`VocabKernel::kl`] that also saves each row pair's state for
+    /// [`VocabKernel::backward_saved`], grpo-core's
+    /// [`kl_rows_saved`](grpo_core::vocab::kl_rows_saved) on the GPU \[ours\]: the same two
+    /// passes over both rows, which also sum the teacher's entropy term and the other
+    /// direction's log-ratio term and write `saved[r]`.
+    ///
+    /// The state is grpo-core's [`PairState`] (references = the rows' largest logits, then
+    /// `sz, tz, sw, tw, u, v` as grpo-core defines them), summed by the shader: within the
+    /// tolerance of the KL, not grpo-core's bits. It does not depend on `direction` (the
+    /// support check does), and [`canon::finish_kl`](grpo_core::vocab::canon::finish_kl) gives
+    /// both directions from it. Rows the shader flags are computed by grpo-core on the host,
+    /// as in [`VocabKernel::kl`], their states included. Any backend's backward takes the
+    /// states: grpo-core's and grpo-cpu's `backward_rows_saved` as well as this one.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // p = [½, ½], q = [¼, ¾]: KL(q‖p) = 0.1308120.
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let (mut kl, mut saved) = ([0.0f32], [PairState::EMPTY]);
+    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::Reverse, &mut kl, &mut saved)?;
+    /// assert!((kl[0] - 0.1308120).abs() < 3e-6);
+    /// // Its gradient from the saved state: ∂KL(q‖p)/∂z = p − q = (¼, −¼).
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Reverse };
+    /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
+    /// let mut grad = [0.0f32; 2];
+    /// k.backward_saved(&z, 2, 1.0, &saved, &terms, &mut grad)?;
+    /// assert!((grad[0] - 0.25).abs() < 1e-6 && (grad[1] + 0.25).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::kl`], plus `LengthMismatch { what: "saved_out" }` after the rows'
+    /// lengths (grpo-core's order). On `Err` nothing is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kl_saved<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        direction: KlDirection,
+        out: &mut [f32],
+        saved: &mut [PairState],
+    ) -> Result<()> {
+        let saved = Some(saved);
+        let (t, d) = (temperature, direction);
+        let f = self.kl_with(student, teacher, vocab, t, d, out, saved, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::kl_saved`]: awaits the readbacks instead of blocking (same results,
+    /// same errors; nothing written on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::kl_saved`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn kl_saved_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        direction: KlDirection,
+        out: &mut [f32],
+        saved: &mut [PairState],
+    ) -> Result<()> {
+        let saved = Some(saved);
+        let (t, d) = (temperature, direction);
+        self.kl_with(student, teacher, vocab, t, d, out, saved, Wait::Await)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn kl_with<L: LogitStorage>(
         &self,
         student: &[L],
@@ -662,41 +891,96 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         direction: KlDirection,
         out: &mut [f32],
+        saved: Option<&mut [PairState]>,
         wait: Wait,
     ) -> Result<()> {
         let rows = out.len();
         let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
-        // The shader computes KL(first‖second).
-        let (first, second) = match direction {
-            KlDirection::Forward => (student, teacher),
-            KlDirection::Reverse => (teacher, student),
-        };
+        if let Some(s) = &saved {
+            check_len("saved_out", rows, s.len())?;
+        }
         let params = VocabParams::new(0, vocab, 0, tau);
-        let flagged = FLAG_EMPTY_ROW | FLAG_KL_INFINITE | FLAG_SCALE_OVERFLOW;
+        let mut flagged = FLAG_EMPTY_ROW | FLAG_SCALE_OVERFLOW;
+        let host = |row| Self::kl_on_host(student, teacher, vocab, row, temperature, direction);
+        let Some(saved) = saved else {
+            // `kl` computes KL(first‖second).
+            let (first, second) = match direction {
+                KlDirection::Forward => (student, teacher),
+                KlDirection::Reverse => (teacher, student),
+            };
+            flagged |= FLAG_KL_INFINITE;
+            let vals = self
+                .pair_rows(
+                    "kl",
+                    first,
+                    second,
+                    vocab,
+                    rows,
+                    params,
+                    0,
+                    wait,
+                    |row, w, st, _| {
+                        if w[0] != NO_INDEX || w[1] & flagged != 0 || !st[3].is_finite() {
+                            Ok(host(row)?.0)
+                        } else {
+                            Ok(st[3])
+                        }
+                    },
+                )
+                .await?;
+            out.copy_from_slice(&vals);
+            return Ok(());
+        };
+        // `kl_saved` takes the student first whatever the direction, and gives both.
+        let slot = match direction {
+            KlDirection::Forward => {
+                flagged |= FLAG_KL_INFINITE;
+                3
+            }
+            KlDirection::Reverse => {
+                flagged |= FLAG_KL_REVERSE_INFINITE;
+                2
+            }
+        };
         let vals = self
             .pair_rows(
-                "kl",
-                first,
-                second,
+                "kl_saved",
+                student,
+                teacher,
                 vocab,
                 rows,
                 params,
+                8,
                 wait,
-                |row, w, value| {
-                    if w[0] != NO_INDEX || w[1] & flagged != 0 || !value.is_finite() {
-                        Self::kl_on_host(student, teacher, vocab, row, temperature, direction)
+                |row, w, st, sv| {
+                    let state = PairState {
+                        zmax: sv[0],
+                        sz: sv[1],
+                        tz: sv[2],
+                        wmax: sv[3],
+                        sw: sv[4],
+                        tw: sv[5],
+                        u: sv[6],
+                        v: sv[7],
+                    };
+                    let finite = sv.iter().all(|x| x.is_finite()) && st[slot].is_finite();
+                    if w[0] != NO_INDEX || w[1] & flagged != 0 || !finite {
+                        host(row)
                     } else {
-                        Ok(value)
+                        Ok((st[slot], state))
                     }
                 },
             )
             .await?;
-        out.copy_from_slice(&vals);
+        for ((o, s), (value, state)) in out.iter_mut().zip(saved.iter_mut()).zip(vals) {
+            (*o, *s) = (value, state);
+        }
         Ok(())
     }
 
-    /// grpo-core's `kl_rows` on row `row` alone (widened exactly to f32), with its error
-    /// re-based to the whole batch (`index` and `segment` of row `row`).
+    /// grpo-core's `kl_rows_saved` on row `row` alone (widened exactly to f32): the row's KL
+    /// and pair state, or its error re-based to the whole batch (`index` and `segment` of row
+    /// `row`).
     fn kl_on_host<L: LogitStorage>(
         student: &[L],
         teacher: &[L],
@@ -704,13 +988,21 @@ impl<'c> VocabKernel<'c> {
         row: usize,
         temperature: f32,
         direction: KlDirection,
-    ) -> Result<f32> {
+    ) -> Result<(f32, PairState)> {
         let range = row * vocab..(row + 1) * vocab;
         let widen = |x: &[L]| -> Vec<f32> { x[range.clone()].iter().map(|z| z.widen()).collect() };
         let (z, w) = (widen(student), widen(teacher));
-        let mut v = [0f32];
-        match grpo_core::vocab::kl_rows(&z, &w, vocab, temperature, direction, &mut v) {
-            Ok(()) => Ok(v[0]),
+        let (mut v, mut st) = ([0f32], [PairState::EMPTY]);
+        match grpo_core::vocab::kl_rows_saved(
+            &z,
+            &w,
+            vocab,
+            temperature,
+            direction,
+            &mut v,
+            &mut st,
+        ) {
+            Ok(()) => Ok((v[0], st[0])),
             Err(Error::NonFinite { what, index }) => Err(Error::NonFinite {
                 what,
                 index: row * vocab + index,
@@ -839,12 +1131,13 @@ impl<'c> VocabKernel<'c> {
                 vocab,
                 rows,
                 params,
+                0,
                 wait,
-                |row, w, value| {
+                |row, w, st, _| {
                     if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
                         Self::check_pair(student, teacher, vocab, row, tau)?;
                     }
-                    Ok(value)
+                    Ok(st[3])
                 },
             )
             .await?;
@@ -909,11 +1202,13 @@ impl<'c> VocabKernel<'c> {
         Ok(tau)
     }
 
-    /// A row-pair entry point (`kl`, `jsd`) over every row, one dispatch per chunk: `first`'s
-    /// rows in binding 0, `second`'s in binding 5, `params` with `rows` and `base` set per
-    /// chunk. `finish(row, status words, value)` turns each row's shader result (its 4 status
-    /// words and stats slot 3) into the output value or grpo-core's error.
-    async fn pair_rows<L: LogitStorage>(
+    /// A row-pair entry point (`kl`, `kl_saved`, `jsd`) over every row, one dispatch per
+    /// chunk: `first`'s rows in binding 0, `second`'s in binding 5, `params` with `rows` and
+    /// `base` set per chunk, and when `saved > 0` that many floats per row out of binding 6.
+    /// `finish(row, status words, stats, saved)` turns each row's shader results (its 4 status
+    /// words, its 4 stats and its `saved` floats) into the row's output or grpo-core's error.
+    #[allow(clippy::too_many_arguments)]
+    async fn pair_rows<L: LogitStorage, T>(
         &self,
         entry: &'static str,
         first: &[L],
@@ -921,10 +1216,11 @@ impl<'c> VocabKernel<'c> {
         vocab: usize,
         rows: usize,
         params: VocabParams,
+        saved: usize,
         wait: Wait,
-        mut finish: impl FnMut(usize, &[u32], f32) -> Result<f32>,
-    ) -> Result<Vec<f32>> {
-        let mut vals = vec![0f32; rows];
+        mut finish: impl FnMut(usize, &[u32], &[f32], &[f32]) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut vals = Vec::with_capacity(rows);
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let (bytes, base) = Self::upload(first, &c, vocab);
             let (tbytes, _) = Self::upload(second, &c, vocab);
@@ -933,22 +1229,33 @@ impl<'c> VocabKernel<'c> {
                 base,
                 ..params
             };
+            let mut args = vec![
+                (0, Arg::In(bytes)),
+                (5, Arg::In(tbytes)),
+                (2, Arg::Out((c.rows * 16) as u64)),
+                (3, Arg::Out((c.rows * 16) as u64)),
+                (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+            ];
+            if saved > 0 {
+                args.push((6, Arg::Out((c.rows * saved * 4) as u64)));
+            }
             let rb = self.ctx.submit(
                 ShaderId::Vocab(L::DTYPE),
-                &[
-                    (0, Arg::In(bytes)),
-                    (5, Arg::In(tbytes)),
-                    (2, Arg::Out((c.rows * 16) as u64)),
-                    (3, Arg::Out((c.rows * 16) as u64)),
-                    (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                ],
+                &args,
                 &[(entry, [c.rows as u32, 1, 1])],
             )?;
             let res = wait.readback(rb).await?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             let status: &[u32] = bytemuck::cast_slice(&res[1]);
+            let sv: &[f32] = if saved > 0 {
+                bytemuck::cast_slice(&res[2])
+            } else {
+                &[]
+            };
             for r in 0..c.rows {
-                vals[c.first + r] = finish(c.first + r, &status[r * 4..r * 4 + 4], st[r * 4 + 3])?;
+                let row_saved = sv.get(r * saved..(r + 1) * saved).unwrap_or(&[]);
+                let w = &status[r * 4..r * 4 + 4];
+                vals.push(finish(c.first + r, w, &st[r * 4..r * 4 + 4], row_saved)?);
             }
         }
         Ok(vals)
@@ -1109,5 +1416,183 @@ impl<'c> VocabKernel<'c> {
             grad[start..start + n].copy_from_slice(&g[..n]);
         }
         Ok(())
+    }
+
+    /// The fused backward from the row states a forward saved, grpo-core's
+    /// [`backward_rows_saved`](grpo_core::vocab::backward_rows_saved) on the GPU \[ours\]:
+    /// `grad[r, v] = ∂/∂z[r, v] (g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r)`, one read of
+    /// each logit (and, with a KL term, teacher logit) and one write of its gradient, instead of
+    /// [`VocabKernel::backward`]'s second pass over the logits to recompute the row statistics.
+    ///
+    /// `saved` holds grpo-core [`LseState`]s (from [`VocabKernel::forward_saved`], or any
+    /// backend's `logprob_entropy_rows_saved`: log-probability and entropy terms) or
+    /// [`PairState`]s (from [`VocabKernel::kl_saved`] or any backend's `kl_rows_saved`: any
+    /// terms, a KL term in either direction included). `terms` is grpo-core's [`GradTerms`], the
+    /// teacher of its KL term in the logits' storage type. The host validates everything with
+    /// grpo-core's own checks and turns each state into grpo-core's per-row coefficients
+    /// ([`SavedState::coef`]); the shader then evaluates grpo-core's per-element step
+    /// ([`canon::grad_step`](grpo_core::vocab::canon::grad_step)) with WGSL's `exp`: within
+    /// the tolerance of [`VocabKernel::backward`], not grpo-core's bits.
+    ///
+    /// **The logits are not validated** (as in grpo-core): they, and the teacher's, must be the
+    /// ones the states were saved from, and `temperature` the forward's. Only the target logits
+    /// are read (on the host) before the gradient is written. For other logits the result is
+    /// meaningless, and a NaN or +∞ logit gives a meaningless finite or NaN gradient, not an error.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // Distillation with a forward KL, p = [½, ½], q = [¼, ¾]:
+    /// // ∂KL(p‖q)/∂z_v = p_v (log p_v − log q_v − KL).
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let (mut kl, mut saved) = ([0.0f32], [PairState::EMPTY]);
+    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::Forward, &mut kl, &mut saved)?;
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Forward };
+    /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
+    /// let mut grad = [0.0f32; 2];
+    /// k.backward_saved(&z, 2, 1.0, &saved, &terms, &mut grad)?;
+    /// let want0 = 0.5 * (2f64.ln() - kl[0] as f64);
+    /// assert!((grad[0] as f64 - want0).abs() < 1e-6 && (grad[0] + grad[1]).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// grpo-core's ([`validate::backward_saved`](grpo_core::vocab::validate::backward_saved)),
+    /// in its order, with its names (`out` is `grad` here): the temperature, `vocab`, the
+    /// lengths of `logits`, `out` and `saved`, `InvalidParam { name: "kl" }` for a KL term with
+    /// `LseState`s, the lengths of the terms, their weights, the targets, then row by row the
+    /// saved state and the target logit. Then this backend's [`GpuError::TooLarge`] and, for
+    /// f16, [`GpuError::MissingFeature`]. On `Err`, `grad` is untouched.
+    pub fn backward_saved<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+    ) -> Result<()> {
+        let f =
+            self.backward_saved_with(logits, vocab, temperature, saved, terms, grad, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::backward_saved`]: awaits the readbacks instead of blocking (same
+    /// gradient bits, same errors; `grad` untouched on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_saved`].
+    pub async fn backward_saved_async<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+    ) -> Result<()> {
+        self.backward_saved_with(logits, vocab, temperature, saved, terms, grad, Wait::Await)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn backward_saved_with<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
+        let (tau, rows) = grpo_core::vocab::validate::backward_saved(
+            logits,
+            vocab,
+            temperature,
+            saved,
+            terms,
+            Some(grad.len()),
+        )?;
+        self.check_limits::<L>(vocab)?;
+        let (coef, targets, entry) = Self::saved_coefs(saved, tau, terms);
+        let mut chunks_out: Vec<(usize, Vec<u8>)> = Vec::new();
+        for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
+            let (bytes, base) = Self::upload(logits, &c, vocab);
+            let params = VocabParams::new(c.rows, vocab, base, tau);
+            let coef = &coef[c.first * SAVED_COEF..(c.first + c.rows) * SAVED_COEF];
+            let mut args = vec![
+                (0, Arg::In(bytes)),
+                (
+                    1,
+                    Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
+                ),
+                (4, Arg::Uniform(bytemuck::bytes_of(&params))),
+                (6, Arg::Out((c.rows * vocab * 4) as u64)),
+                (7, Arg::In(bytemuck::cast_slice(coef))),
+            ];
+            if let Some(k) = &terms.kl {
+                args.push((5, Arg::In(Self::upload(k.teacher, &c, vocab).0)));
+            }
+            let rb = self.ctx.submit(
+                ShaderId::Vocab(L::DTYPE),
+                &args,
+                &[(entry, [c.rows as u32, 1, 1])],
+            )?;
+            let mut res = wait.readback(rb).await?;
+            chunks_out.push((c.first * vocab, std::mem::take(&mut res[0])));
+        }
+        for (start, bytes) in chunks_out {
+            let g: &[f32] = bytemuck::cast_slice(&bytes);
+            let n = g.len().min(grad.len() - start);
+            grad[start..start + n].copy_from_slice(&g[..n]);
+        }
+        Ok(())
+    }
+
+    /// The input of a `backward_saved*` entry point: each row's coefficients (the shader's
+    /// `SAVED_COEF` = 12 floats: grpo-core's [`SavedState::coef`] of the row's state and
+    /// weights, in `SavedCoef`'s order) and target (`NO_INDEX` without a log-probability term),
+    /// and the entry point of the KL term's direction. The states and terms are validated.
+    fn saved_coefs<L, St: SavedState>(
+        saved: &[St],
+        tau: f32,
+        terms: &GradTerms<'_, u32, L>,
+    ) -> (Vec<f32>, Vec<u32>, &'static str) {
+        let rows = saved.len();
+        let mut coef = Vec::with_capacity(rows * SAVED_COEF);
+        let mut targets = vec![NO_INDEX; rows];
+        for (r, st) in saved.iter().enumerate() {
+            let g_h = terms.entropy.map_or(0.0, |g| g[r]);
+            let g_kl = terms.kl.as_ref().map_or(0.0, |k| k.grad[r]);
+            let g_lp = terms.logp.map_or(0.0, |(t, g)| {
+                targets[r] = t[r];
+                g[r]
+            });
+            let c = st.coef(tau, g_lp, g_h, g_kl);
+            coef.extend_from_slice(&[
+                c.p.max,
+                c.p.neg_ln_sum,
+                c.h,
+                c.g_lp,
+                c.g_h,
+                c.g_kl,
+                c.q.max,
+                c.q.neg_ln_sum,
+                c.kl,
+                0.0,
+                0.0,
+                0.0,
+            ]);
+        }
+        let entry = match terms.kl.as_ref().map(|k| k.direction) {
+            None => "backward_saved",
+            Some(KlDirection::Forward) => "backward_saved_kl_forward",
+            Some(KlDirection::Reverse) => "backward_saved_kl_reverse",
+        };
+        (coef, targets, entry)
     }
 }

@@ -28,6 +28,16 @@ pub fn close(a: f64, b: f64, rel: f64, abs: f64) -> bool {
     (a - b).abs() <= abs + rel * a.abs().max(b.abs())
 }
 
+/// f64 log-softmax of one row at temperature `t`: (lse, log p). Each log-probability is taken
+/// relative to the row maximum, `(x − m) − ln s`, so rows of logits near ±f32::MAX keep f64's
+/// precision (`x − lse` would lose it to the size of `lse`). A row of only −∞ gives NaN.
+pub fn log_softmax(row: &[f64], t: f64) -> (f64, Vec<f64>) {
+    let x: Vec<f64> = row.iter().map(|&z| z / t).collect();
+    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let ln_s = x.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+    (m + ln_s, x.iter().map(|&v| (v - m) - ln_s).collect())
+}
+
 pub mod gpu;
 pub mod tolerance;
 

@@ -3,21 +3,11 @@
 //! Skips (with a message) without an adapter unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::Error;
-use grpo_core::vocab::KlDirection;
-use grpo_tests::gpu;
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState};
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
+use grpo_tests::{gpu, log_softmax};
 use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, ResidentVocab, VocabKernel};
 use proptest::prelude::*;
-
-/// f64 log-softmax of one row at temperature `t`: (lse, log p). Each log-probability is taken
-/// relative to the row maximum, `(x − m) − ln s`, so rows of logits near ±f32::MAX keep f64's
-/// precision (`x − lse` would lose it to the size of `lse`).
-fn log_softmax(row: &[f64], t: f64) -> (f64, Vec<f64>) {
-    let x: Vec<f64> = row.iter().map(|&z| z / t).collect();
-    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let ln_s = x.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
-    (m + ln_s, x.iter().map(|&v| (v - m) - ln_s).collect())
-}
 
 /// f64 reference of one row: (lse, logp(y), H, p), with `H = −Σ p log p`.
 fn reference(row: &[f64], y: usize, t: f64) -> (f64, f64, f64, Vec<f64>) {
@@ -460,7 +450,7 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     assert_eq!(k.entropy(&logits, 4, 1e-10, &mut out), overflow);
     assert_eq!(out, [sentinel; 3]);
     let mut grad = vec![sentinel; 12];
-    let terms = grpo_core::vocab::GradTerms::<'_, u32> {
+    let terms = GradTerms::<'_, u32> {
         logp: Some((&[0, 0, 0], &[1.0; 3])),
         entropy: Some(&[0.0; 3]),
         kl: None,
@@ -540,7 +530,7 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
         &mut grad,
     );
     let mut core_grad = [sentinel; 12];
-    let terms = grpo_core::vocab::GradTerms::<'_, u32> {
+    let terms = GradTerms::<'_, u32> {
         logp: Some((&[0, 1, 2], &[1.0; 3])),
         entropy: Some(&[0.0, 0.0, -2e9]),
         kl: None,
@@ -1724,6 +1714,71 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
         assert_eq!(f32_bits(&a), f32_bits(&b), "{dir:?}");
         assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
     }
+    // The saving forwards and the backward from their states.
+    let forward_saved = |asynchronous: bool| {
+        let (mut lp, mut st) = (vec![7f32; rows], vec![LseState::EMPTY; rows]);
+        let out = ForwardOut {
+            logp: Some(&mut lp),
+            ..Default::default()
+        };
+        let r = if asynchronous {
+            block_on(k.forward_saved_async(&logits, vocab, &targets, temp, out, &mut st))
+        } else {
+            k.forward_saved(&logits, vocab, &targets, temp, out, &mut st)
+        };
+        r.unwrap();
+        (f32_bits(&lp), st)
+    };
+    let (lp, lse_states) = forward_saved(false);
+    assert_eq!(forward_saved(true), (lp, lse_states.clone()));
+    let dir = KlDirection::Reverse;
+    let kl_saved = |asynchronous: bool| {
+        let (mut kl, mut st) = (vec![7f32; rows], vec![PairState::EMPTY; rows]);
+        let r = if asynchronous {
+            block_on(k.kl_saved_async(&logits, &teacher, vocab, temp, dir, &mut kl, &mut st))
+        } else {
+            k.kl_saved(&logits, &teacher, vocab, temp, dir, &mut kl, &mut st)
+        };
+        r.unwrap();
+        (f32_bits(&kl), st)
+    };
+    let (kl, pair_states) = kl_saved(false);
+    assert_eq!(kl_saved(true), (kl, pair_states.clone()));
+    let g_kl = vec![0.25f32; rows];
+    let terms = GradTerms {
+        logp: Some((&targets[..], &g_lp[..])),
+        entropy: Some(&g_h[..]),
+        kl: Some(KlTerm {
+            teacher: &teacher[..],
+            grad: &g_kl[..],
+            direction: dir,
+        }),
+    };
+    let mut grad = vec![7f32; rows * vocab];
+    k.backward_saved(&logits, vocab, temp, &pair_states, &terms, &mut grad)
+        .unwrap();
+    let mut again = vec![7f32; rows * vocab];
+    block_on(k.backward_saved_async(&logits, vocab, temp, &pair_states, &terms, &mut again))
+        .unwrap();
+    assert_eq!(f32_bits(&grad), f32_bits(&again));
+    let no_kl = GradTerms { kl: None, ..terms };
+    k.backward_saved(&logits, vocab, temp, &lse_states, &no_kl, &mut grad)
+        .unwrap();
+    block_on(k.backward_saved_async(&logits, vocab, temp, &lse_states, &no_kl, &mut again))
+        .unwrap();
+    assert_eq!(f32_bits(&grad), f32_bits(&again));
+    assert!(grad.iter().any(|&g| g != 0.0));
+    // An error (a state that cannot be a forward's) is the blocking one; nothing written.
+    let mut bad_states = lse_states.clone();
+    bad_states[2].sum = 0.0;
+    let mut grad = vec![7f32; rows * vocab];
+    let want = k.backward_saved(&logits, vocab, temp, &bad_states, &no_kl, &mut grad);
+    assert!(want.is_err());
+    let got =
+        block_on(k.backward_saved_async(&logits, vocab, temp, &bad_states, &no_kl, &mut grad));
+    assert_eq!(got, want);
+    assert_eq!(grad, vec![7f32; rows * vocab]);
+
     let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
     k.jsd(&logits, &teacher, vocab, 0.3, temp, &mut a).unwrap();
     block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut b)).unwrap();

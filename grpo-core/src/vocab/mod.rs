@@ -48,7 +48,7 @@ mod saved;
 /// targets, then row by row).
 pub mod validate {
     pub use super::ops::{inverse_temperature, row, support, target, weights};
-    pub use super::saved::saved;
+    pub use super::saved::{backward_saved, saved};
 }
 
 pub use canon::{Logit, LseState, PairState};

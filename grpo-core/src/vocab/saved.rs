@@ -160,9 +160,24 @@ pub fn saved<St: SavedState>(st: &St, tau: f32, index: usize) -> Result<()> {
     st.check(tau, index)
 }
 
-/// Validates a backward from saved states: [`check_backward_args`], then row by row the saved
-/// state and the target (against the student state's reference maximum).
-fn check_backward_saved<S: super::Logit, I: TokenId, U: super::Logit, St: SavedState>(
+/// The checks of [`backward_rows_saved`] (with `out = Some(out.len())`) and
+/// [`backward_rows_in_place_saved`] (`out = None`), in their order, with their errors: the
+/// arguments, then row by row the saved state ([`saved`]) and the target logit ([`target`],
+/// against the student state's reference maximum). Returns `(τ, rows)`. Public so that other
+/// backends (grpo-wgpu) reject exactly what these functions reject.
+///
+/// # Errors
+/// As [`backward_rows_saved`].
+///
+/// ```
+/// use grpo_core::vocab::{validate::backward_saved, GradTerms, LseState};
+/// let saved = [LseState { max: 0.0, sum: 2.0, dot: 0.0 }];
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[1], &[1.0])), entropy: None, kl: None };
+/// assert_eq!(backward_saved(&[0.0f32, 0.0], 2, 0.5, &saved, &terms, Some(2)), Ok((2.0, 1)));
+/// // the gradient has one element per logit
+/// assert!(backward_saved(&[0.0f32, 0.0], 2, 0.5, &saved, &terms, Some(3)).is_err());
+/// ```
+pub fn backward_saved<S: super::Logit, I: TokenId, U: super::Logit, St: SavedState>(
     logits: &[S],
     vocab: usize,
     temperature: f32,
@@ -268,8 +283,7 @@ pub fn backward_rows_saved<S: super::Logit, I: TokenId, U: super::Logit, St: Sav
     terms: &GradTerms<'_, I, U>,
     out: &mut [f32],
 ) -> Result<()> {
-    let (tau, rows) =
-        check_backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
+    let (tau, rows) = backward_saved(logits, vocab, temperature, saved, terms, Some(out.len()))?;
     let kg = terms.kl_grad();
     for r in 0..rows {
         let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
@@ -311,7 +325,7 @@ pub fn backward_rows_in_place_saved<
     saved: &[St],
     terms: &GradTerms<'_, I, U>,
 ) -> Result<()> {
-    let (tau, rows) = check_backward_saved(logits, vocab, temperature, saved, terms, None)?;
+    let (tau, rows) = backward_saved(logits, vocab, temperature, saved, terms, None)?;
     let kg = terms.kl_grad();
     for r in 0..rows {
         let (c, y) = coef_of_saved(&saved[r], tau, terms, r);

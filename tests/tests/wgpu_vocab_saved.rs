@@ -1,0 +1,717 @@
+//! grpo-wgpu's backward from saved row states: `VocabKernel::forward_saved` and `kl_saved`
+//! save grpo-core's `LseState` / `PairState`, `VocabKernel::backward_saved` takes them (or
+//! grpo-core's) for every term set (log-probability, entropy, KL in either direction). Checked
+//! against an f64 evaluation of MATH.md §5's gradient on the stored values within the tolerance
+//! table (`grpo_tests::tolerance`), against the forward kernels' own outputs, against central
+//! differences, and against grpo-core's errors, for f32, bf16 and f16 storage. Skips (with a
+//! message) without an adapter unless `GRPO_REQUIRE_GPU=1`.
+
+use grpo_core::Error;
+use grpo_core::vocab::canon::{finish_kl, finish_lse};
+use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, LseState, PairState};
+use grpo_tests::tolerance::{Dtype, Op, tolerance};
+use grpo_tests::{gpu, log_softmax};
+use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
+use proptest::prelude::*;
+
+/// One batch of student and teacher rows and the backward's terms: `terms` picks a log-prob
+/// term (bit 0), an entropy term (bit 1) and a KL term (`terms >> 2`: none, forward, reverse).
+#[derive(Debug, Clone)]
+struct Case {
+    vocab: usize,
+    rows: usize,
+    student: Vec<f32>,
+    teacher: Vec<f32>,
+    targets: Vec<u32>,
+    temp: f32,
+    weights: [f32; 3],
+    terms: u8,
+}
+
+impl Case {
+    fn direction(&self) -> Option<KlDirection> {
+        match self.terms >> 2 {
+            0 => None,
+            1 => Some(KlDirection::Forward),
+            _ => Some(KlDirection::Reverse),
+        }
+    }
+}
+
+fn vocab_len() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        3 => 1usize..=40,
+        2 => prop::sample::select(vec![255usize, 256, 257, 513, 1025]),
+        1 => 1000usize..3000,
+    ]
+}
+
+fn logit() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        6 => -12.0f32..12.0,
+        1 => Just(0.0f32),
+        1 => -60.0f32..60.0,
+        1 => Just(f32::NEG_INFINITY),
+    ]
+}
+
+/// Teachers are the student plus noise, or independent; both rows share the student's masked
+/// entries, except in one case in six, where the masks are independent (a support violation
+/// of the KL is then likely: both backends must give the same error).
+fn case() -> impl Strategy<Value = Case> {
+    (
+        vocab_len(),
+        1usize..4,
+        prop::sample::select(vec![1.0f32, 0.7, 2.0]),
+    )
+        .prop_flat_map(|(vocab, rows, temp)| {
+            let n = vocab * rows;
+            (
+                prop::collection::vec(logit(), n),
+                prop::collection::vec(logit(), n),
+                prop::collection::vec(0..vocab as u32, rows),
+                (any::<bool>(), 0u8..6, 0u8..12),
+                prop::array::uniform3(-2.0f32..2.0),
+                Just((vocab, rows, temp)),
+            )
+        })
+        .prop_map(
+            |(mut student, other, targets, (near, masks, terms), weights, (vocab, rows, temp))| {
+                let independent_masks = masks == 0;
+                let mut teacher: Vec<f32> = student
+                    .iter()
+                    .zip(&other)
+                    .map(|(&z, &o)| {
+                        let w = if near && z.is_finite() && o.is_finite() {
+                            z + o / 8.0
+                        } else {
+                            o
+                        };
+                        match (independent_masks, z.is_finite()) {
+                            (true, _) => w,
+                            (false, false) => f32::NEG_INFINITY,
+                            (false, true) if w.is_finite() => w,
+                            (false, true) => 0.5,
+                        }
+                    })
+                    .collect();
+                // Every row keeps a finite target logit and a finite teacher logit.
+                for r in 0..rows {
+                    let y = r * vocab + targets[r] as usize;
+                    if !student[y].is_finite() {
+                        student[y] = 1.0;
+                    }
+                    if !teacher[y].is_finite() {
+                        teacher[y] = -1.0;
+                    }
+                }
+                Case {
+                    vocab,
+                    rows,
+                    student,
+                    teacher,
+                    targets,
+                    temp,
+                    weights,
+                    terms,
+                }
+            },
+        )
+}
+
+/// The terms of `c`, with the teacher rows `teacher` (the stored ones).
+fn terms_of<'a, L>(c: &'a Case, teacher: &'a [L], g: &'a [Vec<f32>; 3]) -> GradTerms<'a, u32, L> {
+    GradTerms {
+        logp: (c.terms & 1 != 0).then_some((&c.targets[..], &g[0][..])),
+        entropy: (c.terms & 2 != 0).then_some(&g[1][..]),
+        kl: c.direction().map(|direction| KlTerm {
+            teacher,
+            grad: &g[2][..],
+            direction,
+        }),
+    }
+}
+
+/// The f64 gradient of row `r` of `terms` (MATH.md §5): with log p and log q of the stored
+/// rows, `(g_lp·(1[v = y] − p_v) − g_H·p_v(log p_v + H) + g_KL·K_v)/T`, where `K_v = p_v(log p_v
+/// − log q_v − KL(p‖q))` (forward) or `p_v − q_v` (reverse). Also returns the scale the
+/// tolerance's absolute part is multiplied by: the size of the terms the GPU rounds.
+fn grad64(
+    z: &[f64],
+    w: &[f64],
+    t: f64,
+    y: Option<usize>,
+    g: [f64; 3],
+    kl: Option<KlDirection>,
+) -> (Vec<f64>, f64) {
+    let (_, lp) = log_softmax(z, t);
+    let (_, lq) = log_softmax(w, t);
+    let p: Vec<f64> = lp.iter().map(|l| l.exp()).collect();
+    let q: Vec<f64> = lq.iter().map(|l| l.exp()).collect();
+    let on = |v: usize| p[v] > 0.0;
+    let h: f64 = -(0..z.len())
+        .filter(|&v| on(v))
+        .map(|v| p[v] * lp[v])
+        .sum::<f64>();
+    let kl_pq: f64 = (0..z.len())
+        .filter(|&v| on(v))
+        .map(|v| p[v] * (lp[v] - lq[v]))
+        .sum();
+    let min_lp = lp
+        .iter()
+        .filter(|l| l.is_finite())
+        .fold(0.0f64, |a, &b| a.min(b));
+    let max_ratio = (0..z.len())
+        .filter(|&v| on(v))
+        .map(|v| (lp[v] - lq[v]).abs())
+        .fold(0.0f64, f64::max);
+    let grad = (0..z.len())
+        .map(|v| {
+            let mut d = -g[0] * p[v];
+            if y == Some(v) {
+                d += g[0];
+            }
+            if on(v) {
+                d -= g[1] * p[v] * (lp[v] + h);
+            }
+            d += g[2]
+                * match kl {
+                    None => 0.0,
+                    Some(KlDirection::Forward) if on(v) => p[v] * (lp[v] - lq[v] - kl_pq),
+                    Some(KlDirection::Forward) => 0.0,
+                    Some(KlDirection::Reverse) => p[v] - q[v],
+                };
+            d / t
+        })
+        .collect();
+    let kl_scale = match kl {
+        None => 0.0,
+        Some(KlDirection::Forward) => g[2].abs() * (1.0 + max_ratio + kl_pq.abs()),
+        Some(KlDirection::Reverse) => 2.0 * g[2].abs(),
+    };
+    let scale = (g[0].abs() + g[1].abs() * (1.0 + h + min_lp.abs()) + kl_scale) / t;
+    (grad, scale)
+}
+
+/// Compares `grad` (rows of `c`) with [`grad64`] on the stored rows `z`, `w`.
+fn check_grad(
+    c: &Case,
+    z: &[f64],
+    w: &[f64],
+    dtype: Dtype,
+    grad: &[f32],
+    what: &str,
+) -> Result<(), TestCaseError> {
+    let v = c.vocab;
+    let tol = tolerance(Op::VocabGrad, dtype);
+    for r in 0..c.rows {
+        let y = (c.terms & 1 != 0).then_some(c.targets[r] as usize);
+        let on = [c.terms & 1 != 0, c.terms & 2 != 0, c.direction().is_some()];
+        let g: [f64; 3] = std::array::from_fn(|i| if on[i] { c.weights[i] as f64 } else { 0.0 });
+        let rows = r * v..(r + 1) * v;
+        let (want, scale) = grad64(
+            &z[rows.clone()],
+            &w[rows.clone()],
+            c.temp as f64,
+            y,
+            g,
+            c.direction(),
+        );
+        let tol = tol.with_abs(tol.abs * scale);
+        for (col, (&got, &want)) in grad[rows].iter().zip(&want).enumerate() {
+            prop_assert!(
+                tol.accepts(got, want),
+                "{what}: grad[{r},{col}] {got} vs {want} (scale {scale})"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn core_err(e: GpuError) -> Result<Error, TestCaseError> {
+    match e {
+        GpuError::Core(e) => Ok(e),
+        e => Err(TestCaseError::fail(format!("not a grpo-core error: {e}"))),
+    }
+}
+
+fn check_case<L: LogitStorage>(
+    k: &VocabKernel<'_>,
+    c: &Case,
+    dtype: Dtype,
+    conv: fn(f32) -> L,
+) -> Result<(), TestCaseError> {
+    let (rows, v, t) = (c.rows, c.vocab, c.temp);
+    let z: Vec<L> = c.student.iter().map(|&x| conv(x)).collect();
+    let w: Vec<L> = c.teacher.iter().map(|&x| conv(x)).collect();
+    let wide = |x: &[L]| -> Vec<f64> { x.iter().map(|&e| e.widen() as f64).collect() };
+    let (z64, w64) = (wide(&z), wide(&w));
+    let tau = 1.0 / t;
+    let fail = |e: GpuError| TestCaseError::fail(e.to_string());
+
+    // The saving forward gives the plain forward's bits, and states grpo-core accepts whose
+    // log-sum-exp and entropy meet the accuracy contract.
+    let mut outs = [vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]];
+    let mut plain = outs.clone();
+    let mut lse_states = vec![LseState::EMPTY; rows];
+    fn out(o: &mut [Vec<f32>; 3]) -> ForwardOut<'_> {
+        let [a, b, h] = o;
+        ForwardOut {
+            lse: Some(a),
+            logp: Some(b),
+            entropy: Some(h),
+        }
+    }
+    k.forward_saved(&z, v, &c.targets, t, out(&mut outs), &mut lse_states)
+        .map_err(fail)?;
+    k.forward(&z, v, &c.targets, t, out(&mut plain))
+        .map_err(fail)?;
+    prop_assert_eq!(&outs, &plain);
+    for (r, st) in lse_states.iter().enumerate() {
+        prop_assert!(vocab::validate::saved(st, tau, r).is_ok(), "{st:?}");
+        let (lse, _, h) = finish_lse(st, tau);
+        let (rl, rlp) = log_softmax(&z64[r * v..(r + 1) * v], t as f64);
+        let rh: f64 = -rlp
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|l| l.exp() * l)
+            .sum::<f64>();
+        prop_assert!(
+            tolerance(Op::Lse, dtype).accepts(lse, rl),
+            "lse {lse} vs {rl}"
+        );
+        prop_assert!(
+            tolerance(Op::Entropy, dtype).accepts(h, rh),
+            "H {h} vs {rh}"
+        );
+    }
+
+    // The saving KL forward: grpo-core's errors, the plain kernel's value (bits, in the
+    // forward direction, where both run the same code), and states whose KL values meet the
+    // contract in both directions.
+    let direction = c.direction().unwrap_or(KlDirection::Forward);
+    let mut kl = vec![0f32; rows];
+    let mut pair_states = vec![PairState::EMPTY; rows];
+    let gpu = k.kl_saved(&z, &w, v, t, direction, &mut kl, &mut pair_states);
+    let (mut core_kl, mut core_pairs) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
+    let core = vocab::kl_rows_saved(&z, &w, v, t, direction, &mut core_kl, &mut core_pairs);
+    if let Err(e) = core {
+        prop_assert_eq!(core_err(gpu.unwrap_err())?, e);
+        return Ok(());
+    }
+    gpu.map_err(fail)?;
+    let mut plain_kl = vec![0f32; rows];
+    k.kl(&z, &w, v, t, direction, &mut plain_kl).map_err(fail)?;
+    if direction == KlDirection::Forward {
+        prop_assert_eq!(&kl, &plain_kl);
+    }
+    for (r, st) in pair_states.iter().enumerate() {
+        prop_assert!(vocab::validate::saved(st, tau, r).is_ok(), "{st:?}");
+        let (zr, wr) = (&z64[r * v..(r + 1) * v], &w64[r * v..(r + 1) * v]);
+        let (forward, reverse) = finish_kl(st);
+        let tol = tolerance(Op::Kl, dtype);
+        for (got, a, b) in [(forward, zr, wr), (reverse, wr, zr)] {
+            let want = kl_f64(a, b, t as f64);
+            // The other direction may be +∞ (a support violation its forward would report).
+            if want.is_finite() {
+                prop_assert!(tol.accepts(got, want), "KL {got} vs {want} ({st:?})");
+            }
+        }
+        let want = match direction {
+            KlDirection::Forward => finish_kl(st).0,
+            KlDirection::Reverse => finish_kl(st).1,
+        };
+        prop_assert!(
+            tol.accepts(kl[r], want as f64),
+            "kl_saved's value {} vs its state's {want}",
+            kl[r]
+        );
+    }
+
+    // The backward from the GPU's states and from grpo-core's, against the f64 gradient.
+    let g = c.weights.map(|x| vec![x; rows]);
+    let terms = terms_of(c, &w, &g);
+    let mut grad = vec![0f32; rows * v];
+    k.backward_saved(&z, v, t, &pair_states, &terms, &mut grad)
+        .map_err(fail)?;
+    check_grad(c, &z64, &w64, dtype, &grad, "GPU pair states")?;
+    k.backward_saved(&z, v, t, &core_pairs, &terms, &mut grad)
+        .map_err(fail)?;
+    check_grad(c, &z64, &w64, dtype, &grad, "grpo-core's pair states")?;
+    if c.direction().is_none() {
+        k.backward_saved(&z, v, t, &lse_states, &terms, &mut grad)
+            .map_err(fail)?;
+        check_grad(c, &z64, &w64, dtype, &grad, "GPU softmax states")?;
+    }
+    Ok(())
+}
+
+/// f64 KL(a‖b) of the softmaxes of two rows at temperature `t` (+∞ when `b` is −∞ where `a`
+/// has mass).
+fn kl_f64(a: &[f64], b: &[f64], t: f64) -> f64 {
+    let (_, la) = log_softmax(a, t);
+    let (_, lb) = log_softmax(b, t);
+    la.iter()
+        .zip(&lb)
+        .filter(|(la, _)| la.is_finite())
+        .map(|(&la, &lb)| la.exp() * (la - lb))
+        .sum()
+}
+
+fn run<L: LogitStorage>(test: &str, dtype: Dtype, conv: fn(f32) -> L) {
+    let Some(ctx) = gpu::context(test) else {
+        return;
+    };
+    if L::DTYPE == grpo_wgpu::LogitDtype::F16 && !ctx.supports_f16() {
+        eprintln!("{test}: SKIPPED (the adapter has no SHADER_F16)");
+        return;
+    }
+    let k = VocabKernel::new(ctx);
+    gpu::runner()
+        .run(&case(), |c| check_case(&k, &c, dtype, conv))
+        .unwrap();
+    eprintln!("{test}: {} cases", gpu::cases());
+}
+
+#[test]
+fn saved_path_f32_matches_f64_reference() {
+    run("saved_path_f32_matches_f64_reference", Dtype::F32, |x| x);
+}
+
+#[test]
+fn saved_path_bf16_matches_f64_reference() {
+    run(
+        "saved_path_bf16_matches_f64_reference",
+        Dtype::Bf16,
+        half::bf16::from_f32,
+    );
+}
+
+#[test]
+fn saved_path_f16_matches_f64_reference() {
+    run(
+        "saved_path_f16_matches_f64_reference",
+        Dtype::F16,
+        half::f16::from_f32,
+    );
+}
+
+#[test]
+fn saved_backward_agrees_with_central_differences() {
+    // ∂/∂z of g_lp·logp(y) + g_H·H + g_KL·KL by central differences of the f64 reference
+    // (MATH.md §0), through the GPU's saved states, for each KL direction and without one.
+    let Some(ctx) = gpu::context("saved_backward_agrees_with_central_differences") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let z = [0.3f32, -1.2, 2.5, 0.0, 1.1, -0.4, 0.9];
+    let w = [0.1f32, -0.7, 1.9, 0.4, 1.5, -1.1, 0.2];
+    let (a, b, c, t, y) = (0.7f32, -1.3f32, 0.9f32, 0.8f32, 2usize);
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&e| e as f64).collect() };
+    let (z64, w64) = (wide(&z), wide(&w));
+    let loss = |zz: &[f64], kl: Option<KlDirection>| {
+        let (_, lp) = log_softmax(zz, t as f64);
+        let h: f64 = -lp.iter().map(|l| l.exp() * l).sum::<f64>();
+        let d = match kl {
+            None => 0.0,
+            Some(KlDirection::Forward) => kl_f64(zz, &w64, t as f64),
+            Some(KlDirection::Reverse) => kl_f64(&w64, zz, t as f64),
+        };
+        a as f64 * lp[y] + b as f64 * h + c as f64 * d
+    };
+    let g_kl = [c];
+    for kl in [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)] {
+        let terms = GradTerms {
+            logp: Some((&[y as u32][..], &[a][..])),
+            entropy: Some(&[b][..]),
+            kl: kl.map(|direction| KlTerm {
+                teacher: &w[..],
+                grad: &g_kl[..],
+                direction,
+            }),
+        };
+        let mut grad = [0f32; 7];
+        let mut value = [0f32];
+        let mut pair = [PairState::EMPTY];
+        let direction = kl.unwrap_or(KlDirection::Forward);
+        k.kl_saved(&z, &w, 7, t, direction, &mut value, &mut pair)
+            .unwrap();
+        k.backward_saved(&z, 7, t, &pair, &terms, &mut grad)
+            .unwrap();
+        if kl.is_none() {
+            // The softmax state of the saving forward gives the same gradient.
+            let mut lse = [LseState::EMPTY];
+            let out = ForwardOut::default();
+            k.forward_saved(&z, 7, &[y as u32], t, out, &mut lse)
+                .unwrap();
+            let mut again = [0f32; 7];
+            k.backward_saved(&z, 7, t, &lse, &terms, &mut again)
+                .unwrap();
+            for (g1, g2) in grad.iter().zip(&again) {
+                assert!((g1 - g2).abs() < 1e-6, "{g1} vs {g2}");
+            }
+        }
+        for v in 0..7 {
+            let e = 1e-6;
+            let (mut hi, mut lo) = (z64.clone(), z64.clone());
+            hi[v] += e;
+            lo[v] -= e;
+            let fd = (loss(&hi, kl) - loss(&lo, kl)) / (2.0 * e);
+            assert!(
+                (grad[v] as f64 - fd).abs() < 1e-5,
+                "{kl:?} v={v}: {} vs {fd}",
+                grad[v]
+            );
+        }
+    }
+}
+
+/// The inputs of one `backward_saved` call with every term (forward KL), valid as built.
+#[derive(Clone)]
+struct Args {
+    z: Vec<f32>,
+    w: Vec<f32>,
+    vocab: usize,
+    temp: f32,
+    saved: Vec<PairState>,
+    targets: Vec<u32>,
+    g: [Vec<f32>; 3],
+    grad_len: usize,
+}
+
+impl Args {
+    fn terms(&self) -> GradTerms<'_, u32, f32> {
+        GradTerms {
+            logp: Some((&self.targets[..], &self.g[0][..])),
+            entropy: Some(&self.g[1][..]),
+            kl: Some(KlTerm {
+                teacher: &self.w[..],
+                grad: &self.g[2][..],
+                direction: KlDirection::Forward,
+            }),
+        }
+    }
+}
+
+#[test]
+fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
+    let Some(ctx) = gpu::context("saved_errors_match_grpo_core_and_leave_outputs_untouched") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let sentinel = 12345.0f32;
+    let z = vec![0.5f32, -1.0, 2.0, 0.0, 0.0, 1.0];
+    let w = vec![0.0f32, -1.0, 2.5, 1.0, 0.0, 0.0];
+    let mut saved = vec![PairState::EMPTY; 2];
+    vocab::kl_rows_saved(
+        &z,
+        &w,
+        3,
+        1.0,
+        KlDirection::Forward,
+        &mut [0.0; 2],
+        &mut saved,
+    )
+    .unwrap();
+    let base = Args {
+        z,
+        w,
+        vocab: 3,
+        temp: 1.0,
+        saved,
+        targets: vec![2, 0],
+        g: [vec![1.0; 2], vec![-0.1; 2], vec![0.5; 2]],
+        grad_len: 6,
+    };
+    let call = |a: &Args| {
+        let terms = a.terms();
+        let mut grad = vec![sentinel; a.grad_len];
+        let got = k.backward_saved(&a.z, a.vocab, a.temp, &a.saved, &terms, &mut grad);
+        let mut core_grad = vec![sentinel; a.grad_len];
+        let want =
+            vocab::backward_rows_saved(&a.z, a.vocab, a.temp, &a.saved, &terms, &mut core_grad);
+        (got, want, grad)
+    };
+    let (got, want, _) = call(&base);
+    assert_eq!((got, want), (Ok(()), Ok(())));
+    type Change = fn(&mut Args);
+    let changes: [(&str, Change); 21] = [
+        ("temperature 0", |a| a.temp = 0.0),
+        ("temperature below 1e-6", |a| a.temp = 1e-7),
+        ("vocab 0", |a| a.vocab = 0),
+        ("logits length", |a| {
+            a.z.pop();
+        }),
+        ("grad length", |a| a.grad_len = 5),
+        ("saved length", |a| {
+            a.saved.pop();
+        }),
+        ("targets length", |a| {
+            a.targets.pop();
+        }),
+        ("grad_logp length", |a| {
+            a.g[0].pop();
+        }),
+        ("grad_entropy length", |a| {
+            a.g[1].pop();
+        }),
+        ("teacher length", |a| {
+            a.w.pop();
+        }),
+        ("grad_kl length", |a| {
+            a.g[2].pop();
+        }),
+        ("NaN grad_logp", |a| a.g[0][1] = f32::NAN),
+        ("grad_entropy too large", |a| a.g[1][0] = 2e9),
+        ("infinite grad_kl", |a| a.g[2][1] = f32::INFINITY),
+        ("target out of range", |a| a.targets[1] = 3),
+        ("NaN state", |a| a.saved[1].sz = f32::NAN),
+        ("impossible state", |a| a.saved[0].sw = 0.25),
+        ("KL above 2^65", |a| a.saved[1].u = 1e30),
+        ("−∞ target logit", |a| a.z[3] = f32::NEG_INFINITY),
+        ("infinite reference", |a| a.saved[0].wmax = f32::INFINITY),
+        ("reference overflowing at T", |a| {
+            a.temp = 1e-6;
+            a.saved[0].zmax = 1e35;
+        }),
+    ];
+    for (what, change) in changes {
+        let mut a = base.clone();
+        change(&mut a);
+        let (got, want, grad) = call(&a);
+        let want = want.expect_err(what);
+        assert_eq!(got, Err(GpuError::Core(want)), "{what}");
+        assert!(grad.iter().all(|&g| g == sentinel), "{what}: grad written");
+    }
+    // A KL term needs the teacher's state: softmax states are refused.
+    let lse: Vec<LseState> = base.saved.iter().map(|s| s.student()).collect();
+    let mut grad = vec![sentinel; 6];
+    let got = k.backward_saved(&base.z, 3, 1.0, &lse, &base.terms(), &mut grad);
+    let want = vocab::backward_rows_saved(&base.z, 3, 1.0, &lse, &base.terms(), &mut [0.0; 6]);
+    assert!(matches!(want, Err(Error::InvalidParam { name: "kl", .. })));
+    assert_eq!(got, Err(GpuError::Core(want.unwrap_err())));
+    assert!(grad.iter().all(|&g| g == sentinel));
+
+    // The saving forwards: the states' length (after the other outputs', as grpo-core), and
+    // nothing written on `Err`.
+    let (mut lp, mut st) = ([sentinel; 2], [LseState::EMPTY; 1]);
+    let out = ForwardOut {
+        logp: Some(&mut lp),
+        ..Default::default()
+    };
+    let got = k.forward_saved(&base.z, 3, &[0, 1], 1.0, out, &mut st);
+    let mismatch = Error::LengthMismatch {
+        what: "saved_out",
+        expected: 2,
+        found: 1,
+    };
+    assert_eq!(got, Err(GpuError::Core(mismatch)));
+    assert_eq!((lp, st), ([sentinel; 2], [LseState::EMPTY]));
+    let (mut kl, mut pairs) = ([sentinel; 2], [PairState::EMPTY; 1]);
+    let got = k.kl_saved(
+        &base.z,
+        &base.w,
+        3,
+        1.0,
+        KlDirection::Reverse,
+        &mut kl,
+        &mut pairs,
+    );
+    assert_eq!(got, Err(GpuError::Core(mismatch)));
+    assert_eq!((kl, pairs), ([sentinel; 2], [PairState::EMPTY]));
+}
+
+#[test]
+fn saved_kl_support_and_host_rows_are_grpo_cores() {
+    let Some(ctx) = gpu::context("saved_kl_support_and_host_rows_are_grpo_cores") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let ninf = f32::NEG_INFINITY;
+    // Row 1: the student is −∞ where the teacher has mass, so KL(q‖p) = +∞ and KL(p‖q) is
+    // finite: the saving forward checks the support of the direction it is asked for.
+    let z = [0.0f32, 1.0, 0.5, /* row 1 */ 0.0, ninf, 0.5];
+    let w = [0.3f32, 0.2, 0.1, /* row 1 */ 0.0, 1.0, 0.5];
+    for direction in [KlDirection::Forward, KlDirection::Reverse] {
+        let (mut kl, mut st) = ([7.0f32; 2], [PairState::EMPTY; 2]);
+        let got = k.kl_saved(&z, &w, 3, 1.0, direction, &mut kl, &mut st);
+        let (mut core_kl, mut core_st) = ([0f32; 2], [PairState::EMPTY; 2]);
+        let want = vocab::kl_rows_saved(&z, &w, 3, 1.0, direction, &mut core_kl, &mut core_st);
+        match direction {
+            KlDirection::Forward => {
+                assert_eq!((got, want), (Ok(()), Ok(())));
+                for r in 0..2 {
+                    assert!((kl[r] - core_kl[r]).abs() < 2e-6, "{kl:?} vs {core_kl:?}");
+                }
+            }
+            KlDirection::Reverse => {
+                assert!(want.is_err());
+                assert_eq!(got, Err(GpuError::Core(want.unwrap_err())));
+                assert_eq!((kl, st), ([7.0; 2], [PairState::EMPTY; 2]));
+            }
+        }
+    }
+    // A finite student logit whose z/T overflows to −∞ (not the maximum) has probability 0 in
+    // grpo-core, which accepts the row; the shader sends it to grpo-core on the host, so its
+    // value and state are grpo-core's bits.
+    let z = [1.0f32, -3.0e38, 0.0, /* row 1 */ 0.25, 0.5, -0.5];
+    let w = [0.5f32, 0.0, 0.0, /* row 1 */ 0.0, 0.0, 1.0];
+    for direction in [KlDirection::Forward, KlDirection::Reverse] {
+        let (mut kl, mut st) = ([0f32; 2], [PairState::EMPTY; 2]);
+        k.kl_saved(&z, &w, 3, 0.5, direction, &mut kl, &mut st)
+            .unwrap();
+        let (mut core_kl, mut core_st) = ([0f32; 2], [PairState::EMPTY; 2]);
+        vocab::kl_rows_saved(&z, &w, 3, 0.5, direction, &mut core_kl, &mut core_st).unwrap();
+        assert_eq!((kl[0].to_bits(), st[0]), (core_kl[0].to_bits(), core_st[0]));
+        assert!((kl[1] - core_kl[1]).abs() < 2e-6);
+    }
+}
+
+#[test]
+fn chunked_saved_rows_give_the_same_bits() {
+    // A private context whose binding cap forces chunks of 2 rows (bf16 with an odd vocab puts
+    // chunk starts mid-word), against the same context uncapped.
+    if gpu::context("chunked_saved_rows_give_the_same_bits").is_none() {
+        return;
+    }
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    let k = VocabKernel::new(&ctx);
+    let (rows, vocab) = (7usize, 301usize);
+    let bf = |i: usize, m: usize| half::bf16::from_f32(((i * m % 101) as f32) * 0.11 - 5.0);
+    let z: Vec<half::bf16> = (0..rows * vocab).map(|i| bf(i, 37)).collect();
+    let w: Vec<half::bf16> = (0..rows * vocab).map(|i| bf(i, 53)).collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 13 % vocab as u32).collect();
+    let g = [vec![1.0f32; rows], vec![0.5; rows], vec![-0.25; rows]];
+    let run = |k: &VocabKernel<'_>| {
+        let mut lp = vec![0f32; rows];
+        let mut lse = vec![LseState::EMPTY; rows];
+        let out = ForwardOut {
+            logp: Some(&mut lp),
+            ..Default::default()
+        };
+        k.forward_saved(&z, vocab, &targets, 0.9, out, &mut lse)
+            .unwrap();
+        let (mut kl, mut pair) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
+        k.kl_saved(&z, &w, vocab, 0.9, KlDirection::Reverse, &mut kl, &mut pair)
+            .unwrap();
+        let terms = GradTerms {
+            logp: Some((&targets[..], &g[0][..])),
+            entropy: Some(&g[1][..]),
+            kl: Some(KlTerm {
+                teacher: &w[..],
+                grad: &g[2][..],
+                direction: KlDirection::Forward,
+            }),
+        };
+        let mut grad = vec![0f32; rows * vocab];
+        k.backward_saved(&z, vocab, 0.9, &pair, &terms, &mut grad)
+            .unwrap();
+        (lp, lse, kl, pair, grad)
+    };
+    let whole = run(&k);
+    // The gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
+    ctx.set_binding_cap(2500);
+    let chunked = run(&k);
+    ctx.set_binding_cap(u64::MAX);
+    assert_eq!(whole, chunked);
+}
