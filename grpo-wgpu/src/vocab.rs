@@ -1,6 +1,6 @@
 //! [`VocabKernel`]: log-sum-exp, token log-probability, entropy, KL and JSD_β between rows and
-//! the fused backward over logit rows (MATH.md §5), for f32, f16 and bf16 storage with f32
-//! accumulation.
+//! the fused backward over logit rows (MATH.md §5) — recomputing the row statistics, or from the
+//! states a forward saved — for f32, f16 and bf16 storage with f32 accumulation.
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
@@ -1551,6 +1551,134 @@ impl<'c> VocabKernel<'c> {
             grad[start..start + n].copy_from_slice(&g[..n]);
         }
         Ok(())
+    }
+
+    /// The fused backward of any term set, grpo-core's
+    /// [`backward_rows`](grpo_core::vocab::backward_rows) on the GPU \[ours\]: `grad[r, v] =
+    /// ∂/∂z[r, v] (g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r)`, where the KL term
+    /// (distillation: KL(p‖q) or KL(q‖p) against the teacher rows of `terms.kl`, the logits'
+    /// storage type) and the log-probability term are optional, unlike
+    /// [`VocabKernel::backward`]'s fixed log-probability and entropy terms.
+    ///
+    /// Two dispatches per chunk of rows: the saving forward of the terms — [`forward_saved`]
+    /// (one read of each row), or [`kl_saved`] in the KL term's direction (two reads of each
+    /// row pair) — then [`backward_saved`] from those states (one read, one write). A trainer
+    /// that ran the saving forward for its loss calls [`backward_saved`] directly and saves the
+    /// first dispatch. Accuracy: [`backward_saved`]'s.
+    ///
+    /// [`forward_saved`]: VocabKernel::forward_saved
+    /// [`kl_saved`]: VocabKernel::kl_saved
+    /// [`backward_saved`]: VocabKernel::backward_saved
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Reverse KL against the teacher q = [¼, ¾] (p = [½, ½]): ∂KL(q‖p)/∂z = p − q.
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Reverse };
+    /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
+    /// let mut grad = [0.0f32; 2];
+    /// VocabKernel::new(&ctx).backward_rows(&z, 2, 1.0, &terms, &mut grad)?;
+    /// assert!((grad[0] - 0.25).abs() < 1e-6 && (grad[1] + 0.25).abs() < 1e-6);
+    /// // A teacher of −∞ where the student has mass: KL(p‖q) = +∞, grpo-core's error.
+    /// let w = [0.0f32, f32::NEG_INFINITY];
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Forward };
+    /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
+    /// assert!(VocabKernel::new(&ctx).backward_rows(&z, 2, 1.0, &terms, &mut grad).is_err());
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// grpo-core's ([`validate::backward`](grpo_core::vocab::validate::backward)), in its
+    /// order, with its names (`out` is `grad` here): the temperature, `vocab`, every length,
+    /// the weights, the target ids, then row by row the logits (`NonFinite { what: "logits" }`,
+    /// `EmptySegment`), the teacher, the KL's support and the target logit. Then this
+    /// backend's [`GpuError::TooLarge`] and, for f16, [`GpuError::MissingFeature`]. On `Err`,
+    /// `grad` is untouched.
+    pub fn backward_rows<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+    ) -> Result<()> {
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, grad, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::backward_rows`]: awaits the readbacks instead of blocking (same
+    /// gradient bits, same errors; `grad` untouched on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_rows`].
+    pub async fn backward_rows_async<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+    ) -> Result<()> {
+        self.backward_rows_with(logits, vocab, temperature, terms, grad, Wait::Await)
+            .await
+    }
+
+    async fn backward_rows_with<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+        grad: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
+        let out = Some(grad.len());
+        let (_, rows) = grpo_core::vocab::validate::backward_args(
+            logits.len(),
+            vocab,
+            temperature,
+            terms,
+            out,
+        )?;
+        self.check_limits::<L>(vocab)?;
+        // The saving forward checks the rows (the KL's support in its direction included) as
+        // grpo-core does, but names the student rows after its own parameters and runs before
+        // the target checks of `backward_saved`: on its error, grpo-core's own checks of the
+        // whole call give grpo-core's first error.
+        let exact = |e: GpuError| match grpo_core::vocab::validate::backward(
+            logits,
+            vocab,
+            temperature,
+            terms,
+            out,
+        ) {
+            Err(core) => GpuError::from(core),
+            Ok(_) => e,
+        };
+        let t = temperature;
+        match &terms.kl {
+            None => {
+                let mut saved = vec![LseState::EMPTY; rows];
+                let none = ForwardOut::default();
+                self.forward_with(logits, vocab, &[], t, none, Some(&mut saved), wait)
+                    .await
+                    .map_err(exact)?;
+                self.backward_saved_with(logits, vocab, t, &saved, terms, grad, wait)
+                    .await
+            }
+            Some(k) => {
+                let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
+                let (w, d) = (k.teacher, k.direction);
+                self.kl_with(logits, w, vocab, t, d, &mut kl, Some(&mut saved), wait)
+                    .await
+                    .map_err(exact)?;
+                self.backward_saved_with(logits, vocab, t, &saved, terms, grad, wait)
+                    .await
+            }
+        }
     }
 
     /// The input of a `backward_saved*` entry point: each row's coefficients (the shader's

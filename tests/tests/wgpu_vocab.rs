@@ -1761,6 +1761,11 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
     block_on(k.backward_saved_async(&logits, vocab, temp, &pair_states, &terms, &mut again))
         .unwrap();
     assert_eq!(f32_bits(&grad), f32_bits(&again));
+    let mut recomputed = vec![7f32; rows * vocab];
+    block_on(k.backward_rows_async(&logits, vocab, temp, &terms, &mut recomputed)).unwrap();
+    k.backward_rows(&logits, vocab, temp, &terms, &mut again)
+        .unwrap();
+    assert_eq!(f32_bits(&recomputed), f32_bits(&again));
     let no_kl = GradTerms { kl: None, ..terms };
     k.backward_saved(&logits, vocab, temp, &lse_states, &no_kl, &mut grad)
         .unwrap();

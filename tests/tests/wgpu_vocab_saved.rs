@@ -286,6 +286,23 @@ fn check_case<L: LogitStorage>(
         );
     }
 
+    // The backward of any term set (the saving forward, then the backward from its states):
+    // grpo-core's `backward_rows` errors, or the f64 gradient.
+    let g = c.weights.map(|x| vec![x; rows]);
+    let terms = terms_of(c, &w, &g);
+    let mut grad = vec![7f32; rows * v];
+    let gpu = k.backward_rows(&z, v, t, &terms, &mut grad);
+    match vocab::backward_rows(&z, v, t, &terms, &mut vec![0f32; rows * v]) {
+        Err(e) => {
+            prop_assert_eq!(core_err(gpu.unwrap_err())?, e);
+            prop_assert!(grad.iter().all(|&x| x == 7.0), "grad written");
+        }
+        Ok(()) => {
+            gpu.map_err(fail)?;
+            check_grad(c, &z64, &w64, dtype, &grad, "backward_rows")?;
+        }
+    }
+
     // The saving KL forward: grpo-core's errors, the plain kernel's value (bits, in the
     // forward direction, where both run the same code), and states whose KL values meet the
     // contract in both directions.
@@ -329,9 +346,6 @@ fn check_case<L: LogitStorage>(
     }
 
     // The backward from the GPU's states and from grpo-core's, against the f64 gradient.
-    let g = c.weights.map(|x| vec![x; rows]);
-    let terms = terms_of(c, &w, &g);
-    let mut grad = vec![0f32; rows * v];
     k.backward_saved(&z, v, t, &pair_states, &terms, &mut grad)
         .map_err(fail)?;
     check_grad(c, &z64, &w64, dtype, &grad, "GPU pair states")?;
@@ -438,6 +452,9 @@ fn saved_backward_agrees_with_central_differences() {
             .unwrap();
         k.backward_saved(&z, 7, t, &pair, &terms, &mut grad)
             .unwrap();
+        // The recomputing backward runs the saving forward of its terms, then this backward.
+        let mut recomputed = [0f32; 7];
+        k.backward_rows(&z, 7, t, &terms, &mut recomputed).unwrap();
         if kl.is_none() {
             // The softmax state of the saving forward gives the same gradient.
             let mut lse = [LseState::EMPTY];
@@ -450,6 +467,9 @@ fn saved_backward_agrees_with_central_differences() {
             for (g1, g2) in grad.iter().zip(&again) {
                 assert!((g1 - g2).abs() < 1e-6, "{g1} vs {g2}");
             }
+            assert_eq!(recomputed, again);
+        } else {
+            assert_eq!(recomputed, grad);
         }
         for v in 0..7 {
             let e = 1e-6;
@@ -532,8 +552,22 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
             vocab::backward_rows_saved(&a.z, a.vocab, a.temp, &a.saved, &terms, &mut core_grad);
         (got, want, grad)
     };
+    // The recomputing backward of the same terms: grpo-core's `backward_rows` result.
+    let recompute = |a: &Args, what: &str| {
+        let terms = a.terms();
+        let mut grad = vec![sentinel; a.grad_len];
+        let got = k.backward_rows(&a.z, a.vocab, a.temp, &terms, &mut grad);
+        let mut core_grad = vec![sentinel; a.grad_len];
+        let want = vocab::backward_rows(&a.z, a.vocab, a.temp, &terms, &mut core_grad);
+        assert_eq!(got, want.map_err(GpuError::Core), "backward_rows: {what}");
+        if want.is_err() {
+            assert!(grad.iter().all(|&g| g == sentinel), "{what}: grad written");
+        }
+        want
+    };
     let (got, want, _) = call(&base);
     assert_eq!((got, want), (Ok(()), Ok(())));
+    assert_eq!(recompute(&base, "valid"), Ok(()));
     type Change = fn(&mut Args);
     let changes: [(&str, Change); 21] = [
         ("temperature 0", |a| a.temp = 0.0),
@@ -582,6 +616,46 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         let want = want.expect_err(what);
         assert_eq!(got, Err(GpuError::Core(want)), "{what}");
         assert!(grad.iter().all(|&g| g == sentinel), "{what}: grad written");
+        // The recomputing backward reads no state: the changes of the states alone leave it
+        // valid.
+        let states_only = [
+            "saved length",
+            "NaN state",
+            "impossible state",
+            "KL above 2^65",
+            "infinite reference",
+            "reference overflowing at T",
+        ];
+        let recomputed = recompute(&a, what);
+        assert_eq!(recomputed.is_ok(), states_only.contains(&what), "{what}");
+    }
+    // The rows, which only the recomputing backward reads: the first error in grpo-core's order
+    // (row by row: logits, teacher, the KL's support, the target logit), also where the device
+    // pass finds a later row's error first.
+    let rows: [(&str, Change); 7] = [
+        ("NaN logit", |a| a.z[4] = f32::NAN),
+        ("+∞ teacher logit", |a| a.w[1] = f32::INFINITY),
+        ("row of only −∞", |a| a.z[3..6].fill(f32::NEG_INFINITY)),
+        ("teacher −∞ where the student has mass", |a| {
+            a.w[5] = f32::NEG_INFINITY;
+        }),
+        ("maximum overflowing at T", |a| {
+            a.temp = 1e-6;
+            a.z[5] = 1e35;
+        }),
+        ("−∞ target logit before a NaN row", |a| {
+            a.z[2] = f32::NEG_INFINITY;
+            a.z[4] = f32::NAN;
+        }),
+        ("NaN teacher before a −∞ target logit", |a| {
+            a.w[0] = f32::NAN;
+            a.z[3] = f32::NEG_INFINITY;
+        }),
+    ];
+    for (what, change) in rows {
+        let mut a = base.clone();
+        change(&mut a);
+        assert!(recompute(&a, what).is_err(), "{what}: grpo-core accepts it");
     }
     // A KL term needs the teacher's state: softmax states are refused.
     let lse: Vec<LseState> = base.saved.iter().map(|s| s.student()).collect();

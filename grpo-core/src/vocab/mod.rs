@@ -47,7 +47,9 @@ mod saved;
 /// exactly the same inputs with exactly the same errors (same order: temperature, lengths,
 /// targets, then row by row).
 pub mod validate {
-    pub use super::ops::{inverse_temperature, row, support, target, weights};
+    pub use super::ops::{
+        backward, backward_args, inverse_temperature, row, support, target, weights,
+    };
     pub use super::saved::{backward_saved, saved};
 }
 

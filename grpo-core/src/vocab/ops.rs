@@ -915,10 +915,26 @@ pub fn weights(what: &'static str, g: &[f32], rows: usize) -> Result<()> {
     Ok(())
 }
 
-/// Validates a backward call in the module's order — the temperature (with the gradients'
-/// minimum), `vocab > 0`, every slice length (`out`: the out-of-place gradient's, if any),
-/// the weights, the target ids, then row by row — and returns `(τ, rows)`.
-fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
+/// The checks of [`backward_rows`] (with `out = Some(out.len())`) and
+/// [`backward_rows_in_place`] (`out = None`), in their order, with their errors — the
+/// temperature (with the gradients' minimum), `vocab > 0`, every slice length, the weights,
+/// the target ids, then row by row the student row, the teacher row and the KL's support, and
+/// the target logit — and returns `(τ, rows)`. Public so that other backends (grpo-wgpu)
+/// reject exactly what these functions reject.
+///
+/// # Errors
+/// As [`backward_rows`].
+///
+/// ```
+/// use grpo_core::vocab::{validate::backward, GradTerms, KlDirection, KlTerm};
+/// let z = [0.0f32, 1.0, /* row 1 */ 0.5, f32::NAN];
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: Some(&[1.0, 1.0]), kl: None };
+/// assert!(backward(&z[..2], 2, 1.0, &terms, Some(2)).is_err()); // two weights, one row
+/// // the NaN at flat index 3 is the first error
+/// let nan = grpo_core::Error::NonFinite { what: "logits", index: 3 };
+/// assert_eq!(backward(&z, 2, 1.0, &terms, Some(4)), Err(nan));
+/// ```
+pub fn backward<S: super::Logit, I: TokenId, U: super::Logit>(
     logits: &[S],
     vocab: usize,
     temperature: f32,
@@ -939,6 +955,33 @@ fn check_backward<S: super::Logit, I: TokenId, U: super::Logit>(
         }
     }
     Ok((tau, rows))
+}
+
+/// The checks of [`backward`] that read no logit (its first ones, in its order): the
+/// temperature (with the gradients' minimum), `vocab > 0`, every slice length (`logits` is the
+/// logits' length, `out` the out-of-place gradient's, if any), the weights and the target ids.
+/// Returns `(τ, rows)`. Public so that a backend can check its arguments before it reads the
+/// rows on a device.
+///
+/// # Errors
+/// As [`backward`], but no row check.
+///
+/// ```
+/// use grpo_core::vocab::{validate::backward_args, GradTerms};
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[1, 0], &[1.0; 2])), entropy: None, kl: None };
+/// assert_eq!(backward_args(6, 3, 0.5, &terms, Some(6)), Ok((2.0, 2)));
+/// // token 3 of a vocabulary of 3
+/// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[1, 3], &[1.0; 2])), ..terms };
+/// assert!(backward_args(6, 3, 0.5, &terms, Some(6)).is_err());
+/// ```
+pub fn backward_args<I: TokenId, U: super::Logit>(
+    logits: usize,
+    vocab: usize,
+    temperature: f32,
+    terms: &GradTerms<'_, I, U>,
+    out: Option<usize>,
+) -> Result<(f32, usize)> {
+    check_backward_args(logits, vocab, temperature, terms, out, None)
 }
 
 /// The checks of a backward call that read no logit, in the module's order: the temperature
@@ -1106,7 +1149,7 @@ pub fn backward_rows<S: super::Logit, I: TokenId, U: super::Logit>(
     terms: &GradTerms<'_, I, U>,
     out: &mut [f32],
 ) -> Result<()> {
-    let (tau, rows) = check_backward(logits, vocab, temperature, terms, Some(out.len()))?;
+    let (tau, rows) = backward(logits, vocab, temperature, terms, Some(out.len()))?;
     for r in 0..rows {
         let z = row_of(logits, vocab, r);
         let (c, y, kg) = coef_of(z, vocab, r, tau, terms);
@@ -1137,7 +1180,7 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
     temperature: f32,
     terms: &GradTerms<'_, I, U>,
 ) -> Result<()> {
-    let (tau, rows) = check_backward(logits, vocab, temperature, terms, None)?;
+    let (tau, rows) = backward(logits, vocab, temperature, terms, None)?;
     for r in 0..rows {
         let (c, y, kg) = coef_of(row_of(logits, vocab, r), vocab, r, tau, terms);
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
