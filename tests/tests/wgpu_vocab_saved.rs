@@ -193,6 +193,12 @@ fn grad64(
     (grad, scale)
 }
 
+thread_local! {
+    /// The largest gradient error of this thread's property test so far, as a share of what
+    /// the tolerance allowed it (printed at the end of the test).
+    static WORST: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
 /// Compares `grad` (rows of `c`) with [`grad64`] on the stored rows `z`, `w`.
 fn check_grad(
     c: &Case,
@@ -223,6 +229,8 @@ fn check_grad(
                 tol.accepts(got, want),
                 "{what}: grad[{r},{col}] {got} vs {want} (scale {scale})"
             );
+            let share = (got as f64 - want).abs() / (tol.abs + tol.rel * want.abs());
+            WORST.with(|w| w.set(w.get().max(share)));
         }
     }
     Ok(())
@@ -381,10 +389,15 @@ fn run<L: LogitStorage>(test: &str, dtype: Dtype, conv: fn(f32) -> L) {
         return;
     }
     let k = VocabKernel::new(ctx);
+    WORST.with(|w| w.set(0.0));
     gpu::runner()
         .run(&case(), |c| check_case(&k, &c, dtype, conv))
         .unwrap();
-    eprintln!("{test}: {} cases", gpu::cases());
+    let worst = WORST.with(|w| w.get());
+    eprintln!(
+        "{test}: {} cases; largest gradient error {worst:.3} of its tolerance",
+        gpu::cases()
+    );
 }
 
 #[test]
