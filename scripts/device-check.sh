@@ -59,7 +59,7 @@ SUITE_TIMEOUT="${SUITE_TIMEOUT:-120}"
 t0=$(date +%s)
 
 status=0
-gpu_tests=(wgpu_shaders wgpu_vocab wgpu_advantage wgpu_reduce wgpu_loss wgpu_masks)
+gpu_tests=(wgpu_shaders wgpu_vocab wgpu_vocab_saved wgpu_advantage wgpu_reduce wgpu_loss wgpu_masks)
 bench=target/debug/grpo-bench
 if [[ $mode != prebuilt ]]; then
     # One cargo invocation builds the bench binary and the GPU test targets with one feature
