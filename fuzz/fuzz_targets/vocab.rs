@@ -187,6 +187,8 @@ fn from_saved<St: SavedState + PartialEq>(
 ) {
     let mut g = fresh(z.len());
     let r = backward_rows_saved(z, vocab, t, saved, terms, &mut g);
+    let checks = vocab::validate::backward_saved(z, vocab, t, saved, terms, Some(g.len()));
+    assert_eq!(checks.err(), r.err());
     if forward_ok && reference.0.is_ok() {
         assert_eq!(r, Ok(()));
         assert_eq!(raw(&g), raw(reference.1));
@@ -335,6 +337,16 @@ fuzz_target!(|inp: Input| {
     let mut g = fresh(z.len());
     let r_full = backward_rows(&z, vocab, temperature, &terms, &mut g);
     check(r_full, &[&g]);
+    // The public checks other backends run instead (grpo-wgpu): the backward's own result, and
+    // those that read no logit fail only where it fails.
+    let out = Some(g.len());
+    assert_eq!(
+        vocab::validate::backward(&z, vocab, temperature, &terms, out).err(),
+        r_full.err()
+    );
+    if vocab::validate::backward_args(z.len(), vocab, temperature, &terms, out).is_err() {
+        assert!(r_full.is_err());
+    }
 
     // The backward from the saved states (log-probability and entropy terms): from states the
     // forward saved, the recomputing backward's bits; from altered ones, no panic, and on `Err`
