@@ -357,41 +357,45 @@ impl<'c> VocabKernel<'c> {
                 per_dimension,
             });
         }
-        let mut targets = vec![0u32; rows];
-        let mut upstream: Vec<f32> = (0..rows).flat_map(|_| [1.0f32, 0.5]).collect();
+        let targets = vec![0u32; rows];
         let params = VocabParams::new(rows, vocab, 0, 1.0);
         let (ones, halves) = (vec![1.0f32; rows], vec![0.5f32; rows]);
-        let mut saved_entry = "";
-        let mut terms = GradTerms {
+        let terms = GradTerms {
             logp: Some((&targets[..], &ones[..])),
             entropy: Some(&halves[..]),
             kl: None,
         };
-        match what {
+        // Binding 7: `backward`'s (g_lp, g_H) per row, or the saved backwards' coefficients
+        // (from grpo-core's states of these rows) with their entry point.
+        let (upstream, saved_entry) = match what {
             ResidentVocab::BackwardSaved => {
-                let mut saved = vec![LseState::EMPTY; rows];
-                let mut lp = vec![0f32; rows];
+                let (mut lp, mut saved) = (vec![0f32; rows], vec![LseState::EMPTY; rows]);
                 grpo_core::vocab::logprob_entropy_rows_saved(
                     logits, vocab, &targets, 1.0, &mut lp, None, &mut saved,
                 )?;
-                (upstream, targets, saved_entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                (coef, entry)
             }
             ResidentVocab::BackwardKlSaved { teacher } => {
-                let mut saved = vec![PairState::EMPTY; rows];
-                let mut kl = vec![0f32; rows];
+                let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
                 let forward = KlDirection::Forward;
                 grpo_core::vocab::kl_rows_saved(
                     logits, teacher, vocab, 1.0, forward, &mut kl, &mut saved,
                 )?;
-                terms.kl = Some(grpo_core::vocab::KlTerm {
+                let kl_term = grpo_core::vocab::KlTerm {
                     teacher,
                     grad: &ones,
                     direction: forward,
-                });
-                (upstream, targets, saved_entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                };
+                let terms = GradTerms {
+                    kl: Some(kl_term),
+                    ..terms
+                };
+                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                (coef, entry)
             }
-            _ => {}
-        }
+            _ => ((0..rows).flat_map(|_| [1.0f32, 0.5]).collect(), ""),
+        };
         let mut args = vec![
             (0, Arg::In(bytemuck::cast_slice(logits))),
             (1, Arg::In(bytemuck::cast_slice(&targets))),

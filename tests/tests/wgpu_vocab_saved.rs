@@ -365,6 +365,17 @@ fn check_case<L: LogitStorage>(
             .map_err(fail)?;
         check_grad(c, &z64, &w64, dtype, &grad, "GPU softmax states")?;
     }
+    // The GPU's states serve grpo-core's backward (and so grpo-cpu's, which has its bits).
+    vocab::backward_rows_saved(&z, v, t, &pair_states, &terms, &mut grad)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    check_grad(
+        c,
+        &z64,
+        &w64,
+        dtype,
+        &grad,
+        "grpo-core from GPU pair states",
+    )?;
     Ok(())
 }
 
