@@ -33,18 +33,32 @@ use crate::lanes::F32x16;
 #[derive(Clone, Copy)]
 pub(crate) struct Avx2<const PREFETCH: bool = true>(__m256, __m256);
 
-/// Runs `k` compiled for AVX2 + FMA + F16C, with software prefetches if `PREFETCH`.
-///
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
-    // No fence: this backend has no streaming stores (see the module documentation).
-    k.run::<Avx2<PREFETCH>>()
-}
+/// Defines `$module::entry`, which runs a kernel compiled for AVX2 + FMA + F16C on lanes with
+/// `PREFETCH = $prefetch`: one module per setting, out of line, so that each setting's
+/// instantiations form a codegen unit of their own (see [`super`]).
+macro_rules! entry {
+    ($module:ident, $prefetch:literal) => {
+        mod $module {
+            use super::{Avx2, Kernel};
 
-/// Whether the CPU has what [`entry`] is compiled for: AVX2, FMA and F16C (the f16 loads and
-/// stores; every CPU with AVX2 and FMA has it).
+            /// Runs `k` compiled for AVX2 + FMA + F16C.
+            ///
+            /// # Safety
+            /// The CPU must support AVX2, FMA and F16C.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            #[inline(never)]
+            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+                // No fence: this backend has no streaming stores (see the module documentation).
+                k.run::<Avx2<$prefetch>>()
+            }
+        }
+    };
+}
+entry!(with_prefetch, true);
+entry!(without_prefetch, false);
+
+/// Whether the CPU has what the entry functions are compiled for: AVX2, FMA and F16C (the f16
+/// loads and stores; every CPU with AVX2 and FMA has it).
 pub(crate) fn detected() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
@@ -58,9 +72,9 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
         // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
         Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
-                entry::<K, true>(k)
+                with_prefetch::entry(k)
             } else {
-                entry::<K, false>(k)
+                without_prefetch::entry(k)
             }
         })
     } else {

@@ -8,8 +8,8 @@ use core::arch::x86_64::*;
 use crate::kernels::Kernel;
 use crate::lanes::{F32x16, bf16_round_bits};
 
-/// 16 lanes in one 512-bit register. Created only inside [`entry`] and [`entry_bf16`], after
-/// [`run`]'s detection. `BF16` is set in [`entry_bf16`] only, which is also compiled for (and
+/// 16 lanes in one 512-bit register. Created only inside `entry` and `entry_bf16`, after
+/// [`run`]'s detection. `BF16` is set in `entry_bf16` only, which is also compiled for (and
 /// entered after detecting) AVX512_BF16 and AVX512DQ: its [`F32x16::store_bf16`] rounds with
 /// `vcvtneps2bf16`. `PREFETCH = false` makes [`F32x16::prefetch`] and
 /// [`F32x16::prefetch_l2`] no-ops (see [`prefetch_by_default`]).
@@ -51,33 +51,50 @@ pub(crate) fn prefetch_by_default() -> bool {
     })
 }
 
-/// Runs `k` compiled for AVX-512F + FMA, with software prefetches if `PREFETCH`.
-///
-/// # Safety
-/// The CPU must support AVX-512F, FMA and AVX512BW (for [`F32x16::load_bf16`]).
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
-    let out = k.run::<Avx512<false, PREFETCH>>();
-    // Order the kernel's streaming stores before whatever signals completion to other threads.
-    _mm_sfence();
-    out
-}
+/// Defines, for lanes with `PREFETCH = $prefetch`, `$module::entry`, which runs a kernel
+/// compiled for AVX-512F + FMA, and `$module::entry_bf16`, the same compiled also for
+/// AVX512_BF16 (`vcvtneps2bf16`) and AVX512DQ (`vfpclassps`, which finds subnormal lanes) for
+/// the kernels that store gradients in bf16 ([`Kernel::STORES_BF16`]; only those kernels get
+/// this second instantiation). One module per setting, out of line, so that each setting's
+/// instantiations form a codegen unit of their own (see [`super`]).
+macro_rules! entry {
+    ($module:ident, $prefetch:literal) => {
+        mod $module {
+            use super::{_mm_sfence, Avx512, Kernel};
 
-/// [`entry`] for the kernels that store gradients in bf16 ([`Kernel::STORES_BF16`]), compiled
-/// also for AVX512_BF16 (`vcvtneps2bf16`) and AVX512DQ (`vfpclassps`, which finds subnormal
-/// lanes). Only those kernels get this second instantiation.
-///
-/// # Safety
-/// The CPU must support AVX-512F, FMA, AVX512BW, AVX512_BF16 and AVX512DQ.
-#[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
-unsafe fn entry_bf16<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
-    let out = k.run::<Avx512<true, PREFETCH>>();
-    // As in `entry`.
-    _mm_sfence();
-    out
-}
+            /// Runs `k` compiled for AVX-512F + FMA.
+            ///
+            /// # Safety
+            /// The CPU must support AVX-512F, FMA and AVX512BW (for `F32x16::load_bf16`).
+            #[target_feature(enable = "avx512f,fma")]
+            #[inline(never)]
+            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+                let out = k.run::<Avx512<false, $prefetch>>();
+                // Order the kernel's streaming stores before whatever signals completion to
+                // other threads.
+                _mm_sfence();
+                out
+            }
 
-/// Whether the CPU has what this backend needs: AVX-512F and FMA, which [`entry`] is
+            /// Runs `k` compiled for AVX-512F + FMA + AVX512_BF16 + AVX512DQ.
+            ///
+            /// # Safety
+            /// The CPU must support AVX-512F, FMA, AVX512BW, AVX512_BF16 and AVX512DQ.
+            #[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
+            #[inline(never)]
+            pub(super) unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
+                let out = k.run::<Avx512<true, $prefetch>>();
+                // As in `entry`.
+                _mm_sfence();
+                out
+            }
+        }
+    };
+}
+entry!(with_prefetch, true);
+entry!(without_prefetch, false);
+
+/// Whether the CPU has what this backend needs: AVX-512F and FMA, which `entry` is
 /// compiled for, and AVX512BW, whose `vpermw` [`F32x16::load_bf16`] issues from `asm!` (every
 /// AVX-512 CPU but the Xeon Phi has it).
 pub(crate) fn detected() -> bool {
@@ -87,7 +104,7 @@ pub(crate) fn detected() -> bool {
 }
 
 /// Runs `k` on this backend, or returns it if the CPU lacks AVX-512F, AVX512BW or FMA. A
-/// kernel that stores bf16 runs from [`entry_bf16`] where the CPU has AVX512_BF16 and
+/// kernel that stores bf16 runs from `entry_bf16` where the CPU has AVX512_BF16 and
 /// AVX512DQ: the same bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the
 /// in-place bf16 backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05,
 /// four runs alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0
@@ -103,16 +120,16 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
         // (and AVX512BW, see `detected`).
         return Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
-                entry_bf16::<K, true>(k)
+                with_prefetch::entry_bf16(k)
             } else {
-                entry_bf16::<K, false>(k)
+                without_prefetch::entry_bf16(k)
             }
         });
     }
     run_without_bf16(k, prefetch)
 }
 
-/// [`run`] from [`entry`] only: every kernel that does not store bf16, and in tests the
+/// [`run`] from `entry` only: every kernel that does not store bf16, and in tests the
 /// integer bf16 rounding on a CPU that has AVX512_BF16.
 pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     if detected() {
@@ -120,9 +137,9 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Out
         // AVX512BW, see `detected`).
         Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
-                entry::<K, true>(k)
+                with_prefetch::entry(k)
             } else {
-                entry::<K, false>(k)
+                without_prefetch::entry(k)
             }
         })
     } else {
@@ -134,7 +151,7 @@ pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Out
 ///
 /// # Safety
 /// The CPU must support AVX-512F and AVX512BW. Compiled for AVX-512F only (the `zmm` operands'
-/// register class), so that it inlines into [`entry`]; the assembler accepts `vpermw` whatever
+/// register class), so that it inlines into `entry`; the assembler accepts `vpermw` whatever
 /// the compiled features.
 #[target_feature(enable = "avx512f")]
 #[inline]

@@ -4,6 +4,18 @@
 //! `run(kernel, prefetch) -> Result<Output, Kernel>`, which checks the CPU's features itself
 //! before entering code compiled for them, so a `Backend` value can never cause an illegal
 //! instruction; `prefetch` picks its lanes' instantiation with or without software prefetches.
+//!
+//! Each ISA defines its entry functions (the `#[target_feature]` functions that instantiate a
+//! kernel's `#[inline(always)]` body for its lanes) once per prefetch setting, each setting in
+//! a module of its own, and marks them `#[inline(never)]`; the portable backend's entry is
+//! [`portable::entry`]. Why: rustc places every instantiation of a generic function in the
+//! codegen unit of the module that defines it, so one `entry<K, PREFETCH>` per ISA put every
+//! kernel of that ISA in one codegen unit, which LLVM then optimised alone on one core. On
+//! AArch64, where `neon` is a baseline feature, the entries were also inlined into their
+//! callers, into functions of every kernel at once. This crate's test build for AArch64 (CI's
+//! NEON step) spent most of its time on one of two cores: 486 s for its test unit (Zen 4,
+//! `cargo test --no-run --timings`), 376 s with the entries out of line, 248 s with each
+//! prefetch setting in its own unit as well.
 
 use crate::backend::Backend;
 use crate::kernels::Kernel;
@@ -66,7 +78,7 @@ pub(crate) fn run<K: Kernel>(target: impl Into<Target>, k: K) -> K::Output {
         },
         _ => k,
     };
-    k.run::<portable::Portable>()
+    portable::entry(k)
 }
 
 #[cfg(test)]

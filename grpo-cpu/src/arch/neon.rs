@@ -15,14 +15,28 @@ use crate::lanes::F32x16;
 #[derive(Clone, Copy)]
 pub(crate) struct Neon<const PREFETCH: bool = true>([float32x4_t; 4]);
 
-/// Runs `k` compiled for NEON, with software prefetches if `PREFETCH`.
-///
-/// # Safety
-/// The CPU must support NEON.
-#[target_feature(enable = "neon")]
-unsafe fn entry<K: Kernel, const PREFETCH: bool>(k: K) -> K::Output {
-    k.run::<Neon<PREFETCH>>()
+/// Defines `$module::entry`, which runs a kernel compiled for NEON on lanes with
+/// `PREFETCH = $prefetch`: one module per setting, out of line, so that each setting's
+/// instantiations form a codegen unit of their own (see [`super`]).
+macro_rules! entry {
+    ($module:ident, $prefetch:literal) => {
+        mod $module {
+            use super::{Kernel, Neon};
+
+            /// Runs `k` compiled for NEON.
+            ///
+            /// # Safety
+            /// The CPU must support NEON.
+            #[target_feature(enable = "neon")]
+            #[inline(never)]
+            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+                k.run::<Neon<$prefetch>>()
+            }
+        }
+    };
 }
+entry!(with_prefetch, true);
+entry!(without_prefetch, false);
 
 /// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
 /// or returns it if the CPU lacks NEON.
@@ -31,9 +45,9 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
         // SAFETY: the feature `entry` is compiled for was detected on this CPU just above.
         Ok(unsafe {
             if const { !K::PREFETCHES } || prefetch {
-                entry::<K, true>(k)
+                with_prefetch::entry(k)
             } else {
-                entry::<K, false>(k)
+                without_prefetch::entry(k)
             }
         })
     } else {

@@ -4,7 +4,15 @@
 //! without FMA: fused multiply-add is `libm::fmaf`, correctly rounded in software, exactly what
 //! grpo-core's scalar reference uses.
 
+use crate::kernels::Kernel;
 use crate::lanes::F32x16;
+
+/// Runs `k` on the portable lanes: this backend's entry function, out of line and in this
+/// module so that its instantiations form a codegen unit of their own (see [`super`]).
+#[inline(never)]
+pub(crate) fn entry<K: Kernel>(k: K) -> K::Output {
+    k.run::<Portable>()
+}
 
 /// 16 `f32` lanes in an array.
 #[derive(Clone, Copy, Debug)]
