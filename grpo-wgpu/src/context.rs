@@ -639,7 +639,10 @@ impl GpuContext {
             work: Work::Passes {
                 pipelines,
                 bind_group,
-                _buffers: held.into_iter().map(|h| h.buf).collect(),
+                buffers: held
+                    .into_iter()
+                    .map(|h| (h.binding, h.buf, h.bytes))
+                    .collect(),
             },
             bytes,
         })
@@ -761,7 +764,8 @@ enum Work {
     Passes {
         pipelines: Vec<Pass>,
         bind_group: wgpu::BindGroup,
-        _buffers: Vec<wgpu::Buffer>,
+        /// (binding, buffer, bytes bound) of every argument.
+        buffers: Vec<(u32, wgpu::Buffer, u64)>,
     },
     Copy {
         src: wgpu::Buffer,
@@ -814,6 +818,60 @@ impl Resident<'_> {
     /// Bytes of device memory the work holds bound (a copy: source plus destination).
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// The bytes bound at `binding` as the device holds them now (after a [`Resident::run`]:
+    /// what the kernel wrote there), so that a test can check that the benchmarked work
+    /// computes what the public operation computes. A copy's work has no bindings.
+    ///
+    /// # Errors
+    /// [`GpuError::InvalidArgument`] for a binding the work does not hold;
+    /// [`GpuError::Device`] when the read-back fails.
+    pub fn read(&self, binding: u32) -> Result<Vec<u8>> {
+        let found = match &self.work {
+            Work::Passes { buffers, .. } => buffers.iter().find(|(b, _, _)| *b == binding),
+            Work::Copy { .. } => None,
+        };
+        let Some((_, buf, bytes)) = found else {
+            return Err(GpuError::Core(grpo_core::Error::InvalidParam {
+                name: "binding",
+                reason: "not one the resident work holds",
+            }));
+        };
+        let device = &self.ctx.device;
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("grpo-wgpu resident read-back"),
+            size: *bytes,
+            usage: STAGING,
+            mapped_at_creation: false,
+        });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(buf, 0, &staging, 0, *bytes);
+        let index = self.ctx.queue.submit(Some(encoder.finish()));
+        let mapped: MapState = Arc::new(Mutex::new((1, None)));
+        let state = Arc::clone(&mapped);
+        staging.map_async(wgpu::MapMode::Read, 0..*bytes, move |r| {
+            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 = 0;
+            if let Err(e) = r {
+                s.1 = Some(e);
+            }
+        });
+        // The mapping resolves with the copy's submission, whose wait runs the callback.
+        self.ctx.wait_for(index)?;
+        let device_error = |message: String| GpuError::Device { message };
+        let state = mapped.lock().unwrap_or_else(|p| p.into_inner());
+        match &*state {
+            (_, Some(e)) => return Err(device_error(e.to_string())),
+            (0, None) => {}
+            _ => return Err(device_error("the read-back buffer was not mapped".into())),
+        }
+        let out = staging
+            .get_mapped_range(0..*bytes)
+            .map_err(|e| device_error(e.to_string()))?
+            .to_vec();
+        staging.unmap();
+        Ok(out)
     }
 }
 

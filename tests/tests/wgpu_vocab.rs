@@ -1878,3 +1878,135 @@ fn async_variants_equal_blocking() {
     }
     ctx.set_binding_cap(u64::MAX);
 }
+
+/// The benchmark hook `VocabKernel::resident` computes what the public operations compute:
+/// each variant's outputs, read back from the device after one run, are the public
+/// operation's bits (targets 0, temperature 1, upstream gradients 1 (log-prob), 0.5
+/// (entropy) and 1 (KL), as the hook documents), in f32 and bf16.
+#[test]
+fn resident_benchmark_work_computes_the_public_operations() {
+    let Some(ctx) = gpu::context("resident_benchmark_work_computes_the_public_operations") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    resident_matches_public::<f32>(&k, |x| x);
+    resident_matches_public::<half::bf16>(&k, half::bf16::from_f32);
+}
+
+fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
+    k: &VocabKernel<'_>,
+    from: fn(f32) -> L,
+) {
+    let (rows, vocab) = (3usize, 300usize);
+    let row = |seed: usize| -> Vec<L> {
+        (0..rows * vocab)
+            .map(|i| from(((i * 37 + seed) % 101) as f32 * 0.13 - 6.0))
+            .collect()
+    };
+    let (logits, teacher) = (row(0), row(17));
+    let targets = vec![0u32; rows];
+    let (ones, halves) = (vec![1.0f32; rows], vec![0.5f32; rows]);
+    // The first `n` f32 of a read-back binding, as bits.
+    let floats = |bytes: Vec<u8>, n: usize| -> Vec<u32> {
+        bytes[..n * 4]
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect()
+    };
+    let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let resident = |what| {
+        let r = k.resident(&logits, vocab, what).unwrap();
+        r.run().unwrap();
+        r
+    };
+
+    // Forward: (lse, logp, H, 0) per row in binding 2.
+    let (mut lse, mut lp, mut h) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
+    let out = ForwardOut {
+        lse: Some(&mut lse),
+        logp: Some(&mut lp),
+        entropy: Some(&mut h),
+    };
+    k.forward(&logits, vocab, &targets, 1.0, out).unwrap();
+    let stats = floats(resident(ResidentVocab::Forward).read(2).unwrap(), rows * 4);
+    let want: Vec<u32> = (0..rows)
+        .flat_map(|r| [lse[r], lp[r], h[r], 0.0])
+        .map(f32::to_bits)
+        .collect();
+    assert_eq!(stats, want, "{:?} forward", L::DTYPE);
+
+    // KL(p‖q), the student being the logits: slot 3 of binding 2.
+    let mut kl = vec![0f32; rows];
+    k.kl(&logits, &teacher, vocab, 1.0, KlDirection::Forward, &mut kl)
+        .unwrap();
+    let stats = floats(
+        resident(ResidentVocab::Kl { teacher: &teacher })
+            .read(2)
+            .unwrap(),
+        rows * 4,
+    );
+    let got: Vec<u32> = (0..rows).map(|r| stats[r * 4 + 3]).collect();
+    assert_eq!(got, bits(&kl), "{:?} kl", L::DTYPE);
+
+    // The backwards: the gradient in binding 6.
+    let n = rows * vocab;
+    let mut grad = vec![0f32; n];
+    k.backward(&logits, vocab, &targets, 1.0, &ones, &halves, &mut grad)
+        .unwrap();
+    let got = floats(resident(ResidentVocab::Backward).read(6).unwrap(), n);
+    assert_eq!(got, bits(&grad), "{:?} backward", L::DTYPE);
+
+    let terms = GradTerms {
+        logp: Some((&targets[..], &ones[..])),
+        entropy: Some(&halves[..]),
+        kl: None,
+    };
+    let (mut lp, mut saved) = (vec![0f32; rows], vec![LseState::EMPTY; rows]);
+    grpo_core::vocab::logprob_entropy_rows_saved(
+        &logits, vocab, &targets, 1.0, &mut lp, None, &mut saved,
+    )
+    .unwrap();
+    k.backward_saved(&logits, vocab, 1.0, &saved, &terms, &mut grad)
+        .unwrap();
+    let got = floats(resident(ResidentVocab::BackwardSaved).read(6).unwrap(), n);
+    assert_eq!(got, bits(&grad), "{:?} backward_saved", L::DTYPE);
+
+    let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
+    grpo_core::vocab::kl_rows_saved(
+        &logits,
+        &teacher,
+        vocab,
+        1.0,
+        KlDirection::Forward,
+        &mut kl,
+        &mut saved,
+    )
+    .unwrap();
+    let kl_term = KlTerm {
+        teacher: &teacher[..],
+        grad: &ones[..],
+        direction: KlDirection::Forward,
+    };
+    let terms = GradTerms {
+        kl: Some(kl_term),
+        ..terms
+    };
+    k.backward_saved(&logits, vocab, 1.0, &saved, &terms, &mut grad)
+        .unwrap();
+    let got = floats(
+        resident(ResidentVocab::BackwardKlSaved { teacher: &teacher })
+            .read(6)
+            .unwrap(),
+        n,
+    );
+    assert_eq!(got, bits(&grad), "{:?} backward_kl_saved", L::DTYPE);
+
+    // A binding the shader does not have is an error, not a panic.
+    assert_eq!(
+        resident(ResidentVocab::Forward).read(99).err(),
+        Some(GpuError::Core(Error::InvalidParam {
+            name: "binding",
+            reason: "not one the resident work holds",
+        }))
+    );
+}
