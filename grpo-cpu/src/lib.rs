@@ -50,6 +50,13 @@
 //! debug-assertions = false
 //! ```
 //!
+//! The same instantiations cost the calling crate compile time: the kernels of each backend
+//! and software-prefetch setting form a codegen unit of their own (five on x86-64: AVX-512 and
+//! AVX2 each with and without prefetches, and the portable path), so a build spreads them
+//! over its cores. The workspace's `tests/vocab_cpu.rs`,
+//! which calls every operation in every storage type and mixed pair, took 199 s to compile at
+//! `opt-level = 1` on two Zen 4 cores, 321 s when every backend's kernels formed one unit.
+//!
 //! Structure (BLAKE3/memchr style): one lane trait of 16 `f32` lanes with `#[inline(always)]`
 //! operations, one implementation per ISA in `arch/` (the only place with `unsafe`), kernels
 //! written once over the trait, and `#[target_feature]` only on the per-ISA entry functions.
