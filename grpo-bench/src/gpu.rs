@@ -27,8 +27,8 @@
 //! `backend` is wgpu's backend (`vulkan`, `metal`, `dx12`, …), `threads` is 0, `adapter` the
 //! adapter's name. Every kernel runs on inputs uploaded once (grpo-wgpu's `#[doc(hidden)]`
 //! resident hooks): a timed iteration records the dispatch, submits it and waits, with no upload
-//! or readback. That the vocabulary work these hooks build computes the public operations'
-//! bits is tested in `tests/tests/wgpu_vocab.rs` (each variant read back after one run). Two device copies of half the kernel's bytes — each reads and writes them, so it
+//! or readback. That the work these hooks build computes the public operations' bits is tested
+//! in `tests/tests/wgpu_vocab.rs` and `wgpu_loss.rs` (each variant read back after one run). Two device copies of half the kernel's bytes — each reads and writes them, so it
 //! moves the same total — are timed interleaved with the kernel (`interleaved_medians`):
 //! `copy_buffer_to_buffer` (`copy_gbps`) and a compute shader (`shader_copy_gbps`, grpo-wgpu's
 //! `copy.wgsl`; `null` where the device cannot bind that much). `roofline_gbps` is the faster of

@@ -2248,3 +2248,46 @@ fn geometric_is_weights_hand_computed_and_errors() {
         assert_eq!((cw, gw), ([9f32; 6], [9f32; 6]));
     }
 }
+
+/// The benchmark hook `LossKernel::resident_ppo_clip` computes what `LossKernel::ppo_clip`
+/// computes: value (binding 5) and gradient (binding 6) read back after one run are the public
+/// operation's bits, masked tokens included.
+#[test]
+fn resident_ppo_clip_computes_the_public_operation() {
+    let Some(ctx) = gpu::context("resident_ppo_clip_computes_the_public_operation") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    let (rows, len) = (3usize, 70usize);
+    let n = rows * len;
+    // Log-ratios in [−0.6, 0.6): inside and outside the clip range [0.8, 1.2].
+    let lp: Vec<f32> = (0..n).map(|i| -1.0 - (i % 13) as f32 * 0.05).collect();
+    let old: Vec<f32> = (0..n)
+        .map(|i| lp[i] - ((i * 7 % 24) as f32 * 0.05 - 0.6))
+        .collect();
+    let adv: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+    let mask: Vec<bool> = (0..n).map(|i| i % 11 != 3).collect();
+    let inp = PolicyInputs {
+        lp: &lp,
+        old: &old,
+        adv: &adv,
+        tokens: Tokens::padded(rows, len, Some(&mask)),
+    };
+    let cfg = PpoClipConfig::default();
+    let (mut value, mut grad) = (vec![0f32; n], vec![0f32; n]);
+    k.ppo_clip(&cfg, &inp, &mut value, &mut grad).unwrap();
+    let work = k.resident_ppo_clip(&cfg, &inp).unwrap();
+    work.run().unwrap();
+    let floats = |bytes: Vec<u8>| -> Vec<u32> {
+        bytes[..n * 4]
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect()
+    };
+    let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(floats(work.read(5).unwrap()), bits(&value), "value");
+    assert_eq!(floats(work.read(6).unwrap()), bits(&grad), "gradient");
+    // The clip range was left on both sides and some tokens are masked: the check has teeth.
+    assert!(grad.iter().zip(&mask).any(|(g, m)| *m && *g == 0.0));
+    assert!(grad.iter().zip(&mask).any(|(g, m)| *m && *g != 0.0));
+}
