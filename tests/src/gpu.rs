@@ -75,3 +75,15 @@ pub fn runner_with_cases(n: u32) -> TestRunner {
         ..Config::default()
     })
 }
+
+/// The first `n` little-endian `f32` of a buffer read back from the device, as bits (the
+/// benchmark hooks' `Resident::read`).
+///
+/// # Panics
+/// When `bytes` holds fewer than `n` floats.
+pub fn f32_bits(bytes: &[u8], n: usize) -> Vec<u32> {
+    bytes[..n * 4]
+        .chunks_exact(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect()
+}

@@ -2278,12 +2278,7 @@ fn resident_ppo_clip_computes_the_public_operation() {
     k.ppo_clip(&cfg, &inp, &mut value, &mut grad).unwrap();
     let work = k.resident_ppo_clip(&cfg, &inp).unwrap();
     work.run().unwrap();
-    let floats = |bytes: Vec<u8>| -> Vec<u32> {
-        bytes[..n * 4]
-            .chunks_exact(4)
-            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-            .collect()
-    };
+    let floats = |bytes: Vec<u8>| gpu::f32_bits(&bytes, n);
     let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(floats(work.read(5).unwrap()), bits(&value), "value");
     assert_eq!(floats(work.read(6).unwrap()), bits(&grad), "gradient");

@@ -1906,13 +1906,7 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
     let (logits, teacher) = (row(0), row(17));
     let targets = vec![0u32; rows];
     let (ones, halves) = (vec![1.0f32; rows], vec![0.5f32; rows]);
-    // The first `n` f32 of a read-back binding, as bits.
-    let floats = |bytes: Vec<u8>, n: usize| -> Vec<u32> {
-        bytes[..n * 4]
-            .chunks_exact(4)
-            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-            .collect()
-    };
+    let floats = |bytes: Vec<u8>, n: usize| gpu::f32_bits(&bytes, n);
     let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let resident = |what| {
         let r = k.resident(&logits, vocab, what).unwrap();
