@@ -788,29 +788,22 @@ fn kl_row(row: u32, lid: u32, save: bool) {
             }
         }
     }
-    // Fixed pairwise trees over the lane sums (in `wt`; every invocation read slot 0 of the
-    // teacher's tree before the first overwrites it, and slot 0 of the first before the second
-    // does). The second runs in both entry points: barriers stay in uniform control flow.
+    // One fixed pairwise tree over the lane sums, u in `wt` and v in `ws` side by side (each the
+    // same pairwise order as a tree of its own; every invocation read slot 0 of the teacher's
+    // state tree before the first write). `kl` adds its zero v beside u at no extra barrier.
     workgroupBarrier();
     wt[lid] = acc;
+    ws[lid] = acc_v;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
         if lid < stride {
             wt[lid] = wt[lid] + wt[lid + stride];
+            ws[lid] = ws[lid] + ws[lid + stride];
         }
         workgroupBarrier();
     }
     let u = wt[0];
-    workgroupBarrier();
-    wt[lid] = acc_v;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
-        if lid < stride {
-            wt[lid] = wt[lid] + wt[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    let v_sum = wt[0];
+    let v_sum = ws[0];
     let bad = atomicLoad(&wbad);
     let flags_in = atomicLoad(&wflags);
     if row_ok && lid == 0u {

@@ -70,6 +70,9 @@ pub enum Arg<'a> {
     InOut(&'a [u8]),
     /// Uniform parameters.
     Uniform(&'a [u8]),
+    /// Read-only input already on the device ([`GpuContext::upload`]): bound as it is, so
+    /// that the dispatches of several submissions read one upload.
+    Uploaded(&'a Uploaded<'a>),
 }
 
 const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -98,6 +101,7 @@ pub struct GpuContext {
     pool: Mutex<HashMap<(u32, u64), Vec<wgpu::Buffer>>>,
     binding_cap: std::sync::atomic::AtomicU64,
     groups_cap: std::sync::atomic::AtomicU32,
+    uploaded: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -166,6 +170,7 @@ impl GpuContext {
             pool: Mutex::new(HashMap::new()),
             binding_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
             groups_cap: std::sync::atomic::AtomicU32::new(u32::MAX),
+            uploaded: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -214,6 +219,29 @@ impl GpuContext {
     pub fn set_binding_cap(&self, bytes: u64) {
         self.binding_cap
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test hook: how many bytes this context has written to the device since it was created
+    /// (every input and uniform block of every dispatch, zero padding included), so that a
+    /// test can check what an operation uploads.
+    #[doc(hidden)]
+    pub fn bytes_uploaded(&self) -> u64 {
+        self.uploaded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Writes `data` at the start of `buf`, counted by [`GpuContext::bytes_uploaded`]; pads
+    /// it with zeros to a multiple of 4 bytes (wgpu's copy alignment).
+    fn write(&self, buf: &wgpu::Buffer, data: &[u8]) {
+        let padded;
+        let data = if data.len().is_multiple_of(4) {
+            data
+        } else {
+            padded = [data, &[0; 3][..4 - data.len() % 4]].concat();
+            &padded[..]
+        };
+        self.uploaded
+            .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.queue.write_buffer(buf, 0, data);
     }
 
     /// Largest number of workgroups in one dispatch dimension.
@@ -409,6 +437,39 @@ impl GpuContext {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
+    /// Uploads `data` into a pooled storage buffer that outlives one submission (see
+    /// [`Uploaded`]).
+    ///
+    /// # Errors
+    /// [`GpuError::TooLarge`] over [`GpuContext::max_binding`]; [`GpuError::Device`] when the
+    /// device cannot create the buffer.
+    pub(crate) fn upload(&self, data: &[u8]) -> Result<Uploaded<'_>> {
+        let bytes = (data.len() as u64).max(4).next_multiple_of(4);
+        let limit = self.max_binding();
+        if bytes > limit {
+            return Err(GpuError::TooLarge {
+                what: "buffer binding",
+                bytes,
+                limit,
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let (bucket, buf) = self.take(STORAGE, bytes);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                message: format!("cannot create an input buffer: {e}"),
+            });
+        }
+        self.write(&buf, data);
+        Ok(Uploaded {
+            ctx: self,
+            bucket,
+            buf,
+            bytes,
+            source: (data.as_ptr() as usize, data.len()),
+        })
+    }
+
     /// Creates (or takes from the pool) one buffer per binding of `id`, uploads the inputs, and
     /// checks each binding against [`GpuContext::max_binding`]. Buffer creation runs inside an
     /// out-of-memory and validation error scope, so a buffer the device cannot create is an
@@ -422,6 +483,7 @@ impl GpuContext {
                 (Some(Arg::Uniform(d)), _) => (UNIFORM, d.len() as u64, Some(d)),
                 (Some(Arg::In(d) | Arg::InOut(d)), _) => (STORAGE, d.len() as u64, Some(d)),
                 (Some(Arg::Out(n)), _) => (STORAGE, *n, None),
+                (Some(Arg::Uploaded(u)), _) => (STORAGE, u.bytes, None),
                 (None, Slot::Uniform) => (UNIFORM, 16, None),
                 (None, _) => (STORAGE, 16, None),
             };
@@ -434,12 +496,29 @@ impl GpuContext {
                 });
             }
             let out = matches!(arg, Some(Arg::Out(_) | Arg::InOut(_)));
-            wanted.push((binding, usage, bytes, data, out));
+            let uploaded = match arg {
+                Some(Arg::Uploaded(u)) => Some(u.buf.clone()),
+                _ => None,
+            };
+            wanted.push((binding, usage, bytes, data, out, uploaded));
         }
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let inner = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut held = Vec::with_capacity(wanted.len());
-        for (binding, usage, bytes, data, out) in wanted {
+        for (binding, usage, bytes, data, out, uploaded) in wanted {
+            if let Some(buf) = uploaded {
+                // Bound as it is; its `Uploaded` gives it back to the pool, not this dispatch.
+                held.push(Held {
+                    binding,
+                    usage,
+                    bucket: 0,
+                    buf,
+                    bytes,
+                    out,
+                    owned: false,
+                });
+                continue;
+            }
             let (bucket, buf) = if pooled {
                 self.take(usage, bytes)
             } else {
@@ -453,13 +532,7 @@ impl GpuContext {
                 (size, buf)
             };
             if let Some(d) = data {
-                if d.len() % 4 == 0 {
-                    self.queue.write_buffer(&buf, 0, d);
-                } else {
-                    let mut padded = d.to_vec();
-                    padded.resize(d.len().next_multiple_of(4), 0);
-                    self.queue.write_buffer(&buf, 0, &padded);
-                }
+                self.write(&buf, d);
             }
             held.push(Held {
                 binding,
@@ -468,6 +541,7 @@ impl GpuContext {
                 buf,
                 bytes,
                 out,
+                owned: true,
             });
         }
         let errors = pollster::block_on(async { (inner.pop().await, scope.pop().await) });
@@ -591,7 +665,7 @@ impl GpuContext {
         }
         let index = self.queue.submit(Some(encoder.finish()));
         drop(bind_group);
-        for h in held {
+        for h in held.into_iter().filter(|h| h.owned) {
             self.give(h.usage, h.bucket, h.buf);
         }
         let state: MapState = Arc::new(Mutex::new((staging.len(), None)));
@@ -749,6 +823,38 @@ struct Held {
     bytes: u64,
     /// Read back after the dispatch.
     out: bool,
+    /// Taken for this dispatch (given back to the pool after it), not an [`Uploaded`]'s.
+    owned: bool,
+}
+
+/// Bytes uploaded once into a pooled storage buffer ([`GpuContext::upload`]) and bound by the
+/// dispatches of several submissions ([`Arg::Uploaded`]): an operation whose dispatches run in
+/// two submissions (its host work between them needs the first one's results) uploads each
+/// input once. The buffer goes back to the pool when this is dropped; a submission that bound
+/// it keeps its own reference until the device is done with it.
+#[doc(hidden)]
+pub struct Uploaded<'c> {
+    ctx: &'c GpuContext,
+    bucket: u64,
+    buf: wgpu::Buffer,
+    /// Bytes bound (the uploaded length rounded up to 4).
+    bytes: u64,
+    /// Address and length of the host bytes it holds (see [`Uploaded::holds`]).
+    source: (usize, usize),
+}
+
+impl Uploaded<'_> {
+    /// Whether these are the very host bytes uploaded (same address, same length): while the
+    /// operation that uploaded them borrows them, they cannot have changed.
+    pub(crate) fn holds(&self, bytes: &[u8]) -> bool {
+        self.source == (bytes.as_ptr() as usize, bytes.len())
+    }
+}
+
+impl Drop for Uploaded<'_> {
+    fn drop(&mut self) {
+        self.ctx.give(STORAGE, self.bucket, self.buf.clone());
+    }
 }
 
 /// Work prepared on the device by [`GpuContext::resident`] or [`GpuContext::resident_copy`]

@@ -4,9 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
-use grpo_core::vocab::{GradTerms, KlDirection, LseState, PairState, SavedState};
+use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState, SavedState};
 
-use crate::context::{Arg, GpuContext, Readback, Resident};
+use crate::context::{Arg, GpuContext, Readback, Resident, Uploaded};
 use crate::error::{GpuError, Result, check_len, ensure};
 use crate::shaders::{LogitDtype, ShaderId};
 
@@ -166,6 +166,28 @@ impl Wait {
         match self {
             Wait::Block => rb.wait(),
             Wait::Await => rb.await,
+        }
+    }
+}
+
+/// The inputs an operation uploaded once for several submissions ([`Uploaded`]): where a
+/// dispatch would upload the very same host bytes, it binds the uploaded buffer instead. Empty
+/// ([`Kept::NONE`]) for the public operations, which upload what each submission reads.
+#[derive(Clone, Copy)]
+struct Kept<'a>(&'a [Uploaded<'a>]);
+
+impl<'a> Kept<'a> {
+    const NONE: Kept<'static> = Kept(&[]);
+
+    /// The argument that gives a dispatch `bytes`: their upload if this holds it, else the
+    /// bytes themselves.
+    fn arg<'b>(self, bytes: &'b [u8]) -> Arg<'b>
+    where
+        'a: 'b,
+    {
+        match self.0.iter().find(|u| u.holds(bytes)) {
+            Some(u) => Arg::Uploaded(u),
+            None => Arg::In(bytes),
         }
     }
 }
@@ -382,7 +404,7 @@ impl<'c> VocabKernel<'c> {
                 grpo_core::vocab::kl_rows_saved(
                     logits, teacher, vocab, 1.0, forward, &mut kl, &mut saved,
                 )?;
-                let kl_term = grpo_core::vocab::KlTerm {
+                let kl_term = KlTerm {
                     teacher,
                     grad: &ones,
                     direction: forward,
@@ -448,7 +470,16 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: ForwardOut<'_>,
     ) -> Result<()> {
-        let f = self.forward_with(logits, vocab, targets, temperature, out, None, Wait::Block);
+        let f = self.forward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            out,
+            None,
+            Wait::Block,
+            Kept::NONE,
+        );
         pollster::block_on(f)
     }
 
@@ -481,8 +512,17 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: ForwardOut<'_>,
     ) -> Result<()> {
-        self.forward_with(logits, vocab, targets, temperature, out, None, Wait::Await)
-            .await
+        self.forward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            out,
+            None,
+            Wait::Await,
+            Kept::NONE,
+        )
+        .await
     }
 
     /// [`VocabKernel::forward`] that also saves each row's softmax state for
@@ -531,7 +571,16 @@ impl<'c> VocabKernel<'c> {
         saved: &mut [LseState],
     ) -> Result<()> {
         let saved = Some(saved);
-        let f = self.forward_with(logits, vocab, targets, temperature, out, saved, Wait::Block);
+        let f = self.forward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            out,
+            saved,
+            Wait::Block,
+            Kept::NONE,
+        );
         pollster::block_on(f)
     }
 
@@ -550,8 +599,17 @@ impl<'c> VocabKernel<'c> {
         saved: &mut [LseState],
     ) -> Result<()> {
         let saved = Some(saved);
-        self.forward_with(logits, vocab, targets, temperature, out, saved, Wait::Await)
-            .await
+        self.forward_with(
+            logits,
+            vocab,
+            targets,
+            temperature,
+            out,
+            saved,
+            Wait::Await,
+            Kept::NONE,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -564,6 +622,7 @@ impl<'c> VocabKernel<'c> {
         out: ForwardOut<'_>,
         saved: Option<&mut [LseState]>,
         wait: Wait,
+        kept: Kept<'_>,
     ) -> Result<()> {
         let ForwardOut { lse, logp, entropy } = out;
         let rows = [lse.as_deref(), logp.as_deref(), entropy.as_deref()]
@@ -613,7 +672,7 @@ impl<'c> VocabKernel<'c> {
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
             let extra = [(6, Arg::Out((c.rows * 16) as u64))];
             let extra = if saved.is_some() { &extra[..] } else { &[] };
-            let res = self.dispatch_rows(&dispatch, &c, extra, wait).await?;
+            let res = self.dispatch_rows(&dispatch, &c, extra, wait, kept).await?;
             let st: &[f32] = bytemuck::cast_slice(&res[0]);
             stats[c.first * 4..(c.first + c.rows) * 4].copy_from_slice(&st[..c.rows * 4]);
             if saved.is_some() {
@@ -763,6 +822,7 @@ impl<'c> VocabKernel<'c> {
             out,
             None,
             Wait::Block,
+            Kept::NONE,
         );
         pollster::block_on(f)
     }
@@ -806,6 +866,7 @@ impl<'c> VocabKernel<'c> {
             out,
             None,
             Wait::Await,
+            Kept::NONE,
         )
         .await
     }
@@ -860,7 +921,17 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<()> {
         let saved = Some(saved);
         let (t, d) = (temperature, direction);
-        let f = self.kl_with(student, teacher, vocab, t, d, out, saved, Wait::Block);
+        let f = self.kl_with(
+            student,
+            teacher,
+            vocab,
+            t,
+            d,
+            out,
+            saved,
+            Wait::Block,
+            Kept::NONE,
+        );
         pollster::block_on(f)
     }
 
@@ -882,8 +953,18 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<()> {
         let saved = Some(saved);
         let (t, d) = (temperature, direction);
-        self.kl_with(student, teacher, vocab, t, d, out, saved, Wait::Await)
-            .await
+        self.kl_with(
+            student,
+            teacher,
+            vocab,
+            t,
+            d,
+            out,
+            saved,
+            Wait::Await,
+            Kept::NONE,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -897,6 +978,7 @@ impl<'c> VocabKernel<'c> {
         out: &mut [f32],
         saved: Option<&mut [PairState]>,
         wait: Wait,
+        kept: Kept<'_>,
     ) -> Result<()> {
         let rows = out.len();
         let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
@@ -923,6 +1005,7 @@ impl<'c> VocabKernel<'c> {
                     params,
                     0,
                     wait,
+                    kept,
                     |row, w, st, _| {
                         if w[0] != NO_INDEX || w[1] & flagged != 0 || !st[3].is_finite() {
                             Ok(host(row)?.0)
@@ -956,6 +1039,7 @@ impl<'c> VocabKernel<'c> {
                 params,
                 8,
                 wait,
+                kept,
                 |row, w, st, sv| {
                     let state = PairState {
                         zmax: sv[0],
@@ -1137,6 +1221,7 @@ impl<'c> VocabKernel<'c> {
                 params,
                 0,
                 wait,
+                Kept::NONE,
                 |row, w, st, _| {
                     if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
                         Self::check_pair(student, teacher, vocab, row, tau)?;
@@ -1159,12 +1244,13 @@ impl<'c> VocabKernel<'c> {
         c: &RowChunk,
         extra: &[(u32, Arg<'_>)],
         wait: Wait,
+        kept: Kept<'_>,
     ) -> Result<Vec<Vec<u8>>> {
         let (bytes, base) = Self::upload(d.logits, c, d.vocab);
         let params = VocabParams::new(c.rows, d.vocab, base, d.tau);
         let targets = &d.targets[c.first..c.first + c.rows];
         let mut args = vec![
-            (0, Arg::In(bytes)),
+            (0, kept.arg(bytes)),
             (1, Arg::In(bytemuck::cast_slice(targets))),
             (2, Arg::Out((c.rows * 16) as u64)),
             (3, Arg::Out((c.rows * 16) as u64)),
@@ -1222,6 +1308,7 @@ impl<'c> VocabKernel<'c> {
         params: VocabParams,
         saved: usize,
         wait: Wait,
+        kept: Kept<'_>,
         mut finish: impl FnMut(usize, &[u32], &[f32], &[f32]) -> Result<T>,
     ) -> Result<Vec<T>> {
         let mut vals = Vec::with_capacity(rows);
@@ -1234,8 +1321,8 @@ impl<'c> VocabKernel<'c> {
                 ..params
             };
             let mut args = vec![
-                (0, Arg::In(bytes)),
-                (5, Arg::In(tbytes)),
+                (0, kept.arg(bytes)),
+                (5, kept.arg(tbytes)),
                 (2, Arg::Out((c.rows * 16) as u64)),
                 (3, Arg::Out((c.rows * 16) as u64)),
                 (4, Arg::Uniform(bytemuck::bytes_of(&params))),
@@ -1411,7 +1498,9 @@ impl<'c> VocabKernel<'c> {
                 (6, Arg::Out((c.rows * vocab * 4) as u64)),
                 (7, Arg::In(bytemuck::cast_slice(upstream))),
             ];
-            let mut res = self.dispatch_rows(&dispatch, &c, &extra, wait).await?;
+            let mut res = self
+                .dispatch_rows(&dispatch, &c, &extra, wait, Kept::NONE)
+                .await?;
             chunks_out.push((c.first * vocab, std::mem::take(&mut res[2])));
         }
         for (start, bytes) in chunks_out {
@@ -1479,8 +1568,16 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
-        let f =
-            self.backward_saved_with(logits, vocab, temperature, saved, terms, grad, Wait::Block);
+        let f = self.backward_saved_with(
+            logits,
+            vocab,
+            temperature,
+            saved,
+            terms,
+            grad,
+            Wait::Block,
+            Kept::NONE,
+        );
         pollster::block_on(f)
     }
 
@@ -1498,8 +1595,17 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
-        self.backward_saved_with(logits, vocab, temperature, saved, terms, grad, Wait::Await)
-            .await
+        self.backward_saved_with(
+            logits,
+            vocab,
+            temperature,
+            saved,
+            terms,
+            grad,
+            Wait::Await,
+            Kept::NONE,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1512,6 +1618,7 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
         wait: Wait,
+        kept: Kept<'_>,
     ) -> Result<()> {
         let (tau, rows) = grpo_core::vocab::validate::backward_saved(
             logits,
@@ -1529,7 +1636,7 @@ impl<'c> VocabKernel<'c> {
             let params = VocabParams::new(c.rows, vocab, base, tau);
             let coef = &coef[c.first * SAVED_COEF..(c.first + c.rows) * SAVED_COEF];
             let mut args = vec![
-                (0, Arg::In(bytes)),
+                (0, kept.arg(bytes)),
                 (
                     1,
                     Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
@@ -1539,7 +1646,7 @@ impl<'c> VocabKernel<'c> {
                 (7, Arg::In(bytemuck::cast_slice(coef))),
             ];
             if let Some(k) = &terms.kl {
-                args.push((5, Arg::In(Self::upload(k.teacher, &c, vocab).0)));
+                args.push((5, kept.arg(Self::upload(k.teacher, &c, vocab).0)));
             }
             let rb = self.ctx.submit(
                 ShaderId::Vocab(L::DTYPE),
@@ -1566,9 +1673,12 @@ impl<'c> VocabKernel<'c> {
     ///
     /// Two dispatches per chunk of rows: the saving forward of the terms — [`forward_saved`]
     /// (one read of each row), or [`kl_saved`] in the KL term's direction (two reads of each
-    /// row pair) — then [`backward_saved`] from those states (one read, one write). A trainer
-    /// that ran the saving forward for its loss calls [`backward_saved`] directly and saves the
-    /// first dispatch. Accuracy: [`backward_saved`]'s.
+    /// row pair) — then [`backward_saved`] from those states (one read, one write). They run in
+    /// two submissions (the host turns the states into grpo-core's coefficients between them)
+    /// that read one upload of the chunk's logits and teacher logits: the inputs cross to the
+    /// device once, where calling the two methods uploads them twice. A trainer that ran the
+    /// saving forward for its loss calls [`backward_saved`] directly and saves the first
+    /// dispatch. Accuracy: [`backward_saved`]'s.
     ///
     /// [`forward_saved`]: VocabKernel::forward_saved
     /// [`kl_saved`]: VocabKernel::kl_saved
@@ -1662,27 +1772,59 @@ impl<'c> VocabKernel<'c> {
             Err(core) => GpuError::from(core),
             Ok(_) => e,
         };
+        // Chunk by chunk (the backward's chunks, which the forward's hold whole): the chunk's
+        // logits, and the teacher's, are uploaded once and read by both submissions — the
+        // saving forward and, after the host turned its states into coefficients, the
+        // backward. The two calls below see the chunk as the whole input, so each makes one
+        // dispatch whose upload is the kept one (`Kept::arg`).
         let t = temperature;
-        match &terms.kl {
-            None => {
-                let mut saved = vec![LseState::EMPTY; rows];
-                let none = ForwardOut::default();
-                self.forward_with(logits, vocab, &[], t, none, Some(&mut saved), wait)
-                    .await
-                    .map_err(exact)?;
-                self.backward_saved_with(logits, vocab, t, &saved, terms, grad, wait)
-                    .await
+        let mut staged = vec![0f32; grad.len()];
+        for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
+            let (r0, r1) = (c.first, c.first + c.rows);
+            let elems = r0 * vocab..r1 * vocab;
+            let z = &logits[elems.clone()];
+            let chunk_terms = GradTerms {
+                logp: terms.logp.map(|(y, g)| (&y[r0..r1], &g[r0..r1])),
+                entropy: terms.entropy.map(|g| &g[r0..r1]),
+                kl: terms.kl.map(|k| KlTerm {
+                    teacher: &k.teacher[elems.clone()],
+                    grad: &k.grad[r0..r1],
+                    ..k
+                }),
+            };
+            let mut uploads = vec![self.ctx.upload(bytemuck::cast_slice(z))?];
+            if let Some(k) = &chunk_terms.kl {
+                uploads.push(self.ctx.upload(bytemuck::cast_slice(k.teacher))?);
             }
-            Some(k) => {
-                let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
-                let (w, d) = (k.teacher, k.direction);
-                self.kl_with(logits, w, vocab, t, d, &mut kl, Some(&mut saved), wait)
-                    .await
-                    .map_err(exact)?;
-                self.backward_saved_with(logits, vocab, t, &saved, terms, grad, wait)
-                    .await
+            let kept = Kept(&uploads);
+            let out = &mut staged[elems.clone()];
+            // Errors name rows of the chunk: grpo-core's checks of the whole call give its own.
+            match chunk_terms.kl {
+                None => {
+                    let mut saved = vec![LseState::EMPTY; c.rows];
+                    let none = ForwardOut::default();
+                    self.forward_with(z, vocab, &[], t, none, Some(&mut saved), wait, kept)
+                        .await
+                        .map_err(exact)?;
+                    self.backward_saved_with(z, vocab, t, &saved, &chunk_terms, out, wait, kept)
+                        .await
+                        .map_err(exact)?;
+                }
+                Some(k) => {
+                    let mut kl = vec![0f32; c.rows];
+                    let mut saved = vec![PairState::EMPTY; c.rows];
+                    let (w, d, s) = (k.teacher, k.direction, Some(&mut saved[..]));
+                    self.kl_with(z, w, vocab, t, d, &mut kl, s, wait, kept)
+                        .await
+                        .map_err(exact)?;
+                    self.backward_saved_with(z, vocab, t, &saved, &chunk_terms, out, wait, kept)
+                        .await
+                        .map_err(exact)?;
+                }
             }
         }
+        grad.copy_from_slice(&staged);
+        Ok(())
     }
 
     /// The input of a `backward_saved*` entry point: each row's coefficients (the shader's

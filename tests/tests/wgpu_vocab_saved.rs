@@ -804,7 +804,15 @@ fn chunked_saved_rows_give_the_same_bits() {
         let mut grad = vec![0f32; rows * vocab];
         k.backward_saved(&z, vocab, 0.9, &pair, &terms, &mut grad)
             .unwrap();
-        (lp, lse, kl, pair, grad)
+        // The recomputing backward, which uploads each chunk once for its two submissions:
+        // with these terms (the KL's teacher too), and without the KL term.
+        let mut recomputed = vec![0f32; rows * vocab];
+        k.backward_rows(&z, vocab, 0.9, &terms, &mut recomputed)
+            .unwrap();
+        let mut no_kl = vec![0f32; rows * vocab];
+        let terms = GradTerms { kl: None, ..terms };
+        k.backward_rows(&z, vocab, 0.9, &terms, &mut no_kl).unwrap();
+        (lp, lse, kl, pair, grad, recomputed, no_kl)
     };
     let whole = run(&k);
     // The gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
@@ -812,4 +820,80 @@ fn chunked_saved_rows_give_the_same_bits() {
     let chunked = run(&k);
     ctx.set_binding_cap(u64::MAX);
     assert_eq!(whole, chunked);
+}
+
+#[test]
+fn backward_rows_uploads_each_input_once() {
+    // `backward_rows` runs two submissions per chunk (the saving forward, then the backward
+    // from the states); the logits, and the KL term's teacher logits, go to the device once.
+    // The public two-call path (`forward_saved` or `kl_saved`, then `backward_saved`) uploads
+    // them twice, which is what this test tells apart. A private context: the counter is
+    // per context, and other tests run beside this one.
+    if gpu::context("backward_rows_uploads_each_input_once").is_none() {
+        return;
+    }
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    let k = VocabKernel::new(&ctx);
+    let (rows, vocab) = (6usize, 5000usize);
+    let z: Vec<f32> = (0..rows * vocab)
+        .map(|i| ((i * 37 % 101) as f32) * 0.1 - 5.0)
+        .collect();
+    let w: Vec<f32> = (0..rows * vocab)
+        .map(|i| ((i * 53 % 97) as f32) * 0.1 - 4.0)
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 13).collect();
+    let g = vec![0.5f32; rows];
+    let row_bytes = (vocab * 4) as u64;
+    let input = rows as u64 * row_bytes;
+    let uploaded = |run: &mut dyn FnMut()| {
+        let before = ctx.bytes_uploaded();
+        run();
+        ctx.bytes_uploaded() - before
+    };
+    for kl in [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)] {
+        let terms = GradTerms {
+            logp: Some((&targets[..], &g[..])),
+            entropy: Some(&g[..]),
+            kl: kl.map(|direction| KlTerm {
+                teacher: &w[..],
+                grad: &g[..],
+                direction,
+            }),
+        };
+        let inputs = if kl.is_some() { 2 * input } else { input };
+        let mut grad = vec![0f32; rows * vocab];
+        for cap in [u64::MAX, 2 * row_bytes + 8] {
+            // Uncapped: one chunk; capped: three chunks of 2 rows, each uploaded once.
+            ctx.set_binding_cap(cap);
+            let sent = uploaded(&mut || {
+                k.backward_rows(&z, vocab, 1.0, &terms, &mut grad).unwrap();
+            });
+            ctx.set_binding_cap(u64::MAX);
+            // Besides the rows: targets, coefficients (48 bytes a row) and uniform blocks.
+            assert!(
+                sent >= inputs && sent < inputs + 4096,
+                "{kl:?}, cap {cap}: {sent} bytes uploaded for {inputs} bytes of rows"
+            );
+        }
+        let two_calls = uploaded(&mut || {
+            let mut again = vec![0f32; rows * vocab];
+            match kl {
+                None => {
+                    let mut st = vec![LseState::EMPTY; rows];
+                    let out = ForwardOut::default();
+                    k.forward_saved(&z, vocab, &[], 1.0, out, &mut st).unwrap();
+                    k.backward_saved(&z, vocab, 1.0, &st, &terms, &mut again)
+                        .unwrap();
+                }
+                Some(d) => {
+                    let (mut v, mut st) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
+                    k.kl_saved(&z, &w, vocab, 1.0, d, &mut v, &mut st).unwrap();
+                    k.backward_saved(&z, vocab, 1.0, &st, &terms, &mut again)
+                        .unwrap();
+                }
+            }
+            assert_eq!(again, grad, "{kl:?}: the two-call path's gradient");
+        });
+        assert!(two_calls >= 2 * inputs, "{kl:?}: {two_calls} bytes");
+    }
 }
