@@ -14,3 +14,18 @@ fn load_logit(i: u32) -> f32 {
 fn load_teacher(i: u32) -> f32 {
     return bf16_at(teacher[i >> 1u], i);
 }
+
+// The in-place backward's output (binding 8): two elements per u32 word, as the logits.
+const PER_WORD: u32 = 2u;
+
+// x rounded to bf16 as `half::bf16::from_f32` rounds it (grpo-core's in-place backward): to
+// nearest, ties to even, by the carry of x + 0x7fff + (bit 16 of x) into the upper half (which
+// also rounds the largest finite values to ±∞); a NaN keeps its sign and upper payload bits, with
+// the quiet bit set. Integer operations, so every device gives these bits.
+fn narrow(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    if (b & 0x7fffffffu) > 0x7f800000u {
+        return (b >> 16u) | 0x0040u;
+    }
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}

@@ -9,3 +9,10 @@ fn load_logit(i: u32) -> f32 {
 fn load_teacher(i: u32) -> f32 {
     return teacher[i];
 }
+
+// The in-place backward's output (binding 8): one element per u32 word, the f32's bits.
+const PER_WORD: u32 = 1u;
+
+fn narrow(x: f32) -> u32 {
+    return bitcast<u32>(x);
+}

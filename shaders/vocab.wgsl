@@ -64,6 +64,9 @@ struct VocabParams {
 @group(0) @binding(4) var<uniform> params: VocabParams;
 @group(0) @binding(6) var<storage, read_write> grad: array<f32>;
 @group(0) @binding(7) var<storage, read> upstream: array<f32>;
+// The in-place saved backward's gradient in the logits' storage type (`PER_WORD` elements per
+// word, `narrow` in the storage prelude), which the host writes over the logits.
+@group(0) @binding(8) var<storage, read_write> grad_words: array<u32>;
 
 // Online softmax state of a set of scaled logits x: m = max x, s = Σ_{x ≠ the max} e^{x−m}
 // (the maximum's own 1 is kept out of the sum), t = Σ e^{x−m}(x − m). Then lse = m + ln(1 + s)
@@ -652,7 +655,49 @@ fn saved_row(row: u32, lid: u32, kl: u32) {
     }
 }
 
-// No barrier in these three, so returning early (rows past the chunk) is allowed.
+// The saved backward written in the logits' storage type [grpo-core's
+// backward_rows_in_place_saved]: each element's gradient as `saved_row` computes it, rounded by
+// the storage prelude's `narrow` and packed PER_WORD to a word of `grad_words`, element i of the
+// chunk (row i / vocab, column i mod vocab) in word i / PER_WORD. Row `row`'s workgroup writes
+// the words whose first element is in the row, so with an odd vocabulary of 16-bit logits a
+// word's second element may be the next row's first, computed here with that row's
+// coefficients and target (every word has one writer); past the chunk's last element a word is
+// padded with zeros.
+fn saved_row_in_place(row: u32, lid: u32, kl: u32) {
+    if row >= params.rows {
+        return;
+    }
+    let n = params.vocab;
+    let first = row * n;
+    let end = first + n;
+    let total = params.rows * n;
+    let c = saved_coef(row);
+    let y = targets[row];
+    for (var k = (first + PER_WORD - 1u) / PER_WORD + lid; k < (end + PER_WORD - 1u) / PER_WORD; k += WG) {
+        var word = 0u;
+        for (var h = 0u; h < PER_WORD; h++) {
+            let i = k * PER_WORD + h;
+            if i >= total {
+                break;
+            }
+            let j = params.base + i;
+            var w = 0.0;
+            if kl != KL_NONE {
+                w = load_teacher(j);
+            }
+            var g: f32;
+            if i < end {
+                g = saved_grad(load_logit(j), w, i - first == y, c, kl);
+            } else {
+                g = saved_grad(load_logit(j), w, i - end == targets[row + 1u], saved_coef(row + 1u), kl);
+            }
+            word = word | (narrow(g) << (16u * h));
+        }
+        grad_words[k] = word;
+    }
+}
+
+// No barrier in these six, so returning early (rows past the chunk) is allowed.
 @compute @workgroup_size(256)
 fn backward_saved(@builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -669,6 +714,24 @@ fn backward_saved_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
 fn backward_saved_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
                              @builtin(local_invocation_index) lid: u32) {
     saved_row(wid.x, lid, KL_REVERSE);
+}
+
+@compute @workgroup_size(256)
+fn backward_saved_in_place(@builtin(workgroup_id) wid: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    saved_row_in_place(wid.x, lid, KL_NONE);
+}
+
+@compute @workgroup_size(256)
+fn backward_saved_in_place_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
+                                      @builtin(local_invocation_index) lid: u32) {
+    saved_row_in_place(wid.x, lid, KL_FORWARD);
+}
+
+@compute @workgroup_size(256)
+fn backward_saved_in_place_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
+                                      @builtin(local_invocation_index) lid: u32) {
+    saved_row_in_place(wid.x, lid, KL_REVERSE);
 }
 
 // KL(p‖q) between p = softmax(student/T) and q = softmax(teacher/T) [grpo-core's kl_rows], in

@@ -34,6 +34,7 @@ fn slots(id: ShaderId) -> &'static [(u32, Slot)] {
             (5, Read),
             (6, ReadWrite),
             (7, Read),
+            (8, ReadWrite),
         ],
         ShaderId::Advantage => &[
             (0, Read),

@@ -2,7 +2,8 @@
 //!
 //! Every module is `common.wgsl` followed by its body; vocabulary modules insert a storage
 //! prelude (`load_f32.wgsl`, `load_f16.wgsl` with `enable f16;`, `load_bf16.wgsl`) that declares
-//! the logit bindings and widens to f32. [`ShaderId::ALL`] lists every module so the test suite
+//! the logit bindings, widens to f32 and (`narrow`) rounds an in-place gradient back to the
+//! storage type. [`ShaderId::ALL`] lists every module so the test suite
 //! can validate each one with naga without an adapter.
 
 /// `common.wgsl`: constants and helpers mirrored from grpo-core.
@@ -90,6 +91,9 @@ impl ShaderId {
                 "backward_saved",
                 "backward_saved_kl_forward",
                 "backward_saved_kl_reverse",
+                "backward_saved_in_place",
+                "backward_saved_in_place_kl_forward",
+                "backward_saved_in_place_kl_reverse",
                 "kl",
                 "kl_saved",
                 "jsd",

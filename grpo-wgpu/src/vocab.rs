@@ -395,7 +395,7 @@ impl<'c> VocabKernel<'c> {
                 grpo_core::vocab::logprob_entropy_rows_saved(
                     logits, vocab, &targets, 1.0, &mut lp, None, &mut saved,
                 )?;
-                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms, false);
                 (coef, entry)
             }
             ResidentVocab::BackwardKlSaved { teacher } => {
@@ -413,7 +413,7 @@ impl<'c> VocabKernel<'c> {
                     kl: Some(kl_term),
                     ..terms
                 };
-                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms);
+                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms, false);
                 (coef, entry)
             }
             _ => ((0..rows).flat_map(|_| [1.0f32, 0.5]).collect(), ""),
@@ -1568,17 +1568,19 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
+        let out = Some(grad.len());
         let f = self.backward_saved_with(
             logits,
             vocab,
             temperature,
             saved,
             terms,
-            grad,
+            out,
             Wait::Block,
             Kept::NONE,
         );
-        pollster::block_on(f)
+        write_bytes(grad, &pollster::block_on(f)?);
+        Ok(())
     }
 
     /// Async [`VocabKernel::backward_saved`]: awaits the readbacks instead of blocking (same
@@ -1595,19 +1597,26 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
-        self.backward_saved_with(
-            logits,
-            vocab,
-            temperature,
-            saved,
-            terms,
-            grad,
-            Wait::Await,
-            Kept::NONE,
-        )
-        .await
+        let out = Some(grad.len());
+        let bytes = self
+            .backward_saved_with(
+                logits,
+                vocab,
+                temperature,
+                saved,
+                terms,
+                out,
+                Wait::Await,
+                Kept::NONE,
+            )
+            .await?;
+        write_bytes(grad, &bytes);
+        Ok(())
     }
 
+    /// The saved backward's gradient bytes: `out = Some(len)` gives it in f32 (`grad`, `len`
+    /// floats), `out = None` in the logits' storage type (written over them; grpo-core's
+    /// convention for the in-place checks). Validates everything first.
     #[allow(clippy::too_many_arguments)]
     async fn backward_saved_with<L: LogitStorage, St: SavedState>(
         &self,
@@ -1616,33 +1625,42 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         saved: &[St],
         terms: &GradTerms<'_, u32, L>,
-        grad: &mut [f32],
+        out: Option<usize>,
         wait: Wait,
         kept: Kept<'_>,
-    ) -> Result<()> {
+    ) -> Result<Vec<u8>> {
         let (tau, rows) = grpo_core::vocab::validate::backward_saved(
             logits,
             vocab,
             temperature,
             saved,
             terms,
-            Some(grad.len()),
+            out,
         )?;
         self.check_limits::<L>(vocab)?;
-        let (coef, targets, entry) = Self::saved_coefs(saved, tau, terms);
-        let mut chunks_out: Vec<(usize, Vec<u8>)> = Vec::new();
+        let in_place = out.is_none();
+        let (coef, targets, entry) = Self::saved_coefs(saved, tau, terms, in_place);
+        // The gradient's binding and bytes per element: f32 in `grad`, or the storage type
+        // packed in `grad_words`.
+        let (binding, elem) = if in_place {
+            (8, L::DTYPE.size())
+        } else {
+            (6, 4)
+        };
+        let mut bytes = vec![0u8; rows * vocab * elem];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
-            let (bytes, base) = Self::upload(logits, &c, vocab);
+            let (z, base) = Self::upload(logits, &c, vocab);
             let params = VocabParams::new(c.rows, vocab, base, tau);
             let coef = &coef[c.first * SAVED_COEF..(c.first + c.rows) * SAVED_COEF];
+            let chunk = c.first * vocab * elem..(c.first + c.rows) * vocab * elem;
             let mut args = vec![
-                (0, kept.arg(bytes)),
+                (0, kept.arg(z)),
                 (
                     1,
                     Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
                 ),
                 (4, Arg::Uniform(bytemuck::bytes_of(&params))),
-                (6, Arg::Out((c.rows * vocab * 4) as u64)),
+                (binding, Arg::Out(chunk.len().next_multiple_of(4) as u64)),
                 (7, Arg::In(bytemuck::cast_slice(coef))),
             ];
             if let Some(k) = &terms.kl {
@@ -1653,15 +1671,11 @@ impl<'c> VocabKernel<'c> {
                 &args,
                 &[(entry, [c.rows as u32, 1, 1])],
             )?;
-            let mut res = wait.readback(rb).await?;
-            chunks_out.push((c.first * vocab, std::mem::take(&mut res[0])));
+            let res = wait.readback(rb).await?;
+            let len = chunk.len();
+            bytes[chunk].copy_from_slice(&res[0][..len]);
         }
-        for (start, bytes) in chunks_out {
-            let g: &[f32] = bytemuck::cast_slice(&bytes);
-            let n = g.len().min(grad.len() - start);
-            grad[start..start + n].copy_from_slice(&g[..n]);
-        }
-        Ok(())
+        Ok(bytes)
     }
 
     /// The fused backward of any term set, grpo-core's
@@ -1719,8 +1733,10 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
-        let f = self.backward_rows_with(logits, vocab, temperature, terms, grad, Wait::Block);
-        pollster::block_on(f)
+        let out = Some(grad.len());
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, out, Wait::Block);
+        write_bytes(grad, &pollster::block_on(f)?);
+        Ok(())
     }
 
     /// Async [`VocabKernel::backward_rows`]: awaits the readbacks instead of blocking (same
@@ -1736,8 +1752,155 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
         grad: &mut [f32],
     ) -> Result<()> {
-        self.backward_rows_with(logits, vocab, temperature, terms, grad, Wait::Await)
-            .await
+        let out = Some(grad.len());
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, out, Wait::Await);
+        write_bytes(grad, &f.await?);
+        Ok(())
+    }
+
+    /// [`VocabKernel::backward_rows`] writing the gradient over the logits themselves, rounded
+    /// to their storage type (f32, or bf16 / f16 as `half`'s `from_f32` rounds: to nearest,
+    /// ties to even): grpo-core's
+    /// [`backward_rows_in_place`](grpo_core::vocab::backward_rows_in_place) on the GPU
+    /// \[ours\]. `logits[r, v] ← ∂/∂z[r, v] (g_lp[r]·logp_r(y_r) + g_H[r]·H_r + g_KL[r]·KL_r)`.
+    ///
+    /// The same two dispatches per chunk as [`VocabKernel::backward_rows`], whose `f32`
+    /// gradient this rounds, bit for bit (the rounding is integer arithmetic in the shader, so
+    /// every device gives `half`'s bits for the gradient it computed). For 16-bit logits the
+    /// shader writes 2 bytes per logit instead of 4, and half as many bytes come back to the
+    /// host; no separate gradient buffer on the host either. Accuracy:
+    /// [`VocabKernel::backward_saved`]'s before the rounding.
+    ///
+    /// ```
+    /// use grpo_core::vocab::GradTerms;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Row [0, 0] (p = [½, ½]), target 0, ∂loss/∂logp = 1: the gradient (½, −½) replaces the
+    /// // logits, here bf16 (both values exact in bf16).
+    /// let mut z = [half::bf16::ZERO; 2];
+    /// let terms: GradTerms<'_, u32, half::bf16> =
+    ///     GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+    /// VocabKernel::new(&ctx).backward_rows_in_place(&mut z, 2, 1.0, &terms)?;
+    /// assert_eq!(z.map(f32::from), [0.5, -0.5]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_rows`] (grpo-core's checks with `out = None`: there is no
+    /// `grad` length to check). On `Err`, the logits are untouched.
+    pub fn backward_rows_in_place<L: LogitStorage>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+    ) -> Result<()> {
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, None, Wait::Block);
+        let bytes = pollster::block_on(f)?;
+        write_bytes(logits, &bytes);
+        Ok(())
+    }
+
+    /// Async [`VocabKernel::backward_rows_in_place`]: awaits the readbacks instead of blocking
+    /// (same bits, same errors; the logits untouched on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_rows_in_place`].
+    pub async fn backward_rows_in_place_async<L: LogitStorage>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+    ) -> Result<()> {
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, None, Wait::Await);
+        let bytes = f.await?;
+        write_bytes(logits, &bytes);
+        Ok(())
+    }
+
+    /// [`VocabKernel::backward_saved`] writing the gradient over the logits themselves, rounded
+    /// to their storage type as [`VocabKernel::backward_rows_in_place`] rounds it: grpo-core's
+    /// [`backward_rows_in_place_saved`](grpo_core::vocab::backward_rows_in_place_saved) on the
+    /// GPU \[ours\]. One read of each logit (and teacher logit) and one write of its gradient
+    /// in the storage type; [`VocabKernel::backward_saved`]'s `f32` gradient rounded, bit for
+    /// bit.
+    ///
+    /// **The logits are not validated** beyond the target logits, as in
+    /// [`VocabKernel::backward_saved`]: they must be the ones the states were saved from.
+    ///
+    /// ```
+    /// use grpo_core::vocab::{GradTerms, LseState};
+    /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // [0, 0], target 0: the forward saves the row's state, the backward (∂loss/∂logp = 1)
+    /// // writes (½, −½) over the logits.
+    /// let mut z = [0.0f32, 0.0];
+    /// let mut saved = [LseState::EMPTY];
+    /// k.forward_saved(&z, 2, &[0], 1.0, ForwardOut::default(), &mut saved)?;
+    /// let terms: GradTerms<'_, u32> = GradTerms { logp: Some((&[0], &[1.0])), entropy: None, kl: None };
+    /// k.backward_saved_in_place(&mut z, 2, 1.0, &saved, &terms)?;
+    /// assert!((z[0] - 0.5).abs() < 1e-6 && (z[1] + 0.5).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_saved`] (grpo-core's checks with `out = None`). On `Err`,
+    /// the logits are untouched.
+    pub fn backward_saved_in_place<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+    ) -> Result<()> {
+        let t = temperature;
+        let f = self.backward_saved_with(
+            logits,
+            vocab,
+            t,
+            saved,
+            terms,
+            None,
+            Wait::Block,
+            Kept::NONE,
+        );
+        let bytes = pollster::block_on(f)?;
+        write_bytes(logits, &bytes);
+        Ok(())
+    }
+
+    /// Async [`VocabKernel::backward_saved_in_place`]: awaits the readbacks instead of blocking
+    /// (same bits, same errors; the logits untouched on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::backward_saved_in_place`].
+    pub async fn backward_saved_in_place_async<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+    ) -> Result<()> {
+        let t = temperature;
+        let f = self.backward_saved_with(
+            logits,
+            vocab,
+            t,
+            saved,
+            terms,
+            None,
+            Wait::Await,
+            Kept::NONE,
+        );
+        let bytes = f.await?;
+        write_bytes(logits, &bytes);
+        Ok(())
     }
 
     async fn backward_rows_with<L: LogitStorage>(
@@ -1746,10 +1909,9 @@ impl<'c> VocabKernel<'c> {
         vocab: usize,
         temperature: f32,
         terms: &GradTerms<'_, u32, L>,
-        grad: &mut [f32],
+        out: Option<usize>,
         wait: Wait,
-    ) -> Result<()> {
-        let out = Some(grad.len());
+    ) -> Result<Vec<u8>> {
         let (_, rows) = grpo_core::vocab::validate::backward_args(
             logits.len(),
             vocab,
@@ -1778,7 +1940,8 @@ impl<'c> VocabKernel<'c> {
         // backward. The two calls below see the chunk as the whole input, so each makes one
         // dispatch whose upload is the kept one (`Kept::arg`).
         let t = temperature;
-        let mut staged = vec![0f32; grad.len()];
+        let elem = if out.is_some() { 4 } else { L::DTYPE.size() };
+        let mut bytes = vec![0u8; rows * vocab * elem];
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
             let (r0, r1) = (c.first, c.first + c.rows);
             let elems = r0 * vocab..r1 * vocab;
@@ -1797,18 +1960,19 @@ impl<'c> VocabKernel<'c> {
                 uploads.push(self.ctx.upload(bytemuck::cast_slice(k.teacher))?);
             }
             let kept = Kept(&uploads);
-            let out = &mut staged[elems.clone()];
+            let chunk_out = out.map(|_| c.rows * vocab);
             // Errors name rows of the chunk: grpo-core's checks of the whole call give its own.
-            match chunk_terms.kl {
+            let grad = match chunk_terms.kl {
                 None => {
                     let mut saved = vec![LseState::EMPTY; c.rows];
                     let none = ForwardOut::default();
                     self.forward_with(z, vocab, &[], t, none, Some(&mut saved), wait, kept)
                         .await
                         .map_err(exact)?;
-                    self.backward_saved_with(z, vocab, t, &saved, &chunk_terms, out, wait, kept)
+                    let terms = &chunk_terms;
+                    self.backward_saved_with(z, vocab, t, &saved, terms, chunk_out, wait, kept)
                         .await
-                        .map_err(exact)?;
+                        .map_err(exact)?
                 }
                 Some(k) => {
                     let mut kl = vec![0f32; c.rows];
@@ -1817,24 +1981,28 @@ impl<'c> VocabKernel<'c> {
                     self.kl_with(z, w, vocab, t, d, &mut kl, s, wait, kept)
                         .await
                         .map_err(exact)?;
-                    self.backward_saved_with(z, vocab, t, &saved, &chunk_terms, out, wait, kept)
+                    let terms = &chunk_terms;
+                    self.backward_saved_with(z, vocab, t, &saved, terms, chunk_out, wait, kept)
                         .await
-                        .map_err(exact)?;
+                        .map_err(exact)?
                 }
-            }
+            };
+            bytes[elems.start * elem..elems.end * elem].copy_from_slice(&grad);
         }
-        grad.copy_from_slice(&staged);
-        Ok(())
+        Ok(bytes)
     }
 
     /// The input of a `backward_saved*` entry point: each row's coefficients (the shader's
     /// `SAVED_COEF` = 12 floats: grpo-core's [`SavedState::coef`] of the row's state and
     /// weights, in `SavedCoef`'s order) and target (`NO_INDEX` without a log-probability term),
-    /// and the entry point of the KL term's direction. The states and terms are validated.
+    /// and the entry point of the KL term's direction (its `_in_place` twin, which writes the
+    /// gradient in the logits' storage type, for `in_place`). The states and terms are
+    /// validated.
     fn saved_coefs<L, St: SavedState>(
         saved: &[St],
         tau: f32,
         terms: &GradTerms<'_, u32, L>,
+        in_place: bool,
     ) -> (Vec<f32>, Vec<u32>, &'static str) {
         let rows = saved.len();
         let mut coef = Vec::with_capacity(rows * SAVED_COEF);
@@ -1862,11 +2030,20 @@ impl<'c> VocabKernel<'c> {
                 0.0,
             ]);
         }
-        let entry = match terms.kl.as_ref().map(|k| k.direction) {
-            None => "backward_saved",
-            Some(KlDirection::Forward) => "backward_saved_kl_forward",
-            Some(KlDirection::Reverse) => "backward_saved_kl_reverse",
+        let entry = match (terms.kl.as_ref().map(|k| k.direction), in_place) {
+            (None, false) => "backward_saved",
+            (Some(KlDirection::Forward), false) => "backward_saved_kl_forward",
+            (Some(KlDirection::Reverse), false) => "backward_saved_kl_reverse",
+            (None, true) => "backward_saved_in_place",
+            (Some(KlDirection::Forward), true) => "backward_saved_in_place_kl_forward",
+            (Some(KlDirection::Reverse), true) => "backward_saved_in_place_kl_reverse",
         };
         (coef, targets, entry)
     }
+}
+
+/// Writes a backward's gradient bytes (as the device wrote them, little-endian) over `dst`: the
+/// f32 gradient, or the logits of an in-place backward.
+fn write_bytes<T: Pod>(dst: &mut [T], bytes: &[u8]) {
+    bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(bytes);
 }

@@ -3,7 +3,9 @@
 //! grpo-core's) for every term set (log-probability, entropy, KL in either direction). Checked
 //! against an f64 evaluation of MATH.md §5's gradient on the stored values within the tolerance
 //! table (`grpo_tests::tolerance`), against the forward kernels' own outputs, against central
-//! differences, and against grpo-core's errors, for f32, bf16 and f16 storage. Skips (with a
+//! differences, and against grpo-core's errors, for f32, bf16 and f16 storage. The in-place
+//! variants (`backward_rows_in_place`, `backward_saved_in_place`) against the out-of-place
+//! gradient rounded by `half`, and their rounding against `half` directly. Skips (with a
 //! message) without an adapter unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::Error;
@@ -310,6 +312,21 @@ fn check_case<L: LogitStorage>(
             check_grad(c, &z64, &w64, dtype, &grad, "backward_rows")?;
         }
     }
+    // In place: the same errors with the logits untouched, or that gradient rounded to the
+    // storage type as grpo-core's in-place backward rounds it (`half`'s `from_f32`).
+    let mut over = z.clone();
+    let gpu = k.backward_rows_in_place(&mut over, v, t, &terms);
+    match vocab::backward_rows_in_place(&mut z.clone(), v, t, &terms) {
+        Err(e) => {
+            prop_assert_eq!(core_err(gpu.unwrap_err())?, e);
+            same_bits(&over, &z, "backward_rows_in_place (logits untouched)")?;
+        }
+        Ok(()) => {
+            gpu.map_err(fail)?;
+            let rounded: Vec<L> = grad.iter().map(|&g| conv(g)).collect();
+            same_bits(&over, &rounded, "backward_rows_in_place")?;
+        }
+    }
 
     // The saving KL forward: grpo-core's errors, the plain kernel's value (bits, in the
     // forward direction, where both run the same code), and states whose KL values meet the
@@ -357,6 +374,11 @@ fn check_case<L: LogitStorage>(
     k.backward_saved(&z, v, t, &pair_states, &terms, &mut grad)
         .map_err(fail)?;
     check_grad(c, &z64, &w64, dtype, &grad, "GPU pair states")?;
+    let mut over = z.clone();
+    k.backward_saved_in_place(&mut over, v, t, &pair_states, &terms)
+        .map_err(fail)?;
+    let rounded: Vec<L> = grad.iter().map(|&g| conv(g)).collect();
+    same_bits(&over, &rounded, "backward_saved_in_place")?;
     k.backward_saved(&z, v, t, &core_pairs, &terms, &mut grad)
         .map_err(fail)?;
     check_grad(c, &z64, &w64, dtype, &grad, "grpo-core's pair states")?;
@@ -376,6 +398,21 @@ fn check_case<L: LogitStorage>(
         &grad,
         "grpo-core from GPU pair states",
     )?;
+    Ok(())
+}
+
+/// The bit patterns of `x`.
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// `got` and `want` hold the same values, bit for bit (compared widened, which is exact).
+fn same_bits<L: LogitStorage>(got: &[L], want: &[L], what: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let (g, w) = (g.widen(), w.widen());
+        prop_assert!(g.to_bits() == w.to_bits(), "{what}: [{i}] {g} vs {w}");
+    }
     Ok(())
 }
 
@@ -567,13 +604,25 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         g: [vec![1.0; 2], vec![-0.1; 2], vec![0.5; 2]],
         grad_len: 6,
     };
-    let call = |a: &Args| {
+    let call = |a: &Args, what: &str| {
         let terms = a.terms();
         let mut grad = vec![sentinel; a.grad_len];
         let got = k.backward_saved(&a.z, a.vocab, a.temp, &a.saved, &terms, &mut grad);
         let mut core_grad = vec![sentinel; a.grad_len];
         let want =
             vocab::backward_rows_saved(&a.z, a.vocab, a.temp, &a.saved, &terms, &mut core_grad);
+        // In place: grpo-core's in-place result (it has no `grad` length to check), the
+        // logits untouched on `Err`.
+        let mut over = a.z.clone();
+        let got_in_place = k.backward_saved_in_place(&mut over, a.vocab, a.temp, &a.saved, &terms);
+        let mut core_over = a.z.clone();
+        let want_in_place =
+            vocab::backward_rows_in_place_saved(&mut core_over, a.vocab, a.temp, &a.saved, &terms);
+        let in_place = want_in_place.map_err(GpuError::Core);
+        assert_eq!(got_in_place, in_place, "backward_saved_in_place: {what}");
+        if want_in_place.is_err() {
+            assert_eq!(bits(&over), bits(&a.z), "{what}: logits written");
+        }
         (got, want, grad)
     };
     // The recomputing backward of the same terms: grpo-core's `backward_rows` result.
@@ -587,9 +636,18 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         if want.is_err() {
             assert!(grad.iter().all(|&g| g == sentinel), "{what}: grad written");
         }
+        let mut over = a.z.clone();
+        let got = k.backward_rows_in_place(&mut over, a.vocab, a.temp, &terms);
+        let want_in_place =
+            vocab::backward_rows_in_place(&mut a.z.clone(), a.vocab, a.temp, &terms);
+        let in_place = want_in_place.map_err(GpuError::Core);
+        assert_eq!(got, in_place, "backward_rows_in_place: {what}");
+        if want_in_place.is_err() {
+            assert_eq!(bits(&over), bits(&a.z), "{what}: logits written");
+        }
         want
     };
-    let (got, want, _) = call(&base);
+    let (got, want, _) = call(&base, "valid");
     assert_eq!((got, want), (Ok(()), Ok(())));
     assert_eq!(recompute(&base, "valid"), Ok(()));
     type Change = fn(&mut Args);
@@ -636,7 +694,7 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
     for (what, change) in changes {
         let mut a = base.clone();
         change(&mut a);
-        let (got, want, grad) = call(&a);
+        let (got, want, grad) = call(&a, what);
         let want = want.expect_err(what);
         assert_eq!(got, Err(GpuError::Core(want)), "{what}");
         assert!(grad.iter().all(|&g| g == sentinel), "{what}: grad written");
@@ -809,10 +867,18 @@ fn chunked_saved_rows_give_the_same_bits() {
         let mut recomputed = vec![0f32; rows * vocab];
         k.backward_rows(&z, vocab, 0.9, &terms, &mut recomputed)
             .unwrap();
+        // In place (bf16 with an odd vocabulary: words straddle rows, chunks start mid-word).
+        let mut over = z.clone();
+        k.backward_saved_in_place(&mut over, vocab, 0.9, &pair, &terms)
+            .unwrap();
+        let mut over_rows = z.clone();
+        k.backward_rows_in_place(&mut over_rows, vocab, 0.9, &terms)
+            .unwrap();
         let mut no_kl = vec![0f32; rows * vocab];
         let terms = GradTerms { kl: None, ..terms };
         k.backward_rows(&z, vocab, 0.9, &terms, &mut no_kl).unwrap();
-        (lp, lse, kl, pair, grad, recomputed, no_kl)
+        let in_place = (over, over_rows);
+        (lp, lse, kl, pair, grad, recomputed, no_kl, in_place)
     };
     let whole = run(&k);
     // The gradient row is 4·301 + 4 bytes: a cap of 2500 holds 2 rows.
@@ -895,5 +961,139 @@ fn backward_rows_uploads_each_input_once() {
             assert_eq!(again, grad, "{kl:?}: the two-call path's gradient");
         });
         assert!(two_calls >= 2 * inputs, "{kl:?}: {two_calls} bytes");
+    }
+}
+
+/// A compute shader around a storage prelude's `narrow`, the in-place backward's rounding:
+/// `outputs[i] = narrow(bitcast<f32>(inputs[i]))`.
+const NARROW_HARNESS: &str = "
+@group(0) @binding(1) var<storage, read> inputs: array<u32>;
+@group(0) @binding(2) var<storage, read_write> outputs: array<u32>;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3<u32>,
+        @builtin(num_workgroups) groups: vec3<u32>) {
+    for (var i = id.x; i < arrayLength(&inputs); i += groups.x * 256u) {
+        outputs[i] = narrow(bitcast<f32>(inputs[i]));
+    }
+}
+";
+
+/// `narrow(x)` of the storage prelude `prelude` for every input, run on `ctx`'s device.
+fn run_narrow(ctx: &grpo_wgpu::GpuContext, prelude: &str, f16: bool, inputs: &[u32]) -> Vec<u32> {
+    use wgpu::util::DeviceExt;
+    let (device, queue) = (ctx.device(), ctx.queue());
+    let source = format!(
+        "{}{prelude}\n{NARROW_HARNESS}",
+        if f16 { "enable f16;\n" } else { "" }
+    );
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("narrow"),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("narrow"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let bytes: Vec<u8> = inputs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let size = bytes.len() as u64;
+    let input = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some("narrow inputs"),
+        contents: &bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+    });
+    let buffer = |usage| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("narrow outputs"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let output = buffer(wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC);
+    let staging = buffer(wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST);
+    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("narrow"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: input.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: output.as_entire_binding(),
+            },
+        ],
+    });
+    let mut encoder = device.create_command_encoder(&Default::default());
+    {
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(1024, 1, 1);
+    }
+    encoder.copy_buffer_to_buffer(&output, 0, &staging, 0, size);
+    queue.submit(Some(encoder.finish()));
+    staging
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let out = staging.slice(..).get_mapped_range().unwrap().to_vec();
+    out.chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn in_place_rounding_is_halfs() {
+    // The in-place backward rounds each f32 gradient with its storage prelude's `narrow`:
+    // `half`'s `from_f32` bits (grpo-core's rounding), checked on every f32 whose low 12 bits
+    // are 0x000, 0x001, 0x7ff, 0x800, 0x801 or 0xfff (6·2^20 values): every bf16 and f16
+    // rounding tie and its neighbours, f16 subnormal results and their ties, overflow to ±∞,
+    // ±0. WGSL leaves the bits of a NaN or infinite `bitcast<f32>` indeterminate and lets a
+    // device flush f32 subnormals, so non-finite inputs give "a NaN or ±∞ of that sign" and
+    // subnormal ones may also give ±0.
+    let Some(ctx) = gpu::context("in_place_rounding_is_halfs") else {
+        return;
+    };
+    let low = [0x000u32, 0x001, 0x7ff, 0x800, 0x801, 0xfff];
+    let inputs: Vec<u32> = (0..1u32 << 20)
+        .flat_map(|hi| low.map(|l| (hi << 12) | l))
+        .collect();
+    type Half = fn(f32) -> u16;
+    let bf16: Half = |x| half::bf16::from_f32(x).to_bits();
+    let f16: Half = |x| half::f16::from_f32(x).to_bits();
+    for (name, prelude, is_f16, want) in [
+        ("bf16", grpo_wgpu::shaders::LOAD_BF16, false, bf16),
+        ("f16", grpo_wgpu::shaders::LOAD_F16, true, f16),
+    ] {
+        if is_f16 && !ctx.supports_f16() {
+            eprintln!("in_place_rounding_is_halfs: f16 SKIPPED (the adapter has no SHADER_F16)");
+            continue;
+        }
+        let got = run_narrow(ctx, prelude, is_f16, &inputs);
+        let sign = |h: u32| h & 0x8000;
+        for (&x, &g) in inputs.iter().zip(&got) {
+            let f = f32::from_bits(x);
+            let w = u32::from(want(f));
+            let ok = if f.is_finite() && (f == 0.0 || f.is_normal()) {
+                g == w
+            } else if f.is_finite() {
+                g == w || g == sign(w)
+            } else {
+                // ±∞ or a NaN of the input's sign (exponent all ones).
+                let top = if is_f16 { 0x7c00 } else { 0x7f80 };
+                g >> 16 == 0 && g & top == top && sign(g) == sign(w)
+            };
+            assert!(
+                ok,
+                "{name}: narrow({f:e} = {x:#010x}) = {g:#06x}, half gives {w:#06x}"
+            );
+        }
     }
 }
