@@ -670,31 +670,41 @@ fn saved_row_in_place(row: u32, lid: u32, kl: u32) {
     let n = params.vocab;
     let first = row * n;
     let end = first + n;
-    let total = params.rows * n;
     let c = saved_coef(row);
     let y = targets[row];
-    for (var k = (first + PER_WORD - 1u) / PER_WORD + lid; k < (end + PER_WORD - 1u) / PER_WORD; k += WG) {
+    // Words [k0, k1) have their first element in this row; [k0, whole) lie wholly in it.
+    let k0 = (first + PER_WORD - 1u) / PER_WORD;
+    let k1 = (end + PER_WORD - 1u) / PER_WORD;
+    let whole = end / PER_WORD;
+    for (var k = k0 + lid; k < whole; k += WG) {
         var word = 0u;
         for (var h = 0u; h < PER_WORD; h++) {
             let i = k * PER_WORD + h;
-            if i >= total {
-                break;
-            }
-            let j = params.base + i;
-            var w = 0.0;
-            if kl != KL_NONE {
-                w = load_teacher(j);
-            }
-            var g: f32;
-            if i < end {
-                g = saved_grad(load_logit(j), w, i - first == y, c, kl);
-            } else {
-                g = saved_grad(load_logit(j), w, i - end == targets[row + 1u], saved_coef(row + 1u), kl);
-            }
-            word = word | (narrow(g) << (16u * h));
+            word = word | (narrow(saved_elem(i, i - first, y, c, kl)) << (16u * h));
         }
         grad_words[k] = word;
     }
+    // The row's last word, when it reaches into the next row (or past the chunk's end).
+    if lid == 0u && whole < k1 {
+        let i = whole * PER_WORD;
+        var word = narrow(saved_elem(i, i - first, y, c, kl));
+        if end < params.rows * n {
+            let next = saved_elem(end, 0u, targets[row + 1u], saved_coef(row + 1u), kl);
+            word = word | (narrow(next) << 16u);
+        }
+        grad_words[whole] = word;
+    }
+}
+
+// The saved gradient of element i of the chunk (column v of its row; y the row's target, c its
+// coefficients).
+fn saved_elem(i: u32, v: u32, y: u32, c: SavedCoef, kl: u32) -> f32 {
+    let j = params.base + i;
+    var w = 0.0;
+    if kl != KL_NONE {
+        w = load_teacher(j);
+    }
+    return saved_grad(load_logit(j), w, v == y, c, kl);
 }
 
 // No barrier in these six, so returning early (rows past the chunk) is allowed.

@@ -15,6 +15,9 @@
 //! - `backward_saved`: the backward of `backward` from the softmax states a forward saved
 //!   (`VocabKernel::backward_saved`; the states computed by grpo-core when the work is built);
 //!   the same bytes as `backward`, which the kernel moves exactly (one read, one write).
+//! - `backward_saved_in_place`: `backward_saved` writing the gradient in the logits' storage
+//!   type (`VocabKernel::backward_saved_in_place`); bytes = the logits read once + the gradient
+//!   written once, both in the storage type (for bf16 and f16 half of `backward_saved`'s write).
 //! - `backward_kl_saved`: the same from pair states with a forward-KL term as well; bytes = both
 //!   rows read once + the f32 gradient written once.
 //! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
@@ -299,6 +302,11 @@ impl Bench<'_> {
                 "backward_saved",
                 ResidentVocab::BackwardSaved,
                 n * elem + n * 4,
+            ),
+            (
+                "backward_saved_in_place",
+                ResidentVocab::BackwardSavedInPlace,
+                2 * n * elem,
             ),
             (
                 "backward_kl_saved",

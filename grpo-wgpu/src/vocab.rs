@@ -91,6 +91,9 @@ pub enum ResidentVocab<'a, L> {
     /// [`VocabKernel::backward_saved`] from softmax states (computed by grpo-core when the
     /// work is built): upstream gradients 1 (log-prob) and 0.5 (entropy).
     BackwardSaved,
+    /// [`VocabKernel::backward_saved_in_place`] of `BackwardSaved`: the gradient in the
+    /// logits' storage type, to binding 8.
+    BackwardSavedInPlace,
     /// [`VocabKernel::backward_saved`] from pair states with a forward-KL term (weight 1)
     /// besides the log-prob and entropy terms of `BackwardSaved`.
     BackwardKlSaved {
@@ -390,12 +393,13 @@ impl<'c> VocabKernel<'c> {
         // Binding 7: `backward`'s (g_lp, g_H) per row, or the saved backwards' coefficients
         // (from grpo-core's states of these rows) with their entry point.
         let (upstream, saved_entry) = match what {
-            ResidentVocab::BackwardSaved => {
+            ResidentVocab::BackwardSaved | ResidentVocab::BackwardSavedInPlace => {
                 let (mut lp, mut saved) = (vec![0f32; rows], vec![LseState::EMPTY; rows]);
                 grpo_core::vocab::logprob_entropy_rows_saved(
                     logits, vocab, &targets, 1.0, &mut lp, None, &mut saved,
                 )?;
-                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms, false);
+                let in_place = matches!(what, ResidentVocab::BackwardSavedInPlace);
+                let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms, in_place);
                 (coef, entry)
             }
             ResidentVocab::BackwardKlSaved { teacher } => {
@@ -445,6 +449,13 @@ impl<'c> VocabKernel<'c> {
                 if let ResidentVocab::BackwardKlSaved { teacher } = what {
                     args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
                 }
+                saved_entry
+            }
+            ResidentVocab::BackwardSavedInPlace => {
+                // As `backward_saved_in_place`: the gradient in the storage type, binding 8.
+                let bytes = (rows * vocab * L::DTYPE.size()).next_multiple_of(4);
+                args.push((8, Arg::Out(bytes as u64)));
+                args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
                 saved_entry
             }
         };

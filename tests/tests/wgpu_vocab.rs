@@ -1964,6 +1964,16 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
         .unwrap();
     let got = floats(resident(ResidentVocab::BackwardSaved).read(6).unwrap(), n);
     assert_eq!(got, bits(&grad), "{:?} backward_saved", L::DTYPE);
+    // In place: the storage type's bytes in binding 8 (zero-padded to a word).
+    let mut over = logits.clone();
+    k.backward_saved_in_place(&mut over, vocab, 1.0, &saved, &terms)
+        .unwrap();
+    let mut got = resident(ResidentVocab::BackwardSavedInPlace)
+        .read(8)
+        .unwrap();
+    got.truncate(n * size_of::<L>());
+    let want: &[u8] = bytemuck::cast_slice(&over);
+    assert_eq!(got, want, "{:?} backward_saved_in_place", L::DTYPE);
 
     let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
     grpo_core::vocab::kl_rows_saved(
