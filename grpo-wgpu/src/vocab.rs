@@ -1807,10 +1807,8 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         terms: &GradTerms<'_, u32, L>,
     ) -> Result<()> {
-        let f = self.backward_rows_with(logits, vocab, temperature, terms, None, Wait::Block);
-        let bytes = pollster::block_on(f)?;
-        write_bytes(logits, &bytes);
-        Ok(())
+        let f = self.backward_rows_over(logits, vocab, temperature, terms, Wait::Block);
+        pollster::block_on(f)
     }
 
     /// Async [`VocabKernel::backward_rows_in_place`]: awaits the readbacks instead of blocking
@@ -1825,7 +1823,21 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         terms: &GradTerms<'_, u32, L>,
     ) -> Result<()> {
-        let f = self.backward_rows_with(logits, vocab, temperature, terms, None, Wait::Await);
+        self.backward_rows_over(logits, vocab, temperature, terms, Wait::Await)
+            .await
+    }
+
+    /// [`VocabKernel::backward_rows_in_place`]'s work: the gradient in the storage type, then
+    /// written over the logits (nothing written on `Err`).
+    async fn backward_rows_over<L: LogitStorage>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        terms: &GradTerms<'_, u32, L>,
+        wait: Wait,
+    ) -> Result<()> {
+        let f = self.backward_rows_with(logits, vocab, temperature, terms, None, wait);
         let bytes = f.await?;
         write_bytes(logits, &bytes);
         Ok(())
@@ -1870,19 +1882,7 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
     ) -> Result<()> {
         let t = temperature;
-        let f = self.backward_saved_with(
-            logits,
-            vocab,
-            t,
-            saved,
-            terms,
-            None,
-            Wait::Block,
-            Kept::NONE,
-        );
-        let bytes = pollster::block_on(f)?;
-        write_bytes(logits, &bytes);
-        Ok(())
+        pollster::block_on(self.backward_saved_over(logits, vocab, t, saved, terms, Wait::Block))
     }
 
     /// Async [`VocabKernel::backward_saved_in_place`]: awaits the readbacks instead of blocking
@@ -1899,16 +1899,23 @@ impl<'c> VocabKernel<'c> {
         terms: &GradTerms<'_, u32, L>,
     ) -> Result<()> {
         let t = temperature;
-        let f = self.backward_saved_with(
-            logits,
-            vocab,
-            t,
-            saved,
-            terms,
-            None,
-            Wait::Await,
-            Kept::NONE,
-        );
+        self.backward_saved_over(logits, vocab, t, saved, terms, Wait::Await)
+            .await
+    }
+
+    /// [`VocabKernel::backward_saved_in_place`]'s work: the gradient in the storage type, then
+    /// written over the logits (nothing written on `Err`).
+    async fn backward_saved_over<L: LogitStorage, St: SavedState>(
+        &self,
+        logits: &mut [L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[St],
+        terms: &GradTerms<'_, u32, L>,
+        wait: Wait,
+    ) -> Result<()> {
+        let (t, none) = (temperature, Kept::NONE);
+        let f = self.backward_saved_with(logits, vocab, t, saved, terms, None, wait, none);
         let bytes = f.await?;
         write_bytes(logits, &bytes);
         Ok(())
