@@ -969,9 +969,7 @@ fn jsd_term(lp: f32, lq: f32, p_on: bool, q_on: bool) -> f32 {
         let p = exp(lp);
         let q = exp(lq);
         let a = rmax(lp, lq);
-        let e = exp(rmin(lp, lq) - a);
-        let w = select(fma(beta, e, omb), fma(omb, e, beta), lq >= lp);
-        let l = log(rmax(w, MIN_NORMAL));
+        let l = jsd_log_mix(lp, lq, a);
         return fma(beta * q, (lq - a) - l, (omb * p) * ((lp - a) - l));
     }
     if p_on {
@@ -983,10 +981,45 @@ fn jsd_term(lp: f32, lq: f32, p_on: bool, q_on: bool) -> f32 {
     return 0.0;
 }
 
+// ln(m) − a for a = max(log p, log q) of a column where both sides are unmasked (see
+// `jsd_term`).
+fn jsd_log_mix(lp: f32, lq: f32, a: f32) -> f32 {
+    let beta = params.beta;
+    let omb = params.one_minus_beta;
+    let e = exp(rmin(lp, lq) - a);
+    let w = select(fma(beta, e, omb), fma(omb, e, beta), lq >= lp);
+    return log(rmax(w, MIN_NORMAL));
+}
+
+// log p − log m of a column whose student side is unmasked (relative to a = max(log p, log q) as
+// in `jsd_term`; −ln(1 − β) where the teacher's is masked): the student's log-ratio to the
+// mixture, which the JSD's gradient weights by p.
+fn jsd_log_ratio(lp: f32, lq: f32, q_on: bool) -> f32 {
+    if q_on {
+        let a = rmax(lp, lq);
+        return (lp - a) - jsd_log_mix(lp, lq, a);
+    }
+    return params.neg_ln_one_minus_beta;
+}
+
 @compute @workgroup_size(256)
 fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x;
+    jsd_row(wid.x, lid, false);
+}
+
+// The JSD's gradient with respect to the student logits, grpo-core's `jsd_backward_rows`:
+// grad[r, v] = c·p_v·((log p_v − log m_v) − K) with K = KL(p‖m) = Σ_v p_v (log p_v − log m_v)
+// (a second tree) and c = (g·(1 − β))·τ, g = upstream[row]. Validation words as `jsd`; stats =
+// (lse_p, lse_q, 0, K).
+@compute @workgroup_size(256)
+fn jsd_backward(@builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    jsd_row(wid.x, lid, true);
+}
+
+// One row pair of `jsd` (the JSD's value) or, with `gradient`, of `jsd_backward`.
+fn jsd_row(row: u32, lid: u32, gradient: bool) {
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
@@ -1020,7 +1053,8 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
     let ln_sp = log(rmax(rp.s + 1.0, 1.0));
     let ln_sq = log(rmax(rq.s + 1.0, 1.0));
     let usable = rp.s >= 0.0 && rq.s >= 0.0;
-    // Pass 2: the lane's sum of terms (same strided columns as pass 1).
+    // Pass 2: the lane's sum of terms (same strided columns as pass 1): the JSD's, or for the
+    // gradient the student's p (log p − log m).
     var acc = 0.0;
     if row_ok && usable {
         let start = params.base + row * params.vocab;
@@ -1032,7 +1066,13 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
             let q_on = is_finite_bits(xq);
             let lp = select(LOGP_MIN, jsd_logp(xp, rp, ln_sp), p_on);
             let lq = select(LOGP_MIN, jsd_logp(xq, rq, ln_sq), q_on);
-            acc = acc + jsd_term(lp, lq, p_on, q_on);
+            if gradient {
+                if p_on {
+                    acc = acc + exp(lp) * jsd_log_ratio(lp, lq, q_on);
+                }
+            } else {
+                acc = acc + jsd_term(lp, lq, p_on, q_on);
+            }
         }
     }
     // Fixed pairwise tree over the lane sums (in `wt`; every invocation read slot 0 of the
@@ -1045,6 +1085,25 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
             wt[lid] = wt[lid] + wt[lid + stride];
         }
         workgroupBarrier();
+    }
+    let total = wt[0];
+    // Pass 3 (gradient): every column of the row; a masked student column gets 0.
+    if gradient && row_ok && usable {
+        let start = params.base + row * params.vocab;
+        let c = (upstream[row] * params.one_minus_beta) * params.inv_temp;
+        for (var v = lid; v < params.vocab; v += WG) {
+            let xp = load_logit(start + v) * params.inv_temp;
+            let xq = load_teacher(start + v) * params.inv_temp;
+            let p_on = is_finite_bits(xp);
+            let q_on = is_finite_bits(xq);
+            var g = 0.0;
+            if p_on {
+                let lp = jsd_logp(xp, rp, ln_sp);
+                let lq = select(LOGP_MIN, jsd_logp(xq, rq, ln_sq), q_on);
+                g = (exp(lp) * (jsd_log_ratio(lp, lq, q_on) - total)) * c;
+            }
+            grad[row * params.vocab + v] = g;
+        }
     }
     let bad_p = atomicLoad(&wbad);
     let bad_q = atomicLoad(&wbad_q);
@@ -1060,8 +1119,9 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
         stats[row * 4u] = rp.m + ln_sp;
         stats[row * 4u + 1u] = rq.m + ln_sq;
         stats[row * 4u + 2u] = 0.0;
-        // grpo-core clamps the sum at 0 (rounding can leave a tiny negative for equal rows).
-        stats[row * 4u + 3u] = rmax(wt[0], 0.0);
+        // grpo-core clamps the JSD at 0 (rounding can leave a tiny negative for equal rows); the
+        // gradient's K is used as it is.
+        stats[row * 4u + 3u] = select(rmax(total, 0.0), total, gradient);
         status[row * 4u] = bad_p;
         status[row * 4u + 1u] = flags;
         status[row * 4u + 2u] = bad_q;

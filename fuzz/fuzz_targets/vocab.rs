@@ -5,7 +5,7 @@
 //! that does not, and the backward from those states the gradient of the one that recomputes
 //! them; from altered states it may return anything but a panic (its documented precondition).
 //! Likewise the KL forward that saves its pair states, and the backward (with a KL term) from
-//! them.
+//! them. The JSD's gradient is checked for panics, finiteness and untouched outputs.
 #![no_main]
 
 use grpo_core::Result;
@@ -319,6 +319,23 @@ fuzz_target!(|inp: Input| {
         for r in 0..rows {
             assert_eq!(bits(singles[r].jsd), Ok([j[r].to_bits()]));
         }
+    }
+    // The JSD's gradient: finite, or its error with the output untouched; it makes the JSD's
+    // checks, so where it succeeds the JSD of its rows does too. In bf16 storage as well.
+    let mut jg = fresh(z.len());
+    let jres = vocab::jsd_backward_rows(&z, &w, vocab, beta, temperature, &weights, &mut jg);
+    if check(jres, &[&jg]) {
+        let mut jj = fresh(z.len() / vocab);
+        assert!(jsd_rows(&z, &w, vocab, beta, temperature, &mut jj).is_ok());
+    }
+    if inp.bf16 {
+        let (zb, wb) = (
+            z.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+            w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+        );
+        let mut jb = fresh(z.len());
+        let jres = vocab::jsd_backward_rows(&zb, &wb, vocab, beta, temperature, &weights, &mut jb);
+        check(jres, &[&jb]);
     }
 
     let terms = GradTerms {

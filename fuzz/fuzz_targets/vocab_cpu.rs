@@ -148,6 +148,8 @@ struct Case<'a> {
     /// The terms of the backward from saved states: `terms` without its KL term, unless the
     /// input keeps it (grpo-core's `InvalidParam{name: "kl"}`).
     saved_terms: GradTerms<'a, u32, f32>,
+    /// The JSD gradient's weights (the KL term's, whether or not `terms` has one).
+    jsd_grad: &'a [f32],
 }
 
 /// A saved state's bits, for equality with NaN payloads and signed zeros told apart.
@@ -295,6 +297,11 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     let mut kl = vec![SENTINEL; c.out];
     let _ = vocab::kl_rows_saved(z, c.teacher, v, t, c.dir, &mut kl, &mut pairs);
     from_saved(c, z, &pairs, &c.terms);
+    // The JSD's gradient.
+    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
+        None => vocab::jsd_backward_rows(z, c.teacher, v, c.beta, t, c.jsd_grad, g),
+        Some(cpu) => cpu.jsd_backward_rows(z, c.teacher, v, c.beta, t, c.jsd_grad, g),
+    });
 }
 
 fuzz_target!(|inp: Input| {
@@ -371,6 +378,7 @@ fuzz_target!(|inp: Input| {
                 direction: dir,
             }),
         },
+        jsd_grad: &g_kl,
     };
 
     // Forward in f32 and one 16-bit type; the backwards in every storage type. (Each kernel is

@@ -13,6 +13,7 @@ pub(crate) const KERNELS: &[&str] = &[
     "kl",
     "kl_saved",
     "jsd",
+    "jsd_backward",
     "backward",
     "backward_in_place",
     "backward_kl",
@@ -129,7 +130,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
     let needs_teacher = c
         .kernels
         .iter()
-        .any(|k| k.starts_with("kl") || matches!(*k, "jsd" | "backward_kl" | "backward_kl_saved"));
+        .any(|k| k.starts_with("kl") || k.starts_with("jsd") || k.starts_with("backward_kl"));
     let w: Vec<S> = if needs_teacher {
         logits(2, n, c.masked).into_iter().map(&conv).collect()
     } else {
@@ -166,6 +167,9 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             // Distillation: student and teacher read, the student's gradient written (twice
             // read by `backward_kl`, once by `backward_kl_saved`).
             "backward_kl" | "backward_kl_saved" => (2 * n * size, n * 4),
+            // The JSD's gradient reads both rows three times (statistics, KL(p‖m), gradient):
+            // counted once.
+            "jsd_backward" => (2 * n * size, n * 4),
             "backward_in_place" => (n * size, n * size),
             _ => (n * size, 0),
         };
@@ -284,6 +288,10 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     "backward_kl_saved" => {
                         let t = c.temperature;
                         cpu.backward_rows_saved(&z, c.vocab, t, &pairs, &terms, &mut grad)
+                    }
+                    "jsd_backward" => {
+                        let t = c.temperature;
+                        cpu.jsd_backward_rows(&z, &w, c.vocab, 0.5, t, &halves, &mut grad)
                     }
                     _ => cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad),
                 };

@@ -97,6 +97,7 @@ impl ShaderId {
                 "kl",
                 "kl_saved",
                 "jsd",
+                "jsd_backward",
             ],
             ShaderId::Advantage => &[
                 "group_stats",

@@ -148,6 +148,22 @@ pub struct VocabKernel<'c> {
     ctx: &'c GpuContext,
 }
 
+/// What a row-pair dispatch ([`VocabKernel::pair_rows`]) writes to binding 6 besides its
+/// stats and status words.
+#[derive(Clone, Copy)]
+enum PairOut<'a> {
+    /// Nothing.
+    Stats,
+    /// This many floats per row (the saved pair states).
+    Saved(usize),
+    /// Each row's gradient (`vocab` floats), from the rows' weights (one per row of the batch),
+    /// bound at 7.
+    Grad(&'a [f32]),
+}
+
+/// The status flags of the JSD entry points that send a row to grpo-core's checks on the host.
+const JSD_FLAGGED: u32 = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
+
 struct RowChunk {
     first: usize,
     rows: usize,
@@ -1014,7 +1030,7 @@ impl<'c> VocabKernel<'c> {
                     vocab,
                     rows,
                     params,
-                    0,
+                    PairOut::Stats,
                     wait,
                     kept,
                     |row, w, st, _| {
@@ -1048,7 +1064,7 @@ impl<'c> VocabKernel<'c> {
                 vocab,
                 rows,
                 params,
-                8,
+                PairOut::Saved(8),
                 wait,
                 kept,
                 |row, w, st, sv| {
@@ -1213,15 +1229,7 @@ impl<'c> VocabKernel<'c> {
         // else.
         grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
         let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
-        let omb = 1.0 - beta;
-        let params = VocabParams {
-            beta,
-            one_minus_beta: omb,
-            neg_ln_beta: -beta.ln(),
-            neg_ln_one_minus_beta: -omb.ln(),
-            ..VocabParams::new(0, vocab, 0, tau)
-        };
-        let flagged = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
+        let params = Self::jsd_params(vocab, tau, beta);
         let vals = self
             .pair_rows(
                 "jsd",
@@ -1230,11 +1238,11 @@ impl<'c> VocabKernel<'c> {
                 vocab,
                 rows,
                 params,
-                0,
+                PairOut::Stats,
                 wait,
                 Kept::NONE,
                 |row, w, st, _| {
-                    if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & flagged != 0 {
+                    if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & JSD_FLAGGED != 0 {
                         Self::check_pair(student, teacher, vocab, row, tau)?;
                     }
                     Ok(st[3])
@@ -1243,6 +1251,177 @@ impl<'c> VocabKernel<'c> {
             .await?;
         out.copy_from_slice(&vals);
         Ok(())
+    }
+
+    /// The gradient of the generalised JSD with respect to the student logits, grpo-core's
+    /// `vocab::jsd_backward_rows` on the GPU: `grad[r, v] = g[r]·∂JSD_β,r/∂z[r, v]`
+    /// `= g[r]·(1 − β)·p_v·(log p_v − log m_v − KL(p‖m))/T` with `p = softmax(student/T)`,
+    /// `q = softmax(teacher/T)`, `m = β q + (1 − β) p` (the teacher is a constant; derivation in
+    /// grpo-core). One dispatch per chunk of rows, three reads of each row pair (the row
+    /// statistics, `KL(p‖m)`, the gradient) and one write. `log p_v − log m_v` is taken
+    /// relative to `max(log p_v, log q_v)` as in [`VocabKernel::jsd`], so the gradient is
+    /// within the tolerance of the other GPU gradients, not grpo-core's bits. A masked student
+    /// entry gets 0; a masked teacher entry `(1 − β)·p_v·(−ln(1 − β) − KL(p‖m))/T`.
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Identical rows: m = p, the JSD is at its minimum and its gradient is 0.
+    /// let z = [0.5f32, -1.0, 2.0];
+    /// let mut grad = [9.0f32; 3];
+    /// let k = VocabKernel::new(&ctx);
+    /// k.jsd_backward(&z, &z, 3, 0.5, 1.0, &[1.0], &mut grad)?;
+    /// assert!(grad.iter().all(|g| g.abs() < 1e-6));
+    /// // Against grpo-core.
+    /// let w = [1.0f32, 0.0, -0.5];
+    /// let mut want = [0.0f32; 3];
+    /// grpo_core::vocab::jsd_backward_rows(&z, &w, 3, 0.3, 0.7, &[2.0], &mut want)?;
+    /// k.jsd_backward(&z, &w, 3, 0.3, 0.7, &[2.0], &mut grad)?;
+    /// assert!(grad.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// grpo-core's ([`jsd_backward_args`](grpo_core::vocab::validate::jsd_backward_args)
+    /// first), in its order, with its names (`out` is `grad` here, `grad_jsd` is `g`):
+    /// `InvalidParam { name: "temperature" }` (also for `T < 1e-6`), `InvalidParam { name:
+    /// "beta" }` unless `0 < β < 1`, `InvalidParam { name: "vocab" }`, `LengthMismatch { what:
+    /// "student" | "teacher" | "out" | "grad_jsd" }`, a weight that is not finite or above 1e9,
+    /// then row by row the checks of [`VocabKernel::jsd`]. Then this backend's
+    /// [`GpuError::TooLarge`] and, for f16, [`GpuError::MissingFeature`]. On `Err`, `grad` is
+    /// untouched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn jsd_backward<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+        grad: &mut [f32],
+    ) -> Result<()> {
+        let f = self.jsd_backward_with(
+            student,
+            teacher,
+            vocab,
+            beta,
+            temperature,
+            g,
+            grad,
+            Wait::Block,
+        );
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::jsd_backward`]: awaits the readbacks instead of blocking (same
+    /// results, same errors; `grad` untouched on `Err`).
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // p = [½, ½], q = [¼, ¾], β = ½: m = [3/8, 5/8], KL(p‖m) = ½ ln(4/3) + ½ ln(4/5),
+    /// // ∂JSD/∂z_0 = ½·½·(ln(4/3) − KL(p‖m)).
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+    /// let mut grad = [0.0f32; 2];
+    /// let k = VocabKernel::new(&ctx);
+    /// let fut = k.jsd_backward_async(&z, &w, 2, 0.5, 1.0, &[1.0], &mut grad);
+    /// // Any executor drives the future; pollster blocks on it here.
+    /// pollster::block_on(fut)?;
+    /// let kl = 0.5 * (4.0f32 / 3.0).ln() + 0.5 * (4.0f32 / 5.0).ln();
+    /// let want = 0.25 * ((4.0f32 / 3.0).ln() - kl);
+    /// assert!((grad[0] - want).abs() < 1e-6 && (grad[0] + grad[1]).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn jsd_backward_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+        grad: &mut [f32],
+    ) -> Result<()> {
+        self.jsd_backward_with(
+            student,
+            teacher,
+            vocab,
+            beta,
+            temperature,
+            g,
+            grad,
+            Wait::Await,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn jsd_backward_with<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+        grad: &mut [f32],
+        wait: Wait,
+    ) -> Result<()> {
+        let (tau, rows) = grpo_core::vocab::validate::jsd_backward_args(
+            student.len(),
+            teacher.len(),
+            vocab,
+            beta,
+            temperature,
+            g,
+            grad.len(),
+        )?;
+        self.check_limits::<L>(vocab)?;
+        let params = Self::jsd_params(vocab, tau, beta);
+        // Each row's gradient goes to `staged` as the rows pass their checks: `grad` is written
+        // only when every row has.
+        let mut staged = vec![0.0f32; rows * vocab];
+        self.pair_rows(
+            "jsd_backward",
+            student,
+            teacher,
+            vocab,
+            rows,
+            params,
+            PairOut::Grad(g),
+            wait,
+            Kept::NONE,
+            |row, w, _, row_grad| {
+                if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & JSD_FLAGGED != 0 {
+                    Self::check_pair(student, teacher, vocab, row, tau)?;
+                }
+                staged[row * vocab..(row + 1) * vocab].copy_from_slice(row_grad);
+                Ok(())
+            },
+        )
+        .await?;
+        grad.copy_from_slice(&staged);
+        Ok(())
+    }
+
+    /// The JSD entry points' parameters: β and 1 − β as grpo-core rounds them, and −ln β,
+    /// −ln(1 − β) from the host.
+    fn jsd_params(vocab: usize, tau: f32, beta: f32) -> VocabParams {
+        let omb = 1.0 - beta;
+        VocabParams {
+            beta,
+            one_minus_beta: omb,
+            neg_ln_beta: -beta.ln(),
+            neg_ln_one_minus_beta: -omb.ln(),
+            ..VocabParams::new(0, vocab, 0, tau)
+        }
     }
 
     /// One dispatch of a per-row entry point (`forward`, `backward`) over chunk `c`: the
@@ -1303,11 +1482,12 @@ impl<'c> VocabKernel<'c> {
         Ok(tau)
     }
 
-    /// A row-pair entry point (`kl`, `kl_saved`, `jsd`) over every row, one dispatch per
-    /// chunk: `first`'s rows in binding 0, `second`'s in binding 5, `params` with `rows` and
-    /// `base` set per chunk, and when `saved > 0` that many floats per row out of binding 6.
-    /// `finish(row, status words, stats, saved)` turns each row's shader results (its 4 status
-    /// words, its 4 stats and its `saved` floats) into the row's output or grpo-core's error.
+    /// A row-pair entry point (`kl`, `kl_saved`, `jsd`, `jsd_backward`) over every row, one
+    /// dispatch per chunk: `first`'s rows in binding 0, `second`'s in binding 5, `params` with
+    /// `rows` and `base` set per chunk, and what `out` asks for out of binding 6 (with, for a
+    /// gradient, the rows' weights in binding 7). `finish(row, status words, stats, out)` turns
+    /// each row's shader results (its 4 status words, its 4 stats and its floats of binding 6)
+    /// into the row's output or grpo-core's error.
     #[allow(clippy::too_many_arguments)]
     async fn pair_rows<L: LogitStorage, T>(
         &self,
@@ -1317,13 +1497,18 @@ impl<'c> VocabKernel<'c> {
         vocab: usize,
         rows: usize,
         params: VocabParams,
-        saved: usize,
+        out: PairOut<'_>,
         wait: Wait,
         kept: Kept<'_>,
         mut finish: impl FnMut(usize, &[u32], &[f32], &[f32]) -> Result<T>,
     ) -> Result<Vec<T>> {
+        let (saved, out_elem) = match out {
+            PairOut::Stats => (0, 0),
+            PairOut::Saved(n) => (n, 0),
+            PairOut::Grad(_) => (vocab, 4),
+        };
         let mut vals = Vec::with_capacity(rows);
-        for c in self.chunks(rows, vocab, L::DTYPE.size(), 0)? {
+        for c in self.chunks(rows, vocab, L::DTYPE.size(), out_elem)? {
             let (bytes, base) = Self::upload(first, &c, vocab);
             let (tbytes, _) = Self::upload(second, &c, vocab);
             let params = VocabParams {
@@ -1340,6 +1525,10 @@ impl<'c> VocabKernel<'c> {
             ];
             if saved > 0 {
                 args.push((6, Arg::Out((c.rows * saved * 4) as u64)));
+            }
+            if let PairOut::Grad(g) = out {
+                let g = &g[c.first..c.first + c.rows];
+                args.push((7, Arg::In(bytemuck::cast_slice(g))));
             }
             let rb = self.ctx.submit(
                 ShaderId::Vocab(L::DTYPE),

@@ -162,10 +162,11 @@ impl Case<f32> {
 }
 
 /// The calls [`check_all`] makes of grpo-core (and of every `Cpu`): six forward (stats, two
-/// log-prob, two KL, JSD), four backward term sets × out of place and in place, the forward
+/// log-prob, two KL, JSD), the JSD's gradient (weighted by `g_kl`), four backward term sets ×
+/// out of place and in place, the forward
 /// that saves its row states and two term sets × two backwards from them, the KL forward that
 /// saves its pair states in both directions and the four term sets × two backwards from them.
-const CALLS: usize = 29;
+const CALLS: usize = 30;
 
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
 /// among its [`CALLS`] calls.
@@ -200,6 +201,8 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
     let k0f = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::Forward, &mut kf0);
     let k0r = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::Reverse, &mut kr0);
     let j0r = grpo_core::vocab::jsd_rows(z, w, v, c.beta, t, &mut j0);
+    let mut jg0 = grad();
+    let jb0 = grpo_core::vocab::jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg0);
     // backward with several term sets
     let term_sets: Vec<GradTerms<'_, u32, U>> = vec![
         GradTerms {
@@ -289,6 +292,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         (&k0f, [&kf0[..], &kf0[..]], "kl fwd"),
         (&k0r, [&kr0[..], &kr0[..]], "kl rev"),
         (&j0r, [&j0[..], &j0[..]], "jsd"),
+        (&jb0, [&jg0[..], &jg0[..]], "jsd backward"),
     ] {
         if r.is_err() {
             errors += 1;
@@ -367,6 +371,10 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         assert_eq!(bits(&kr), bits(&kr0), "kl rev {tag}");
         assert_eq!(cpu.jsd_rows(z, w, v, c.beta, t, &mut j), j0r, "jsd {tag}");
         assert_eq!(bits(&j), bits(&j0), "jsd {tag}");
+        let mut jg = grad();
+        let jb = cpu.jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg);
+        assert_eq!(jb, jb0, "jsd backward {tag}");
+        assert_eq!(bits(&jg), bits(&jg0), "jsd backward {tag}");
 
         for (k, terms) in term_sets.iter().enumerate() {
             let (r_ref, g_ref, ri_ref, zi_ref) = &b0[k];
@@ -473,6 +481,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         && k0f.is_ok()
         && k0r.is_ok()
         && j0r.is_ok()
+        && jb0.is_ok()
         && f0.is_ok()
         && kls0.iter().all(|k| k.1.is_ok())
         && b0
@@ -556,9 +565,9 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let case = || Case::<S>::new(4, 40, 11, 1.0);
     let set = |x: &mut [S], i: usize, v: f32| x[i] = S::from_f32(v);
     let ninf = f32::NEG_INFINITY;
-    // Calls that read the teacher: both KLs, the JSD, two KL term sets × two backwards, both
-    // saving KLs — and the eight backwards from the pair states.
-    const TEACHER: usize = 17;
+    // Calls that read the teacher: both KLs, the JSD and its gradient, two KL term sets × two
+    // backwards, both saving KLs — and the eight backwards from the pair states.
+    const TEACHER: usize = 18;
     // Calls that take targets: two forward, three term sets × two backwards, the saving
     // forward — and the four backwards from its states — and three term sets × two
     // backwards from the pair states.
@@ -614,12 +623,13 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     }
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
-    // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls fail.
+    // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls and the JSD's
+    // gradient fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 20);
+    expect(&small, "temperature 1e-7", 21);
     let mut beta = case();
     beta.beta = 1.0;
-    expect(&beta, "beta = 1", 1);
+    expect(&beta, "beta = 1", 2);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
     // The seven term sets with a log-prob term (one from saved row states, three from saved
@@ -627,8 +637,9 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     expect(&wts, "NaN logp weight", 14);
     let mut big = case();
     big.g_kl[1] = 2e9;
-    // The two KL term sets, recomputing and from pair states, out of place and in place.
-    expect(&big, "KL weight too large", 8);
+    // The two KL term sets, recomputing and from pair states, out of place and in place, and
+    // the JSD's gradient (which takes the same weights).
+    expect(&big, "KL weight too large", 9);
     let mut short = case();
     short.z.pop();
     expect(&short, "short logits", CALLS);
@@ -679,6 +690,14 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
     let jsd = |cpu: Option<&Cpu>, a: &mut [f32], _: &mut [f32]| match cpu {
         None => grpo_core::vocab::jsd_rows(z, w, v, 0.5, t, a),
         Some(cpu) => cpu.jsd_rows(z, w, v, 0.5, t, a),
+    };
+    // The JSD's gradient with `b.len()` weights.
+    let jsd_grad = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let g = vec![0.5f32; b.len()];
+        match cpu {
+            None => grpo_core::vocab::jsd_backward_rows(z, w, v, 0.5, t, &g, a),
+            Some(cpu) => cpu.jsd_backward_rows(z, w, v, 0.5, t, &g, a),
+        }
     };
     let backward = |cpu: Option<&Cpu>, a: &mut [f32], _: &mut [f32]| match cpu {
         None => grpo_core::vocab::backward_rows(z, v, t, &terms, a),
@@ -744,7 +763,7 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         }
     };
     // (operation, first output's length, second output's length)
-    let calls: [(&str, Call<'_>, usize, usize); 17] = [
+    let calls: [(&str, Call<'_>, usize, usize); 19] = [
         ("stats, short lse", &stats, 3, 4),
         ("stats, long entropy", &stats, 4, 5),
         ("logprob_entropy, short logp", &fused, 3, 4),
@@ -752,6 +771,8 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         ("logprob, long logp", &logprob, 5, 0),
         ("kl, short", &kl, 3, 0),
         ("jsd, long", &jsd, 5, 0),
+        ("jsd gradient, short out", &jsd_grad, 159, 4),
+        ("jsd gradient, long weights", &jsd_grad, 160, 5),
         ("backward, short", &backward, 159, 0),
         ("backward, long", &backward, 161, 0),
         ("saving forward, short states", &saving, 4, 3),

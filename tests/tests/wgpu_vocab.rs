@@ -1016,6 +1016,337 @@ fn jsd_f16_matches_grpo_core() {
     );
 }
 
+// The JSD's gradient: grpo-wgpu against grpo-core's `jsd_backward_rows` (same stored values,
+// same errors), within the `JsdGrad` entry of the tolerance table.
+
+/// Largest |gpu − core| as a share of its allowance, and how many elements were compared.
+#[derive(Debug, Default)]
+struct JsdGradErr {
+    share: f64,
+    elems: usize,
+}
+
+/// The `JsdGrad` allowance of each element of one row pair's gradient (f64 reference on the
+/// stored values): with `c = |g|(1 − β)/T`, `K = KL(p‖m)`, `m = β q + (1 − β) p` and the
+/// gradient `c·p_v·((log p_v − log m_v) − K)`,
+/// - `abs·c·p_v·(1 + K + |log p_v − log m_v|) + rel·|want_v|`: the error of each factor (see the
+///   table);
+/// - `c·p_v·(1 + |log p_v − log m_v − K|)·δ_v` with `δ_v = 2^−22·(|z_v| + |z_max| + |w_v| +
+///   |w_max|)/T`: the GPU divides each logit by T before it subtracts the row maximum (grpo-core
+///   after), so its log p_v and log q_v carry an absolute error of about one ULP of the scaled
+///   logits — large for logits far from 0 — which moves p_v and the log-ratio;
+/// - `(1 + 256·|g|/T)·2^−126`: WGSL may flush a subnormal result or probability to 0, and
+///   grpo-core flushes probabilities below about `2^−126` that the GPU keeps (its log mixture is
+///   relative to `max(log p, log q)`). A column changed that way has `p_v` and `q_v` near
+///   `2^−126`, so its gradient is below `|g|/T·2^−126` times its log-ratios (≤ 256 in
+///   magnitude) in either.
+fn jsd_grad_allowed(
+    dtype: Dtype,
+    (a, b): (&[f64], &[f64]),
+    (beta, temp, g): (f64, f64, f64),
+    want: &[f32],
+) -> Vec<f64> {
+    let tol = tolerance(Op::JsdGrad, dtype);
+    let (_, _, _, p) = reference(a, 0, temp);
+    let (_, _, _, q) = reference(b, 0, temp);
+    let lr: Vec<f64> = p
+        .iter()
+        .zip(&q)
+        .map(|(&p, &q)| {
+            if p > 0.0 {
+                (p / (beta * q + (1.0 - beta) * p)).ln()
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let k: f64 = p.iter().zip(&lr).map(|(p, l)| p * l).sum();
+    let c = g.abs() * (1.0 - beta) / temp;
+    let top = |x: &[f64]| {
+        x.iter().fold(
+            0.0f64,
+            |m, &z| if z.is_finite() { m.max(z.abs()) } else { m },
+        )
+    };
+    let (za, wa) = (top(a), top(b));
+    let fin = |x: f64| if x.is_finite() { x.abs() } else { 0.0 };
+    (0..p.len())
+        .map(|v| {
+            let delta = (fin(a[v]) + za + fin(b[v]) + wa) / temp / (1u64 << 22) as f64;
+            let factors = tol.abs * (1.0 + k + lr[v].abs());
+            let scaling = delta * (1.0 + (lr[v] - k).abs());
+            let flushed = (1.0 + 256.0 * g.abs() / temp) * f32::MIN_POSITIVE as f64;
+            c * p[v] * (factors + scaling) + tol.rel * (want[v] as f64).abs() + flushed
+        })
+        .collect()
+}
+
+/// The rows' weights of [`check_jsd_grad`]: signs and magnitudes that differ per row.
+const JSD_WEIGHTS: [f32; 3] = [1.0, -0.5, 3.0];
+
+fn check_jsd_grad<L: LogitStorage + grpo_core::vocab::Logit>(
+    k: &VocabKernel<'_>,
+    c: &JsdCase,
+    dtype: Dtype,
+    f: fn(f32) -> L,
+    err: &std::cell::RefCell<JsdGradErr>,
+) -> Result<(), TestCaseError> {
+    let s: Vec<L> = c.student.iter().map(|&x| f(x)).collect();
+    let t: Vec<L> = c.teacher.iter().map(|&x| f(x)).collect();
+    let g = &JSD_WEIGHTS[..c.rows];
+    let n = c.rows * c.vocab;
+    let mut want = vec![7f32; n];
+    let core = grpo_core::vocab::jsd_backward_rows(&s, &t, c.vocab, c.beta, c.temp, g, &mut want);
+    let mut got = vec![7f32; n];
+    let gpu = k.jsd_backward(&s, &t, c.vocab, c.beta, c.temp, g, &mut got);
+    if let Err(e) = core {
+        prop_assert_eq!(gpu, Err(GpuError::Core(e)));
+        prop_assert!(got.iter().all(|&x| x == 7.0));
+        return Ok(());
+    }
+    gpu.map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut e = err.borrow_mut();
+    for r in 0..c.rows {
+        let span = r * c.vocab..(r + 1) * c.vocab;
+        let row =
+            |x: &[L]| -> Vec<f64> { x[span.clone()].iter().map(|&z| z.to_f32() as f64).collect() };
+        let (beta, temp, gr) = (c.beta as f64, c.temp as f64, g[r] as f64);
+        let allowed = jsd_grad_allowed(
+            dtype,
+            (&row(&s), &row(&t)),
+            (beta, temp, gr),
+            &want[span.clone()],
+        );
+        for v in 0..c.vocab {
+            let i = r * c.vocab + v;
+            let d = (got[i] as f64 - want[i] as f64).abs();
+            e.share = e.share.max(d / allowed[v].max(f64::MIN_POSITIVE));
+            e.elems += 1;
+            prop_assert!(
+                d <= allowed[v],
+                "row {r} v {v}: gpu {} vs grpo-core {} (allowed {:e}); {c:?}",
+                got[i],
+                want[i],
+                allowed[v]
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_jsd_grad<L: LogitStorage + grpo_core::vocab::Logit>(
+    test: &str,
+    dtype: Dtype,
+    f: fn(f32) -> L,
+) {
+    let Some(ctx) = gpu::context(test) else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    if dtype == Dtype::F16 && !ctx.supports_f16() {
+        let h = [half::f16::ZERO];
+        let r = k.jsd_backward(&h, &h, 1, 0.5, 1.0, &[1.0], &mut [0.0]);
+        assert_eq!(
+            r,
+            Err(GpuError::MissingFeature {
+                feature: "SHADER_F16"
+            })
+        );
+        eprintln!("{test}: adapter lacks SHADER_F16; checked the error instead");
+        return;
+    }
+    let err = std::cell::RefCell::new(JsdGradErr::default());
+    gpu::runner()
+        .run(&jsd_case(), |c| check_jsd_grad(&k, &c, dtype, f, &err))
+        .unwrap();
+    let e = err.into_inner();
+    eprintln!(
+        "{test}: {} cases, {} gradient elements; max |gpu − grpo-core| / tolerance = {:.3}",
+        gpu::cases(),
+        e.elems,
+        e.share
+    );
+}
+
+#[test]
+fn jsd_gradient_f32_matches_grpo_core() {
+    run_jsd_grad("jsd_gradient_f32_matches_grpo_core", Dtype::F32, |x| x);
+}
+
+#[test]
+fn jsd_gradient_bf16_matches_grpo_core() {
+    run_jsd_grad(
+        "jsd_gradient_bf16_matches_grpo_core",
+        Dtype::Bf16,
+        half::bf16::from_f32,
+    );
+}
+
+#[test]
+fn jsd_gradient_f16_matches_grpo_core() {
+    run_jsd_grad(
+        "jsd_gradient_f16_matches_grpo_core",
+        Dtype::F16,
+        half::f16::from_f32,
+    );
+}
+
+/// Each invalid input of the JSD's gradient: grpo-core's error, in its order, and `grad`
+/// untouched; then a long row pair (several columns per invocation, a masked entry on each
+/// side) within the tolerance.
+#[test]
+fn jsd_gradient_errors_and_long_rows_match_grpo_core() {
+    let Some(ctx) = gpu::context("jsd_gradient_errors_and_long_rows_match_grpo_core") else {
+        return;
+    };
+    let k = VocabKernel::new(ctx);
+    let v = 5usize;
+    let z: Vec<f32> = (0..2 * v).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
+    let w: Vec<f32> = (0..2 * v).map(|i| (i as f32 * 1.3).cos() * 2.0).collect();
+    let set = |x: &[f32], i: usize, val: f32| {
+        let mut x = x.to_vec();
+        x[i] = val;
+        x
+    };
+    let ninf = f32::NEG_INFINITY;
+    let mut masked = w.clone();
+    masked[v..].fill(ninf);
+    // (label, student, teacher, β, T, weights, out length)
+    type Bad = (&'static str, Vec<f32>, Vec<f32>, f32, f32, Vec<f32>, usize);
+    let cases: Vec<Bad> = vec![
+        (
+            "T below 1e-6",
+            z.clone(),
+            w.clone(),
+            0.5,
+            1e-7,
+            vec![1.0; 2],
+            2 * v,
+        ),
+        ("β = 0", z.clone(), w.clone(), 0.0, 1.0, vec![1.0; 2], 2 * v),
+        (
+            "β = 1 before lengths",
+            z.clone(),
+            w.clone(),
+            1.0,
+            1.0,
+            vec![1.0; 3],
+            9,
+        ),
+        (
+            "short teacher",
+            z.clone(),
+            w[1..].to_vec(),
+            0.5,
+            1.0,
+            vec![1.0; 2],
+            2 * v,
+        ),
+        (
+            "long out",
+            z.clone(),
+            w.clone(),
+            0.5,
+            1.0,
+            vec![1.0; 2],
+            2 * v + 1,
+        ),
+        (
+            "three weights",
+            z.clone(),
+            w.clone(),
+            0.5,
+            1.0,
+            vec![1.0; 3],
+            2 * v,
+        ),
+        (
+            "NaN weight",
+            z.clone(),
+            w.clone(),
+            0.5,
+            1.0,
+            vec![1.0, f32::NAN],
+            2 * v,
+        ),
+        (
+            "huge weight",
+            z.clone(),
+            w.clone(),
+            0.5,
+            1.0,
+            vec![2e9, 1.0],
+            2 * v,
+        ),
+        (
+            "NaN student",
+            set(&z, v + 2, f32::NAN),
+            w.clone(),
+            0.5,
+            1.0,
+            vec![1.0; 2],
+            2 * v,
+        ),
+        (
+            "+inf teacher",
+            z.clone(),
+            set(&w, 3, f32::INFINITY),
+            0.5,
+            1.0,
+            vec![1.0; 2],
+            2 * v,
+        ),
+        (
+            "masked teacher row",
+            z.clone(),
+            masked,
+            0.5,
+            1.0,
+            vec![1.0; 2],
+            2 * v,
+        ),
+    ];
+    for (label, s, t, beta, temp, g, n) in cases {
+        let mut want = vec![7f32; n];
+        let core = grpo_core::vocab::jsd_backward_rows(&s, &t, v, beta, temp, &g, &mut want);
+        let e = core.expect_err(label);
+        let mut got = vec![7f32; n];
+        let gpu = k.jsd_backward(&s, &t, v, beta, temp, &g, &mut got);
+        assert_eq!(gpu, Err(GpuError::Core(e)), "{label}");
+        assert!(got.iter().all(|&x| x == 7.0), "{label}: grad written");
+    }
+    // Long rows: 151936 columns against an unrelated teacher (K = KL(p‖m) well above 0), a
+    // masked entry on each side.
+    let vocab = 151_936usize;
+    let mut s: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+        .collect();
+    let mut t: Vec<f32> = (0..vocab)
+        .map(|i| ((i * 104_729) % 997) as f32 / 80.0 - 6.0)
+        .collect();
+    s[17] = ninf;
+    t[18] = ninf;
+    let (mut want, mut got) = (vec![0f32; vocab], vec![0f32; vocab]);
+    grpo_core::vocab::jsd_backward_rows(&s, &t, vocab, 0.3, 0.9, &[2.0], &mut want).unwrap();
+    k.jsd_backward(&s, &t, vocab, 0.3, 0.9, &[2.0], &mut got)
+        .unwrap();
+    let wide = |x: &[f32]| x.iter().map(|&z| z as f64).collect::<Vec<_>>();
+    let allowed = jsd_grad_allowed(Dtype::F32, (&wide(&s), &wide(&t)), (0.3, 0.9, 2.0), &want);
+    assert_eq!(got[17], 0.0);
+    let mut share = 0.0f64;
+    for i in 0..vocab {
+        let d = (got[i] as f64 - want[i] as f64).abs();
+        share = share.max(d / allowed[i].max(f64::MIN_POSITIVE));
+        assert!(
+            d <= allowed[i],
+            "v {i}: gpu {} vs grpo-core {}",
+            got[i],
+            want[i]
+        );
+    }
+    eprintln!("JSD gradient at V = {vocab}: max |gpu − grpo-core| / tolerance = {share:.3}");
+}
+
 #[test]
 fn jsd_and_kl_long_rows_match_grpo_core() {
     // Rows of Qwen's 151936 columns (≈ 594 per invocation) and of MATH.md §5's largest 262144:

@@ -85,11 +85,14 @@
 //!
 //! The JSD's second pass (after the pair state gave both lse) sums [`jsd_step`] with
 //! [`canonical_sum`]: the same blocks, lanes, tree and tail, block sums merged pairwise by `+`.
+//! Its gradient sums [`jsd_student_step`] the same way, then computes each element by
+//! [`jsd_grad_step`].
 //!
 //! # What a backend mirrors, and what it calls
 //!
 //! Mirror (vectorise) exactly: [`block_max`] (any order), [`lse_block`], [`pair_block`],
-//! [`grad_step`] (with [`log_prob`]) and [`jsd_step`]/[`canonical_sum`]'s block part. Call
+//! [`grad_step`] (with [`log_prob`]), [`jsd_step`] / [`jsd_student_step`] /
+//! [`canonical_sum`]'s block part and [`jsd_grad_step`]. Call
 //! the scalar code of this
 //! crate for everything else: [`block_reference`] (with the running maximum carried from
 //! block to block in index order, as [`lse_row`] / [`pair_row`] do), [`fold_blocks`] with
@@ -875,8 +878,55 @@ pub fn finish_kl(st: &PairState) -> (f32, f32) {
 /// replaces `ln 0 = −∞`.
 pub const LN_FLOOR: f32 = -104.0;
 
+/// The per-row constants of the JSD's per-element steps: τ, both rows' [`LogSoftmax`], β and
+/// `omb` = 1 − β rounded once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JsdParams {
+    /// τ = 1/T.
+    pub tau: f32,
+    /// The student row's log-softmax.
+    pub lz: LogSoftmax,
+    /// The teacher row's log-softmax.
+    pub lw: LogSoftmax,
+    /// β, the teacher's weight in the mixture.
+    pub beta: f32,
+    /// 1 − β (one rounding).
+    pub omb: f32,
+}
+
+impl JsdParams {
+    /// From a merged pair state, τ and β.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_row, JsdParams};
+    /// let p = JsdParams::of(&pair_row(&[0.0f32, 0.0], &[1.0f32, 1.0], 1.0), 1.0, 0.25);
+    /// assert_eq!((p.lz.max, p.lw.max, p.omb), (0.0, 1.0, 0.75));
+    /// ```
+    #[inline]
+    pub fn of(st: &PairState, tau: f32, beta: f32) -> JsdParams {
+        JsdParams {
+            tau,
+            lz: LogSoftmax::of(&st.student()),
+            lw: LogSoftmax::of(&st.teacher()),
+            beta,
+            omb: 1.0 - beta,
+        }
+    }
+}
+
+/// The JSD's per-element quantities `(lp, lq, p, q, lm)` (specified in [`jsd_step`]).
+#[inline(always)]
+fn jsd_parts(z: f32, w: f32, j: &JsdParams) -> (f32, f32, f32, f32, f32) {
+    let lp = max_r(D_MIN, log_prob(z, j.tau, &j.lz));
+    let lq = max_r(D_MIN, log_prob(w, j.tau, &j.lw));
+    let p = exp_nonpos_clamped(lp);
+    let q = exp_nonpos_clamped(lq);
+    let lm = max_r(LN_FLOOR, ln(fma(j.beta, q, j.omb * p)));
+    (lp, lq, p, q, lm)
+}
+
 /// The per-element term of the JSD's second pass (`lz`, `lw` = [`LogSoftmax`] of each row,
-/// `omb` = 1 − β rounded once):
+/// `omb` = 1 − β rounded once, all in [`JsdParams`]):
 /// ```text
 /// lp = max_r(D_MIN, log_prob(z, τ, lz));  lq = max_r(D_MIN, log_prob(w, τ, lw))
 /// p  = exp_nonpos_clamped(lp);        q  = exp_nonpos_clamped(lq)
@@ -885,27 +935,61 @@ pub const LN_FLOOR: f32 = -104.0;
 /// ```
 ///
 /// ```
-/// use grpo_core::vocab::canon::{jsd_step, LogSoftmax};
+/// use grpo_core::vocab::canon::{jsd_step, JsdParams, LogSoftmax};
 /// // p_v = q_v: the term is 0
 /// let l = LogSoftmax { max: 1.0, neg_ln_sum: 0.0 };
-/// assert_eq!(jsd_step(0.0, 0.0, 1.0, &l, &l, 0.5, 0.5), 0.0);
+/// let j = JsdParams { tau: 1.0, lz: l, lw: l, beta: 0.5, omb: 0.5 };
+/// assert_eq!(jsd_step(0.0, 0.0, &j), 0.0);
 /// ```
 #[inline(always)]
-pub fn jsd_step(
-    z: f32,
-    w: f32,
-    tau: f32,
-    lz: &LogSoftmax,
-    lw: &LogSoftmax,
-    beta: f32,
-    omb: f32,
-) -> f32 {
-    let lp = max_r(D_MIN, log_prob(z, tau, lz));
-    let lq = max_r(D_MIN, log_prob(w, tau, lw));
-    let p = exp_nonpos_clamped(lp);
-    let q = exp_nonpos_clamped(lq);
-    let lm = max_r(LN_FLOOR, ln(fma(beta, q, omb * p)));
-    fma(beta * q, lq - lm, (omb * p) * (lp - lm))
+pub fn jsd_step(z: f32, w: f32, j: &JsdParams) -> f32 {
+    let (lp, lq, p, q, lm) = jsd_parts(z, w, j);
+    fma(j.beta * q, lq - lm, (j.omb * p) * (lp - lm))
+}
+
+/// The per-element term of `KL(p‖m)` (the student's half of the JSD, unweighted), which the
+/// JSD's gradient subtracts: `p·(lp − lm)` with the quantities of [`jsd_step`]. Its
+/// [`canonical_sum`] is the `K` of [`jsd_grad_step`].
+///
+/// ```
+/// use grpo_core::vocab::canon::{jsd_student_step, JsdParams, LogSoftmax};
+/// // two classes, p = [½, ½], q = [1, 0]-like: m_0 = β + ½(1 − β) at the first class
+/// let j = JsdParams {
+///     tau: 1.0,
+///     lz: LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 },
+///     lw: LogSoftmax { max: 0.0, neg_ln_sum: 0.0 },
+///     beta: 0.5,
+///     omb: 0.5,
+/// };
+/// let t = jsd_student_step(0.0, 0.0, &j); // ½·ln(½ / ¾)
+/// assert!((t - 0.5 * (2.0f32 / 3.0).ln()).abs() < 1e-7);
+/// ```
+#[inline(always)]
+pub fn jsd_student_step(z: f32, w: f32, j: &JsdParams) -> f32 {
+    let (lp, _, p, _, lm) = jsd_parts(z, w, j);
+    p * (lp - lm)
+}
+
+/// One element of the JSD's gradient with respect to the student logits: with `K` the row's
+/// `KL(p‖m)` (the [`canonical_sum`] of [`jsd_student_step`]) and `c = (g·omb)·τ` (the row's
+/// weight `g = ∂loss/∂JSD`, two roundings),
+/// ```text
+/// grad = (p·((lp − lm) − K))·c
+/// ```
+/// with the quantities of [`jsd_step`]: `∂JSD_β/∂z_v = (1 − β)·p_v·(log p_v − log m_v −
+/// KL(p‖m))/T` (see `vocab::jsd_backward_rows`).
+///
+/// ```
+/// use grpo_core::vocab::canon::{jsd_grad_step, JsdParams, LogSoftmax};
+/// // identical rows: m = p, so lp − lm = 0 and K = 0: no gradient
+/// let l = LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// let j = JsdParams { tau: 1.0, lz: l, lw: l, beta: 0.5, omb: 0.5 };
+/// assert_eq!(jsd_grad_step(0.0, 0.0, &j, 0.0, 0.5), 0.0);
+/// ```
+#[inline(always)]
+pub fn jsd_grad_step(z: f32, w: f32, j: &JsdParams, k: f32, c: f32) -> f32 {
+    let (lp, _, p, _, lm) = jsd_parts(z, w, j);
+    (p * ((lp - lm) - k)) * c
 }
 
 /// Canonical sum of `f(i)` over `0..len`: per block, 16 strided lane sums, the tree, the tail in

@@ -1,6 +1,7 @@
 //! Vocabulary-wide reductions over logit rows (MATH.md §5): log-sum-exp, token
-//! log-probabilities, entropy, KL and JSD between a student and a teacher row, and the fused
-//! backward — for one row or a batch of rows `[rows, V]`. The backward either recomputes each
+//! log-probabilities, entropy, KL and JSD between a student and a teacher row, the fused
+//! backward and the JSD's gradient ([`jsd_backward_rows`]) — for one row or a batch of rows
+//! `[rows, V]`. The backward either recomputes each
 //! row's statistics ([`backward_rows`]) or takes the row states a forward saved
 //! ([`logprob_entropy_rows_saved`] or, for distillation, [`kl_rows_saved`] →
 //! [`backward_rows_saved`]: one pass over the logits instead of two, the same bits).
@@ -48,7 +49,8 @@ mod saved;
 /// targets, then row by row).
 pub mod validate {
     pub use super::ops::{
-        backward, backward_args, inverse_temperature, row, support, target, weights,
+        backward, backward_args, inverse_temperature, jsd_backward_args, row, support, target,
+        weights,
     };
     pub use super::saved::{backward_saved, saved};
 }
@@ -56,9 +58,9 @@ pub mod validate {
 pub use canon::{Logit, LseState, PairState};
 pub use ops::{
     GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
-    backward_rows, backward_rows_in_place, entropy, jsd, jsd_rows, kl_divergence, kl_rows,
-    kl_rows_saved, log_sum_exp, logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved,
-    row_stats, stats_rows, token_logprob,
+    backward_rows, backward_rows_in_place, entropy, jsd, jsd_backward_rows, jsd_rows,
+    kl_divergence, kl_rows, kl_rows_saved, log_sum_exp, logprob_entropy, logprob_entropy_rows,
+    logprob_entropy_rows_saved, row_stats, stats_rows, token_logprob,
 };
 pub use saved::{
     MAX_SAVED_ENTROPY, MAX_SAVED_KL, SavedState, backward_rows_in_place_saved, backward_rows_saved,

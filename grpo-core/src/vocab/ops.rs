@@ -445,25 +445,17 @@ pub fn jsd<S: super::Logit, U: super::Logit>(
     temperature: f32,
 ) -> Result<f32> {
     let tau = inverse_temperature(temperature)?;
-    let (beta, omb) = beta_of(beta)?;
+    let (beta, _) = beta_of(beta)?;
     crate::error::ensure(!student.is_empty(), "vocab", "must be > 0")?;
     check_len("teacher", student.len(), teacher.len())?;
     scan_pair(student, teacher, tau, None, 0, 0)?;
-    Ok(jsd_row(student, teacher, tau, beta, omb))
+    Ok(jsd_row(student, teacher, tau, beta))
 }
 
-fn jsd_row<S: super::Logit, U: super::Logit>(
-    z: &[S],
-    w: &[U],
-    tau: f32,
-    beta: f32,
-    omb: f32,
-) -> f32 {
-    let st = canon::pair_row(z, w, tau);
-    let lz = canon::LogSoftmax::of(&st.student());
-    let lw = canon::LogSoftmax::of(&st.teacher());
+fn jsd_row<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32, beta: f32) -> f32 {
+    let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
     let s = canon::canonical_sum(z.len(), |i| {
-        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), tau, &lz, &lw, beta, omb)
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), &j)
     });
     max_r(0.0, s)
 }
@@ -818,7 +810,7 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
 ) -> Result<()> {
     let rows = out.len();
     let tau = inverse_temperature(temperature)?;
-    let (beta, omb) = beta_of(beta)?;
+    let (beta, _) = beta_of(beta)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
     for r in 0..rows {
@@ -831,7 +823,6 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
             row_of(teacher, vocab, r),
             tau,
             beta,
-            omb,
         );
     }
     Ok(())
@@ -1187,4 +1178,160 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
         grad_row_over(&mut logits[r * vocab..(r + 1) * vocab], w, &c, y, kg);
     }
     Ok(())
+}
+
+/// Gradient of the generalised JSD with respect to the student logits, every row pair:
+/// `out[r, v] = g[r]·∂JSD_β,r/∂z[r, v]` \[arXiv 2306.13649; derivation ours\].
+///
+/// Formula (p = softmax(z/T) the student, q = softmax(w/T) the teacher, m = β q + (1 − β) p,
+/// `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` as in [`jsd`]): `∂JSD_β/∂p_v = (1 − β)(log p_v −
+/// log m_v)` (the terms through m cancel: `Σ_u (β q_u + (1 − β) p_u)/m_u · ∂m_u/∂p_v = 1 − β`),
+/// so through the softmax
+/// ```text
+/// ∂JSD_β/∂z_v = (1 − β) · p_v · (log p_v − log m_v − KL(p‖m)) / T
+/// ```
+/// It is finite everywhere (a masked student logit gets 0, a masked teacher one
+/// `(1 − β)·p_v·(−ln(1 − β) − KL(p‖m))/T`); the teacher is a constant (the gradient is for
+/// the student only). Per row: the pair statistics, then `K = KL(p‖m)` as the
+/// [`canonical_sum`](canon::canonical_sum) of [`canon::jsd_student_step`] (unclamped), then
+/// each element by [`canon::jsd_grad_step`] with `c = (g·(1 − β))·τ` — three passes over the
+/// row pair. This is the gradient of TRL's GKD loss (`generalized_jsd_loss`, which reports
+/// the same JSD_β) with respect to the student logits.
+///
+/// # Errors
+/// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]: `T ≥`
+/// [`MIN_GRAD_TEMPERATURE`]), `InvalidParam{name: "beta"}` unless `0 < β < 1`,
+/// `InvalidParam{name: "vocab"}` for `V = 0`, `LengthMismatch{what: "student" | "teacher" |
+/// "out" | "grad_jsd"}` (`rows = student.len() / V`), `NonFinite{what: "grad_jsd", index: r}`
+/// or `InvalidParam{name: "grad_jsd"}` for a weight that is not finite or above
+/// [`MAX_GRAD_WEIGHT`], then per row the checks of [`jsd_rows`] (`NonFinite` for NaN/+∞ at
+/// `r·V + v`, `EmptySegment{segment: r}` for an all-−∞ row). On `Err`, `out` is untouched.
+///
+/// ```
+/// use grpo_core::vocab::{jsd_backward_rows, jsd_rows};
+/// // one row pair; the gradient against a central difference of jsd_rows
+/// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+/// let mut g = [0.0f32; 3];
+/// jsd_backward_rows(&z, &w, 3, 0.5, 1.0, &[1.0], &mut g).unwrap();
+/// let jsd_at = |z: [f32; 3]| {
+///     let mut o = [0.0f32];
+///     jsd_rows(&z, &w, 3, 0.5, 1.0, &mut o).unwrap();
+///     o[0]
+/// };
+/// let h = 1e-2;
+/// let fd = (jsd_at([0.5 + h, -1.0, 2.0]) - jsd_at([0.5 - h, -1.0, 2.0])) / (2.0 * h);
+/// assert!((g[0] - fd).abs() < 1e-4, "{} vs {fd}", g[0]);
+/// // softmax is shift-invariant: the gradient sums to 0
+/// assert!((g[0] + g[1] + g[2]).abs() < 1e-6);
+/// ```
+pub fn jsd_backward_rows<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    grad: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let (tau, rows) =
+        check_jsd_backward(student, teacher, vocab, beta, temperature, grad, out.len())?;
+    for r in 0..rows {
+        jsd_grad_row(
+            row_of(student, vocab, r),
+            row_of(teacher, vocab, r),
+            tau,
+            beta,
+            grad[r],
+            &mut out[r * vocab..(r + 1) * vocab],
+        );
+    }
+    Ok(())
+}
+
+/// The checks of [`jsd_backward_rows`], in its order; returns `(τ, rows)`.
+fn check_jsd_backward<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    grad: &[f32],
+    out: usize,
+) -> Result<(f32, usize)> {
+    let (tau, rows) = jsd_backward_args(
+        student.len(),
+        teacher.len(),
+        vocab,
+        beta,
+        temperature,
+        grad,
+        out,
+    )?;
+    for r in 0..rows {
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        scan_pair(z, w, tau, None, r * vocab, r)?;
+    }
+    Ok((tau, rows))
+}
+
+/// The checks of [`jsd_backward_rows`] that read no logit (its first ones, in its order; the
+/// slices by their lengths, the weights themselves): the temperature (with the gradients'
+/// minimum), β, `vocab > 0`, the lengths of `student`, `teacher`, `out` and `grad_jsd`, the
+/// weights. Returns `(τ, rows)`. Public so that a backend can check its arguments before it
+/// reads the rows on a device.
+///
+/// # Errors
+/// As [`jsd_backward_rows`], but no row check.
+///
+/// ```
+/// use grpo_core::vocab::validate::jsd_backward_args;
+/// assert_eq!(jsd_backward_args(6, 6, 3, 0.5, 0.5, &[1.0; 2], 6), Ok((2.0, 2)));
+/// // β = 1 is a KL divergence, not a JSD
+/// assert!(jsd_backward_args(6, 6, 3, 1.0, 0.5, &[1.0; 2], 6).is_err());
+/// // one weight per row
+/// assert!(jsd_backward_args(6, 6, 3, 0.5, 0.5, &[1.0; 3], 6).is_err());
+/// ```
+pub fn jsd_backward_args(
+    student: usize,
+    teacher: usize,
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    grad: &[f32],
+    out: usize,
+) -> Result<(f32, usize)> {
+    let tau = inverse_temperature(temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
+    beta_of(beta)?;
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let rows = student / vocab;
+    rows_of("student", student, vocab, rows)?;
+    rows_of("teacher", teacher, vocab, rows)?;
+    check_len("out", student, out)?;
+    check_len("grad_jsd", rows, grad.len())?;
+    weights("grad_jsd", grad, rows)?;
+    Ok((tau, rows))
+}
+
+/// [`jsd_backward_rows`] of one validated row pair into `o`.
+fn jsd_grad_row<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: &[U],
+    tau: f32,
+    beta: f32,
+    g: f32,
+    o: &mut [f32],
+) {
+    let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
+    let k = canon::canonical_sum(z.len(), |i| {
+        canon::jsd_student_step(z[i].to_f32(), w[i].to_f32(), &j)
+    });
+    let c = (g * j.omb) * tau;
+    for (v, o) in o.iter_mut().enumerate() {
+        *o = canon::jsd_grad_step(z[v].to_f32(), w[v].to_f32(), &j, k, c);
+    }
 }

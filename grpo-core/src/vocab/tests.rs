@@ -818,6 +818,11 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
             let got = jsd_rows(&zz, &ww, v, c.beta, t, &mut o1);
             assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_rows");
             assert!(untouched(&o1), "{l}: jsd_rows wrote");
+            // the gradient makes the same checks in the same order (its own come first)
+            let mut og = vec![s; zz.len()];
+            let got = jsd_backward_rows(&zz, &ww, v, c.beta, t, &[1.0, -1.0], &mut og);
+            assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_backward_rows");
+            assert!(untouched(&og), "{l}: jsd_backward_rows wrote");
         }
     }
 }
@@ -1769,4 +1774,211 @@ fn pair_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     backward_rows_saved(&z, 4, 1.0, &saved, &no_kl, &mut a).unwrap();
     backward_rows_saved(&z, 4, 1.0, &lse, &no_kl, &mut b).unwrap();
     assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
+}
+
+// ---- JSD gradient ---------------------------------------------------------------------------
+
+/// f64 JSD_β of f64 student logits (the loss the finite differences differentiate).
+fn jsd64_of(z: &[f64], w: &[f32], beta: f64, t: f64) -> f64 {
+    let m = z.iter().map(|&x| x / t).fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + z.iter().map(|&x| (x / t - m).exp()).sum::<f64>().ln();
+    let lq = logp64(w, t);
+    let mut s = 0.0;
+    for (&x, &b) in z.iter().zip(&lq) {
+        let a = x / t - lse;
+        let (p, q) = (a.exp(), b.exp());
+        let mix = beta * q + (1.0 - beta) * p;
+        if q > 0.0 {
+            s += beta * q * (b - mix.ln());
+        }
+        if p > 0.0 {
+            s += (1.0 - beta) * p * (a - mix.ln());
+        }
+    }
+    s
+}
+
+/// The documented f64 gradient `(1 − β)·p_v·(log p_v − log m_v − KL(p‖m))/T`, times `g`, and
+/// the f32 error it allows per element: the difference `log p_v − log m_v` is taken between
+/// two f32 values of magnitude up to |log p_v| (each a few ULP off), and `K` carries a sum's
+/// error; both are absolute errors that `p_v·(1 − β)·g/T` scales. Log p_v's own error is a
+/// relative error of p_v.
+fn jsd_grad64(z: &[f32], w: &[f32], beta: f64, t: f64, g: f64) -> (Vec<f64>, Vec<f64>) {
+    let (lp, lq) = (logp64(z, t), logp64(w, t));
+    let lm: Vec<f64> = lp
+        .iter()
+        .zip(&lq)
+        .map(|(&a, &b)| (beta * b.exp() + (1.0 - beta) * a.exp()).ln())
+        .collect();
+    let k: f64 = (0..z.len())
+        .filter(|&v| lp[v] > f64::NEG_INFINITY)
+        .map(|v| lp[v].exp() * (lp[v] - lm[v]))
+        .sum();
+    let c = g * (1.0 - beta) / t;
+    (0..z.len())
+        .map(|v| {
+            let p = lp[v].exp();
+            if p == 0.0 {
+                (0.0, 0.0)
+            } else {
+                let d = c * p * (lp[v] - lm[v] - k);
+                // p_v itself is e^(log p_v) with log p_v's absolute error: relative
+                let rel = 2e-6 + 2e-7 * lp[v].abs();
+                (
+                    d,
+                    c.abs() * p * 1e-6 * (1.0 + lp[v].abs() + k) + rel * d.abs(),
+                )
+            }
+        })
+        .unzip()
+}
+
+#[test]
+fn jsd_backward_matches_finite_differences_and_the_analytic_form() {
+    let mut rng = Rng(17);
+    let g = -0.65f32;
+    // V = 200: 12 whole 16-lane chunks and a tail of 8; masked entries in either row (a
+    // masked teacher entry has a finite, non-zero gradient)
+    for (v, masked_z, masked_w) in [(37usize, 0usize, 0usize), (200, 3, 4)] {
+        for t in [0.8f32, 1.0] {
+            for beta in [0.1f32, 0.5, 0.9] {
+                let ctx = (v, t, beta);
+                let z = logits(&mut rng, v, 1.5, 1, masked_z);
+                let w = logits(&mut rng, v, 1.5, 1, masked_w);
+                let mut out = vec![7.25f32; 2 * v];
+                let (zz, ww) = ([&z[..], &z[..]].concat(), [&w[..], &w[..]].concat());
+                jsd_backward_rows(&zz, &ww, v, beta, t, &[g, 2.0 * g], &mut out).unwrap();
+                // row 1 is row 0 with twice the weight: the weight is a factor, applied once
+                for i in 0..v {
+                    assert_eq!(out[v + i], 2.0 * out[i], "{ctx:?} v={i}");
+                }
+                let (b64, t64) = (beta as f64, t as f64);
+                let (an, tol) = jsd_grad64(&z, &w, b64, t64, g as f64);
+                let z64: Vec<f64> = z.iter().map(|&x| x as f64).collect();
+                for i in 0..v {
+                    if z[i] == f32::NEG_INFINITY {
+                        assert_eq!(out[i], 0.0, "{ctx:?} masked v={i}");
+                        continue;
+                    }
+                    let h = 1e-5;
+                    let (mut zp, mut zm) = (z64.clone(), z64.clone());
+                    zp[i] += h;
+                    zm[i] -= h;
+                    let fd = g as f64 * (jsd64_of(&zp, &w, b64, t64) - jsd64_of(&zm, &w, b64, t64))
+                        / (2.0 * h);
+                    assert!(
+                        (fd - an[i]).abs() < 1e-8 + 1e-6 * an[i].abs(),
+                        "{ctx:?} v={i}: FD {fd} vs {}",
+                        an[i]
+                    );
+                    assert!(
+                        (out[i] as f64 - an[i]).abs() < tol[i],
+                        "{ctx:?} v={i}: {} vs {}",
+                        out[i],
+                        an[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn jsd_backward_is_accurate_at_a_large_vocabulary() {
+    let mut rng = Rng(23);
+    let v = 151_936;
+    for (beta, t) in [(0.5f32, 1.0f32), (0.2, 0.7)] {
+        let mut z = logits(&mut rng, v, 3.0, 4, 50);
+        z[10] = f32::NEG_INFINITY;
+        let mut w = logits(&mut rng, v, 3.0, 2, 50);
+        w[11] = f32::NEG_INFINITY;
+        let mut out = vec![0.0f32; v];
+        jsd_backward_rows(&z, &w, v, beta, t, &[1.0], &mut out).unwrap();
+        let (an, tol) = jsd_grad64(&z, &w, beta as f64, t as f64, 1.0);
+        let mut worst = 0.0f64;
+        for i in 0..v {
+            let e = (out[i] as f64 - an[i]).abs();
+            worst = worst.max(e / tol[i].max(f64::MIN_POSITIVE));
+            assert!(e <= tol[i], "β={beta} T={t} v={i}: {} vs {}", out[i], an[i]);
+        }
+        assert_eq!(out[10], 0.0);
+        assert!(out[11] != 0.0 && out[11].is_finite());
+        // shift invariance: the gradient sums to 0
+        let sum: f64 = out.iter().map(|&x| x as f64).sum();
+        assert!(sum.abs() < 1e-5, "{sum}");
+        std::eprintln!("jsd backward β={beta} T={t}: worst error / tolerance {worst:.3}");
+    }
+}
+
+#[test]
+fn jsd_backward_rejects_its_own_invalid_inputs_and_leaves_out_untouched() {
+    let z = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, 0.5];
+    let w = [1.0f32, 0.0, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0];
+    let s = 7.25f32;
+    let run = |z: &[f32], w: &[f32], beta: f32, t: f32, g: &[f32], n: usize| {
+        let mut out = vec![s; n];
+        let r = jsd_backward_rows(z, w, 4, beta, t, g, &mut out);
+        if r.is_err() {
+            assert!(
+                out.iter().all(|x| x.to_bits() == s.to_bits()),
+                "{r:?}: written"
+            );
+        } else {
+            assert!(out.iter().all(|x| x.is_finite()));
+        }
+        r
+    };
+    let name = |r: Result<(), Error>| match r {
+        Err(Error::InvalidParam { name, .. }) => name,
+        other => panic!("{other:?}"),
+    };
+    assert!(run(&z, &w, 0.5, 1.0, &[1.0, -1.0], 8).is_ok());
+    // the gradients' temperature minimum, before β
+    assert_eq!(name(run(&z, &w, 0.0, 0.9e-6, &[1.0; 2], 8)), "temperature");
+    assert!(run(&z, &w, 0.5, 1e-6, &[1.0; 2], 8).is_ok());
+    // β, before the lengths
+    assert_eq!(name(run(&z, &w, 1.0, 1.0, &[1.0; 3], 8)), "beta");
+    assert_eq!(
+        run(&z[..7], &w, 0.5, 1.0, &[1.0; 2], 8),
+        Err(Error::LengthMismatch {
+            what: "student",
+            expected: 4,
+            found: 7
+        })
+    );
+    assert_eq!(
+        run(&z, &w, 0.5, 1.0, &[1.0; 2], 9),
+        Err(Error::LengthMismatch {
+            what: "out",
+            expected: 8,
+            found: 9
+        })
+    );
+    assert_eq!(
+        run(&z, &w, 0.5, 1.0, &[1.0; 3], 8),
+        Err(Error::LengthMismatch {
+            what: "grad_jsd",
+            expected: 2,
+            found: 3
+        })
+    );
+    // weights before the rows: a NaN weight of row 1 before a NaN logit of row 0
+    let mut zn = z;
+    zn[2] = f32::NAN;
+    assert_eq!(
+        run(&zn, &w, 0.5, 1.0, &[1.0, f32::NAN], 8),
+        Err(Error::NonFinite {
+            what: "grad_jsd",
+            index: 1
+        })
+    );
+    assert_eq!(
+        run(&zn, &w, 0.5, 1.0, &[1.0, 1.0], 8),
+        Err(Error::NonFinite {
+            what: "student",
+            index: 2
+        })
+    );
+    assert_eq!(name(run(&z, &w, 0.5, 1.0, &[2e9, 1.0], 8)), "grad_jsd");
+    assert!(run(&z, &w, 0.5, 1.0, &[MAX_GRAD_WEIGHT, -MAX_GRAD_WEIGHT], 8).is_ok());
 }

@@ -19,7 +19,7 @@
 use core::marker::PhantomData;
 
 use grpo_core::vocab::canon::{
-    self, BLOCK, GradCoef, KlGrad, LOG_RATIO_FLOOR, LseState, PairState,
+    self, BLOCK, GradCoef, JsdParams, KlGrad, LOG_RATIO_FLOOR, LseState, PairState,
 };
 use grpo_core::vocab::exp_ln::D_MIN;
 
@@ -834,14 +834,21 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
     }
 }
 
-/// One JSD term per lane (grpo-core's `jsd_step`).
+/// Which per-element quantity of the JSD a pass sums: grpo-core's `jsd_step` (the JSD's own
+/// terms) or `jsd_student_step` (`p·(lp − lm)`, the `KL(p‖m)` of its gradient).
+const JSD_TERMS: bool = false;
+/// See [`JSD_TERMS`].
+const STUDENT_TERMS: bool = true;
+
+/// One term per lane: grpo-core's `jsd_step`, or `jsd_student_step` if `STUDENT`.
 #[inline(always)]
-fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
-    jsd_terms::<V, 1, 2, false>([z], [w], p)[0]
+fn jsd_term<V: F32x16, const STUDENT: bool>(z: V, w: V, p: &JsdParams) -> V {
+    jsd_terms::<V, 1, 2, false, STUDENT>([z], [w], p)[0]
 }
 
-/// [`jsd_term`] of `N` chunks at once (same bits per lane, interleaved chains; `M = 2N`
-/// exponentials).
+/// The JSD's per-element quantities of `N` chunk pairs at once (those of grpo-core's
+/// `jsd_step` per lane; interleaved chains, `M = 2N` exponentials): `(l, e, lm)` with `l = [lp₀, lq₀, lp₁,
+/// lq₁, …]`, `e` their exponentials (`[p₀, q₀, …]`) and `lm` each pair's log mixture.
 ///
 /// `NORMAL = true` is for chunks whose log-probabilities all lie in [`EXP_NORMAL_MIN`], 0]
 /// (checked by the caller, [`jsd_normal_domain`]): there the reference's clamps and special
@@ -852,11 +859,12 @@ fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
 /// float ≤ 1) and the floor `LN_FLOOR` = −104 (`ln` of that mixture is above −88). About 16 of
 /// the ~65 vector operations of a chunk pair (two exponentials, one logarithm).
 #[inline(always)]
-fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
+#[allow(clippy::type_complexity)]
+fn jsd_parts<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
     z: [V; N],
     w: [V; N],
     p: &JsdParams,
-) -> [V; N] {
+) -> ([V; M], [V; M], [V; N]) {
     let (tau, beta, omb) = (V::splat(p.tau), V::splat(p.beta), V::splat(p.omb));
     let dmin = V::splat(D_MIN);
     let (zm, zl) = (V::splat(p.lz.max), V::splat(p.lz.neg_ln_sum));
@@ -888,17 +896,50 @@ fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
             floor.max(ln(mix))
         };
     }
-    let mut out = [dmin; N];
+    (l, e, lm)
+}
+
+/// [`jsd_term`] of `N` chunk pairs at once (same bits per lane), from [`jsd_parts`].
+#[inline(always)]
+fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool, const STUDENT: bool>(
+    z: [V; N],
+    w: [V; N],
+    p: &JsdParams,
+) -> [V; N] {
+    let (l, e, lm) = jsd_parts::<V, N, M, NORMAL>(z, w, p);
+    let (beta, omb) = (V::splat(p.beta), V::splat(p.omb));
+    let mut out = [lm[0]; N];
     for k in 0..N {
         let (pe, qe, lp, lq) = (e[2 * k], e[2 * k + 1], l[2 * k], l[2 * k + 1]);
-        out[k] = beta
-            .mul(qe)
-            .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])));
+        out[k] = if STUDENT {
+            pe.mul(lp.sub(lm[k]))
+        } else {
+            beta.mul(qe)
+                .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])))
+        };
     }
     out
 }
 
-/// Whether [`jsd_terms`]' `NORMAL` form applies to a block whose whole chunks' smallest
+/// grpo-core's `jsd_grad_step` of `N` chunk pairs at once: `(p·((lp − lm) − k))·c`.
+#[inline(always)]
+fn jsd_grads<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
+    z: [V; N],
+    w: [V; N],
+    p: &JsdParams,
+    k: f32,
+    c: f32,
+) -> [V; N] {
+    let (l, e, lm) = jsd_parts::<V, N, M, NORMAL>(z, w, p);
+    let (k, c) = (V::splat(k), V::splat(c));
+    let mut out = [k; N];
+    for j in 0..N {
+        out[j] = e[2 * j].mul(l[2 * j].sub(lm[j]).sub(k)).mul(c);
+    }
+    out
+}
+
+/// Whether [`jsd_parts`]' `NORMAL` form applies to a block whose whole chunks' smallest
 /// logits are `zlow` and `wlow`: each smallest log-probability `(low − max)·τ − ln s`,
 /// rounded as the step rounds it, is at least [`EXP_NORMAL_MIN`]. The rounding is monotone
 /// and τ > 0, so no other logit gives a smaller one; a −∞ logit (masked vocabulary) answers
@@ -911,11 +952,30 @@ fn jsd_normal_domain<V: F32x16>(zlow: f32, wlow: f32, p: &JsdParams) -> bool {
     lp >= EXP_NORMAL_MIN && lq >= EXP_NORMAL_MIN
 }
 
-/// The JSD terms of whole chunk pairs summed into `acc` (16 lanes, index order), two chunks
-/// per iteration (four exponentials and two logarithms in flight), in [`jsd_terms`]' `NORMAL`
-/// form or the reference's.
+/// Whether the `NORMAL` form applies to these whole chunks (never for lanes without
+/// `SPECIALIZED_LOOPS`, which compile the general form only): a scan of their minima, which
+/// also brings them into L1 for the step.
 #[inline(always)]
-fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
+fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
+    zc: &[[S; 16]],
+    wc: &[[U; 16]],
+    p: &JsdParams,
+) -> bool {
+    if const { !V::SPECIALIZED_LOOPS } {
+        return false;
+    }
+    let (zlow, wlow) = (
+        block_max_min::<V, S>(zc, &[]).1,
+        block_max_min::<V, U>(wc, &[]).1,
+    );
+    jsd_normal_domain::<V>(zlow, wlow, p)
+}
+
+/// The JSD terms (or student terms, `STUDENT`) of whole chunk pairs summed into `acc` (16
+/// lanes, index order), two chunks per iteration (four exponentials and two logarithms in
+/// flight), in [`jsd_parts`]' `NORMAL` form or the reference's.
+#[inline(always)]
+fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const STUDENT: bool>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     p: &JsdParams,
@@ -928,7 +988,7 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
             prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
-        let t = jsd_terms::<V, 2, 4, NORMAL>(
+        let t = jsd_terms::<V, 2, 4, NORMAL, STUDENT>(
             [S::load(&a[0]), S::load(&a[1])],
             [U::load(&b[0]), U::load(&b[1])],
             p,
@@ -936,46 +996,39 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
         acc = acc.add(t[0]).add(t[1]);
     }
     for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
-        acc = acc.add(jsd_terms::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p)[0]);
+        let t = jsd_terms::<V, 1, 2, NORMAL, STUDENT>([S::load(a)], [U::load(b)], p);
+        acc = acc.add(t[0]);
     }
     acc
 }
 
-struct JsdBlocks<'a, V, S, U> {
+/// The canonical sum of a row pair's JSD terms (or student terms, `STUDENT`) by blocks.
+struct JsdBlocks<'a, V, S, U, const STUDENT: bool> {
     z: &'a [S],
     w: &'a [U],
     p: JsdParams,
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
+impl<V: F32x16, S: Load, U: Load, const STUDENT: bool> Blocks for JsdBlocks<'_, V, S, U, STUDENT> {
     type St = f32;
     /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`). The whole chunks take
-    /// [`jsd_terms`]' `NORMAL` form where [`jsd_normal_domain`] allows it, decided from the
-    /// block's smallest logits ([`block_max_min`], a scan that brings the block into L1 for the
-    /// step).
+    /// [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows it.
     #[inline(always)]
     fn block(&mut self, start: usize, end: usize) -> f32 {
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
-        // As in `pair_chunks`: the general form only, for lanes without `SPECIALIZED_LOOPS`.
-        let normal = const { V::SPECIALIZED_LOOPS } && {
-            let (zlow, wlow) = (
-                block_max_min::<V, S>(zc, &[]).1,
-                block_max_min::<V, U>(wc, &[]).1,
-            );
-            jsd_normal_domain::<V>(zlow, wlow, &self.p)
-        };
-        let acc = if normal {
-            jsd_chunks::<V, S, U, true>(zc, wc, &self.p)
+        let acc = if jsd_chunks_normal::<V, S, U>(zc, wc, &self.p) {
+            jsd_chunks::<V, S, U, true, STUDENT>(zc, wc, &self.p)
         } else {
-            jsd_chunks::<V, S, U, false>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, false, STUDENT>(zc, wc, &self.p)
         };
         let mut lanes = acc.to_array();
         canon::tree(&mut lanes);
         let mut s = lanes[0];
         for (a, b) in zt.iter().zip(wt) {
-            s += jsd_term(V::splat(a.to_f32()), V::splat(b.to_f32()), &self.p).to_array()[0];
+            let (a, b) = (V::splat(a.to_f32()), V::splat(b.to_f32()));
+            s += jsd_term::<V, STUDENT>(a, b, &self.p).to_array()[0];
         }
         s
     }
@@ -1729,28 +1782,103 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     }
 }
 
-/// Canonical sum of the JSD terms of one validated row pair (`jsd_row` of grpo-core: 16 lanes,
-/// tree, tail per block; blocks merged pairwise by addition), floored at 0.
+/// Canonical sum of the JSD terms (or student terms, `STUDENT`) of one validated row pair
+/// (grpo-core's `canonical_sum`: 16 lanes, tree, tail per block; blocks merged pairwise by
+/// addition).
 #[inline(always)]
-fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 {
-    let mut b = JsdBlocks::<V, S, U> {
+fn jsd_sum<V: F32x16, S: Load, U: Load, const STUDENT: bool>(
+    z: &[S],
+    w: &[U],
+    p: &JsdParams,
+) -> f32 {
+    let mut b = JsdBlocks::<V, S, U, STUDENT> {
         z,
         w,
         p: *p,
         lanes: PhantomData,
     };
-    let s = fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0);
-    canon_max(0.0, s)
+    fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0)
 }
 
-/// Per-row constants of the JSD's second pass.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct JsdParams {
-    pub(crate) tau: f32,
-    pub(crate) lz: canon::LogSoftmax,
-    pub(crate) lw: canon::LogSoftmax,
-    pub(crate) beta: f32,
-    pub(crate) omb: f32,
+/// One gradient element of the JSD (lane 0): the unaligned head and the tail.
+#[inline(always)]
+fn jsd_grad1<V: F32x16>(z: f32, w: f32, p: &JsdParams, k: f32, c: f32) -> f32 {
+    jsd_grads::<V, 1, 2, false>([V::splat(z)], [V::splat(w)], p, k, c)[0].to_array()[0]
+}
+
+/// The JSD's gradient of one validated row pair into `out` (grpo-core's `jsd_grad_step` per
+/// element, `k` = the row's `KL(p‖m)`, `c = (g·(1 − β))·τ`): a scalar head up to 64-byte
+/// alignment of `out`, then blocks of whole chunks (each in the `NORMAL` form where
+/// [`jsd_chunks_normal`] allows it, two chunks per iteration, streaming stores on AVX-512),
+/// then the tail. Every element is independent, so the split changes no bit.
+#[inline(always)]
+fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
+    z: &[S],
+    w: &[U],
+    p: &JsdParams,
+    (k, c): (f32, f32),
+    out: &mut [f32],
+) {
+    let n = z.len().min(w.len()).min(out.len());
+    let head = out.as_ptr().align_offset(64).min(n);
+    for i in 0..head {
+        out[i] = jsd_grad1::<V>(z[i].to_f32(), w[i].to_f32(), p, k, c);
+    }
+    let (zc, _) = z[head..n].as_chunks::<16>();
+    let (wc, _) = w[head..n].as_chunks::<16>();
+    let (oc, _) = out[head..n].as_chunks_mut::<16>();
+    for ((zb, wb), ob) in zc
+        .chunks(BLOCK / 16)
+        .zip(wc.chunks(BLOCK / 16))
+        .zip(oc.chunks_mut(BLOCK / 16))
+    {
+        if jsd_chunks_normal::<V, S, U>(zb, wb, p) {
+            jsd_grad_chunks::<V, S, U, true>(zb, wb, p, (k, c), ob);
+        } else {
+            jsd_grad_chunks::<V, S, U, false>(zb, wb, p, (k, c), ob);
+        }
+    }
+    for i in head + zc.len() * 16..n {
+        out[i] = jsd_grad1::<V>(z[i].to_f32(), w[i].to_f32(), p, k, c);
+    }
+}
+
+/// [`jsd_grad_into`]'s whole chunks, two per iteration.
+#[inline(always)]
+fn jsd_grad_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
+    zc: &[[S; 16]],
+    wc: &[[U; 16]],
+    p: &JsdParams,
+    (k, c): (f32, f32),
+    out: &mut [[f32; 16]],
+) {
+    let mut zp = zc.chunks_exact(2);
+    let mut wp = wc.chunks_exact(2);
+    let mut op = out.chunks_exact_mut(2);
+    for (j, ((a, b), o)) in (&mut zp).zip(&mut wp).zip(&mut op).enumerate() {
+        for q in 0..2 {
+            prefetch_ahead::<V, S>(&a[q], 2 * j + q);
+            prefetch_ahead::<V, U>(&b[q], 2 * j + q);
+        }
+        let g = jsd_grads::<V, 2, 4, NORMAL>(
+            [S::load(&a[0]), S::load(&a[1])],
+            [U::load(&b[0]), U::load(&b[1])],
+            p,
+            k,
+            c,
+        );
+        g[0].store_stream(&mut o[0]);
+        g[1].store_stream(&mut o[1]);
+    }
+    for ((a, b), o) in zp
+        .remainder()
+        .iter()
+        .zip(wp.remainder())
+        .zip(op.into_remainder())
+    {
+        let g = jsd_grads::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p, k, c);
+        g[0].store_stream(o);
+    }
 }
 
 /// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`).
@@ -1913,7 +2041,6 @@ pub(crate) struct JsdRows<'a, S, U> {
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
     pub(crate) beta: f32,
-    pub(crate) omb: f32,
     pub(crate) out: &'a mut [(f32, PairFlags)],
 }
 
@@ -1927,18 +2054,43 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let w = self.w.get(span).unwrap_or(&[]);
             let (st, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
             let value = if pair_ok(&st, self.tau) {
-                let p = JsdParams {
-                    tau: self.tau,
-                    lz: canon::LogSoftmax::of(&st.student()),
-                    lw: canon::LogSoftmax::of(&st.teacher()),
-                    beta: self.beta,
-                    omb: self.omb,
-                };
-                jsd_sum::<V, S, U>(z, w, &p)
+                let p = JsdParams::of(&st, self.tau, self.beta);
+                canon_max(0.0, jsd_sum::<V, S, U, JSD_TERMS>(z, w, &p))
             } else {
                 f32::NAN
             };
             *o = (value, flags);
+        }
+    }
+}
+
+/// The JSD's gradient of a batch of validated row pairs (grpo-core's `jsd_backward_rows`),
+/// from each row's [`JsdParams`] and weight: per row the canonical sum `K = KL(p‖m)` of the
+/// student terms (which brings the rows into cache), then [`jsd_grad_into`].
+pub(crate) struct JsdGradRows<'a, S, U> {
+    pub(crate) z: &'a [S],
+    pub(crate) w: &'a [U],
+    pub(crate) vocab: usize,
+    pub(crate) params: &'a [JsdParams],
+    pub(crate) grad: &'a [f32],
+    pub(crate) out: &'a mut [f32],
+}
+
+impl<S: Load, U: Load> Kernel for JsdGradRows<'_, S, U> {
+    type Output = ();
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        if self.vocab == 0 {
+            return;
+        }
+        let rows = self.out.chunks_exact_mut(self.vocab);
+        for (r, ((o, p), &g)) in rows.zip(self.params).zip(self.grad).enumerate() {
+            let span = r * self.vocab..(r + 1) * self.vocab;
+            let z = self.z.get(span.clone()).unwrap_or(&[]);
+            let w = self.w.get(span).unwrap_or(&[]);
+            let k = jsd_sum::<V, S, U, STUDENT_TERMS>(z, w, p);
+            let c = (g * p.omb) * p.tau;
+            jsd_grad_into::<V, S, U>(z, w, p, (k, c), o);
         }
     }
 }
