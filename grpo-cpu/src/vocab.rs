@@ -533,10 +533,11 @@ impl Cpu {
     /// [`grpo_core::vocab::jsd_backward_rows`]: `out[r, v] = g[r]·∂JSD_β,r/∂z[r, v]`, the
     /// gradient of the generalised JSD with respect to the student logits,
     /// `(1 − β)·p_v·(log p_v − log m_v − KL(p‖m))/T` \[arXiv 2306.13649; derivation in
-    /// grpo-core\]. Every row pair is reduced and validated first; then, per row, `KL(p‖m)`
-    /// (a second pass, from cache for rows of up to about 100 000 f32 pairs per core's L2)
-    /// and the gradient (a third; streaming stores on AVX-512). Same bits, same errors; on
-    /// `Err`, `out` is untouched.
+    /// grpo-core\]. Every row pair is reduced and validated first; then, per row, `KL(p‖m)` (a
+    /// second pass over the pair, which leaves each element's `log p_v − log m_v` in `out`) and
+    /// the gradient from those (a third pass, over the student row and `out` only: one
+    /// exponential per element, no logarithm; streaming stores on AVX-512). Same bits, same
+    /// errors; on `Err`, `out` is untouched.
     ///
     /// ```
     /// let cpu = grpo_cpu::Cpu::detect();

@@ -834,21 +834,16 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
     }
 }
 
-/// Which per-element quantity of the JSD a pass sums: grpo-core's `jsd_step` (the JSD's own
-/// terms) or `jsd_student_step` (`p·(lp − lm)`, the `KL(p‖m)` of its gradient).
-const JSD_TERMS: bool = false;
-/// See [`JSD_TERMS`].
-const STUDENT_TERMS: bool = true;
-
-/// One term per lane: grpo-core's `jsd_step`, or `jsd_student_step` if `STUDENT`.
+/// One JSD term per lane (grpo-core's `jsd_step`).
 #[inline(always)]
-fn jsd_term<V: F32x16, const STUDENT: bool>(z: V, w: V, p: &JsdParams) -> V {
-    jsd_terms::<V, 1, 2, false, STUDENT>([z], [w], p)[0]
+fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
+    jsd_terms::<V, 1, 2, false>([z], [w], p)[0]
 }
 
 /// The JSD's per-element quantities of `N` chunk pairs at once (those of grpo-core's
-/// `jsd_step` per lane; interleaved chains, `M = 2N` exponentials): `(l, e, lm)` with `l = [lp₀, lq₀, lp₁,
-/// lq₁, …]`, `e` their exponentials (`[p₀, q₀, …]`) and `lm` each pair's log mixture.
+/// `jsd_step` per lane; interleaved chains, `M = 2N` exponentials): `(l, e, lm)` with
+/// `l = [lp₀, lq₀, lp₁, lq₁, …]`, `e` their exponentials (`[p₀, q₀, …]`) and `lm` each pair's
+/// log mixture.
 ///
 /// `NORMAL = true` is for chunks whose log-probabilities all lie in [`EXP_NORMAL_MIN`], 0]
 /// (checked by the caller, [`jsd_normal_domain`]): there the reference's clamps and special
@@ -901,7 +896,7 @@ fn jsd_parts<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
 
 /// [`jsd_term`] of `N` chunk pairs at once (same bits per lane), from [`jsd_parts`].
 #[inline(always)]
-fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool, const STUDENT: bool>(
+fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
     z: [V; N],
     w: [V; N],
     p: &JsdParams,
@@ -911,30 +906,9 @@ fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool, cons
     let mut out = [lm[0]; N];
     for k in 0..N {
         let (pe, qe, lp, lq) = (e[2 * k], e[2 * k + 1], l[2 * k], l[2 * k + 1]);
-        out[k] = if STUDENT {
-            pe.mul(lp.sub(lm[k]))
-        } else {
-            beta.mul(qe)
-                .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])))
-        };
-    }
-    out
-}
-
-/// grpo-core's `jsd_grad_step` of `N` chunk pairs at once: `(p·((lp − lm) − k))·c`.
-#[inline(always)]
-fn jsd_grads<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
-    z: [V; N],
-    w: [V; N],
-    p: &JsdParams,
-    k: f32,
-    c: f32,
-) -> [V; N] {
-    let (l, e, lm) = jsd_parts::<V, N, M, NORMAL>(z, w, p);
-    let (k, c) = (V::splat(k), V::splat(c));
-    let mut out = [k; N];
-    for j in 0..N {
-        out[j] = e[2 * j].mul(l[2 * j].sub(lm[j]).sub(k)).mul(c);
+        out[k] = beta
+            .mul(qe)
+            .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])));
     }
     out
 }
@@ -971,11 +945,11 @@ fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
     jsd_normal_domain::<V>(zlow, wlow, p)
 }
 
-/// The JSD terms (or student terms, `STUDENT`) of whole chunk pairs summed into `acc` (16
-/// lanes, index order), two chunks per iteration (four exponentials and two logarithms in
-/// flight), in [`jsd_parts`]' `NORMAL` form or the reference's.
+/// The JSD terms of whole chunk pairs summed into `acc` (16 lanes, index order), two chunks
+/// per iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]' `NORMAL`
+/// form or the reference's.
 #[inline(always)]
-fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const STUDENT: bool>(
+fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     p: &JsdParams,
@@ -988,7 +962,7 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const STUDENT: bo
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
             prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
-        let t = jsd_terms::<V, 2, 4, NORMAL, STUDENT>(
+        let t = jsd_terms::<V, 2, 4, NORMAL>(
             [S::load(&a[0]), S::load(&a[1])],
             [U::load(&b[0]), U::load(&b[1])],
             p,
@@ -996,21 +970,20 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const STUDENT: bo
         acc = acc.add(t[0]).add(t[1]);
     }
     for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
-        let t = jsd_terms::<V, 1, 2, NORMAL, STUDENT>([S::load(a)], [U::load(b)], p);
-        acc = acc.add(t[0]);
+        acc = acc.add(jsd_terms::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p)[0]);
     }
     acc
 }
 
-/// The canonical sum of a row pair's JSD terms (or student terms, `STUDENT`) by blocks.
-struct JsdBlocks<'a, V, S, U, const STUDENT: bool> {
+/// The canonical sum of a row pair's JSD terms by blocks.
+struct JsdBlocks<'a, V, S, U> {
     z: &'a [S],
     w: &'a [U],
     p: JsdParams,
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load, U: Load, const STUDENT: bool> Blocks for JsdBlocks<'_, V, S, U, STUDENT> {
+impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
     type St = f32;
     /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`). The whole chunks take
     /// [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows it.
@@ -1019,16 +992,15 @@ impl<V: F32x16, S: Load, U: Load, const STUDENT: bool> Blocks for JsdBlocks<'_, 
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
         let acc = if jsd_chunks_normal::<V, S, U>(zc, wc, &self.p) {
-            jsd_chunks::<V, S, U, true, STUDENT>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, true>(zc, wc, &self.p)
         } else {
-            jsd_chunks::<V, S, U, false, STUDENT>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, false>(zc, wc, &self.p)
         };
         let mut lanes = acc.to_array();
         canon::tree(&mut lanes);
         let mut s = lanes[0];
         for (a, b) in zt.iter().zip(wt) {
-            let (a, b) = (V::splat(a.to_f32()), V::splat(b.to_f32()));
-            s += jsd_term::<V, STUDENT>(a, b, &self.p).to_array()[0];
+            s += jsd_term(V::splat(a.to_f32()), V::splat(b.to_f32()), &self.p).to_array()[0];
         }
         s
     }
@@ -1782,93 +1754,49 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
     }
 }
 
-/// Canonical sum of the JSD terms (or student terms, `STUDENT`) of one validated row pair
-/// (grpo-core's `canonical_sum`: 16 lanes, tree, tail per block; blocks merged pairwise by
-/// addition).
+/// Canonical sum of the JSD terms of one validated row pair (`jsd_row` of grpo-core: 16 lanes,
+/// tree, tail per block; blocks merged pairwise by addition), floored at 0.
 #[inline(always)]
-fn jsd_sum<V: F32x16, S: Load, U: Load, const STUDENT: bool>(
-    z: &[S],
-    w: &[U],
-    p: &JsdParams,
-) -> f32 {
-    let mut b = JsdBlocks::<V, S, U, STUDENT> {
+fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 {
+    let mut b = JsdBlocks::<V, S, U> {
         z,
         w,
         p: *p,
         lanes: PhantomData,
     };
-    fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0)
+    let s = fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0);
+    canon_max(0.0, s)
 }
 
-/// One gradient element of the JSD (lane 0): the unaligned head and the tail.
+/// The student terms `p·(lp − lm)` of whole chunk pairs (grpo-core's `jsd_student_step`)
+/// summed into `acc` as [`jsd_chunks`] sums the JSD's (same lanes, same order), each
+/// element's log-ratio `lp − lm` stored to `lr` for the gradient's pass.
 #[inline(always)]
-fn jsd_grad1<V: F32x16>(z: f32, w: f32, p: &JsdParams, k: f32, c: f32) -> f32 {
-    jsd_grads::<V, 1, 2, false>([V::splat(z)], [V::splat(w)], p, k, c)[0].to_array()[0]
-}
-
-/// The JSD's gradient of one validated row pair into `out` (grpo-core's `jsd_grad_step` per
-/// element, `k` = the row's `KL(p‖m)`, `c = (g·(1 − β))·τ`): a scalar head up to 64-byte
-/// alignment of `out`, then blocks of whole chunks (each in the `NORMAL` form where
-/// [`jsd_chunks_normal`] allows it, two chunks per iteration, streaming stores on AVX-512),
-/// then the tail. Every element is independent, so the split changes no bit.
-#[inline(always)]
-fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
-    z: &[S],
-    w: &[U],
-    p: &JsdParams,
-    (k, c): (f32, f32),
-    out: &mut [f32],
-) {
-    let n = z.len().min(w.len()).min(out.len());
-    let head = out.as_ptr().align_offset(64).min(n);
-    for i in 0..head {
-        out[i] = jsd_grad1::<V>(z[i].to_f32(), w[i].to_f32(), p, k, c);
-    }
-    let (zc, _) = z[head..n].as_chunks::<16>();
-    let (wc, _) = w[head..n].as_chunks::<16>();
-    let (oc, _) = out[head..n].as_chunks_mut::<16>();
-    for ((zb, wb), ob) in zc
-        .chunks(BLOCK / 16)
-        .zip(wc.chunks(BLOCK / 16))
-        .zip(oc.chunks_mut(BLOCK / 16))
-    {
-        if jsd_chunks_normal::<V, S, U>(zb, wb, p) {
-            jsd_grad_chunks::<V, S, U, true>(zb, wb, p, (k, c), ob);
-        } else {
-            jsd_grad_chunks::<V, S, U, false>(zb, wb, p, (k, c), ob);
-        }
-    }
-    for i in head + zc.len() * 16..n {
-        out[i] = jsd_grad1::<V>(z[i].to_f32(), w[i].to_f32(), p, k, c);
-    }
-}
-
-/// [`jsd_grad_into`]'s whole chunks, two per iteration.
-#[inline(always)]
-fn jsd_grad_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
+fn jsd_ratio_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     p: &JsdParams,
-    (k, c): (f32, f32),
-    out: &mut [[f32; 16]],
-) {
+    lr: &mut [[f32; 16]],
+) -> V {
+    let mut acc = V::splat(0.0);
     let mut zp = zc.chunks_exact(2);
     let mut wp = wc.chunks_exact(2);
-    let mut op = out.chunks_exact_mut(2);
+    let mut op = lr.chunks_exact_mut(2);
     for (j, ((a, b), o)) in (&mut zp).zip(&mut wp).zip(&mut op).enumerate() {
-        for q in 0..2 {
-            prefetch_ahead::<V, S>(&a[q], 2 * j + q);
-            prefetch_ahead::<V, U>(&b[q], 2 * j + q);
+        for k in 0..2 {
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
-        let g = jsd_grads::<V, 2, 4, NORMAL>(
+        let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
             [S::load(&a[0]), S::load(&a[1])],
             [U::load(&b[0]), U::load(&b[1])],
             p,
-            k,
-            c,
         );
-        g[0].store_stream(&mut o[0]);
-        g[1].store_stream(&mut o[1]);
+        for k in 0..2 {
+            let r = l[2 * k].sub(lm[k]);
+            r.store(&mut o[k]);
+            acc = acc.add(e[2 * k].mul(r));
+        }
     }
     for ((a, b), o) in zp
         .remainder()
@@ -1876,7 +1804,168 @@ fn jsd_grad_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
         .zip(wp.remainder())
         .zip(op.into_remainder())
     {
-        let g = jsd_grads::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p, k, c);
+        let (l, e, lm) = jsd_parts::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p);
+        let r = l[0].sub(lm[0]);
+        r.store(o);
+        acc = acc.add(e[0].mul(r));
+    }
+    acc
+}
+
+/// `K = KL(p‖m)` of a row pair by blocks, the canonical sum of the student terms (as
+/// [`JsdBlocks`] sums the JSD's), storing every element's log-ratio `lp − lm` to `lr` on the
+/// way.
+struct JsdRatioBlocks<'a, V, S, U> {
+    z: &'a [S],
+    w: &'a [U],
+    p: JsdParams,
+    lr: &'a mut [f32],
+    lanes: PhantomData<V>,
+}
+
+impl<V: F32x16, S: Load, U: Load> Blocks for JsdRatioBlocks<'_, V, S, U> {
+    type St = f32;
+    #[inline(always)]
+    fn block(&mut self, start: usize, end: usize) -> f32 {
+        let (zc, zt) = self.z[start..end].as_chunks::<16>();
+        let (wc, wt) = self.w[start..end].as_chunks::<16>();
+        let (lc, ltail) = self.lr[start..end].as_chunks_mut::<16>();
+        let acc = if jsd_chunks_normal::<V, S, U>(zc, wc, &self.p) {
+            jsd_ratio_chunks::<V, S, U, true>(zc, wc, &self.p, lc)
+        } else {
+            jsd_ratio_chunks::<V, S, U, false>(zc, wc, &self.p, lc)
+        };
+        let mut lanes = acc.to_array();
+        canon::tree(&mut lanes);
+        let mut s = lanes[0];
+        for ((a, b), o) in zt.iter().zip(wt).zip(ltail) {
+            let (a, b) = (V::splat(a.to_f32()), V::splat(b.to_f32()));
+            let (l, e, lm) = jsd_parts::<V, 1, 2, false>([a], [b], &self.p);
+            let r = l[0].sub(lm[0]);
+            *o = r.to_array()[0];
+            s += e[0].mul(r).to_array()[0];
+        }
+        s
+    }
+    #[inline(always)]
+    fn merge(&mut self, a: f32, b: f32) -> f32 {
+        a + b
+    }
+}
+
+/// The JSD's gradient `(p·(lr − k))·c` (grpo-core's `jsd_grad_step`) of `N` chunks at once,
+/// from the student's logits and the log-ratios `lr` that [`JsdRatioBlocks`] stored: `p` is
+/// recomputed as [`jsd_parts`] computes it (`NORMAL`: the student's log-probabilities are in
+/// [`EXP_NORMAL_MIN`], 0]), so the teacher is not read again and no logarithm is taken.
+#[inline(always)]
+fn jsd_grads<V: F32x16, const N: usize, const NORMAL: bool>(
+    z: [V; N],
+    lr: [V; N],
+    p: &JsdParams,
+    (k, c): (V, V),
+) -> [V; N] {
+    let (tau, zm, zl) = (
+        V::splat(p.tau),
+        V::splat(p.lz.max),
+        V::splat(p.lz.neg_ln_sum),
+    );
+    let dmin = V::splat(D_MIN);
+    let mut l = [dmin; N];
+    for j in 0..N {
+        l[j] = z[j].sub(zm).mul_add(tau, zl);
+        if !NORMAL {
+            l[j] = dmin.max(l[j]);
+        }
+    }
+    let e = if NORMAL {
+        exp_nonpos_normal_n(l)
+    } else {
+        exp_nonpos_clamped_n(l)
+    };
+    let mut out = [k; N];
+    for j in 0..N {
+        out[j] = e[j].mul(lr[j].sub(k)).mul(c);
+    }
+    out
+}
+
+/// The gradient of one element (lane 0) from its log-ratio: the unaligned head and the tail.
+#[inline(always)]
+fn jsd_grad1<V: F32x16>(z: f32, lr: f32, p: &JsdParams, (k, c): (f32, f32)) -> f32 {
+    let kc = (V::splat(k), V::splat(c));
+    jsd_grads::<V, 1, false>([V::splat(z)], [V::splat(lr)], p, kc)[0].to_array()[0]
+}
+
+/// The JSD's gradient of one validated row pair into `out`: `K = KL(p‖m)` by
+/// [`JsdRatioBlocks`], which leaves each element's log-ratio in `out`, then `out[v] =
+/// (p_v·(out[v] − K))·c` ([`jsd_grads`]; `c = (g·(1 − β))·τ`) — a scalar head up to 64-byte
+/// alignment of `out`, blocks of whole chunks (each in the `NORMAL` form where the block's
+/// smallest student logit allows it, two chunks per iteration, streaming stores on AVX-512),
+/// the tail. Every element is independent, so the split changes no bit.
+#[inline(always)]
+fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
+    z: &[S],
+    w: &[U],
+    p: &JsdParams,
+    g: f32,
+    out: &mut [f32],
+) {
+    let n = z.len().min(w.len()).min(out.len());
+    let (z, out) = (&z[..n], &mut out[..n]);
+    let mut b = JsdRatioBlocks::<V, S, U> {
+        z,
+        w: &w[..n],
+        p: *p,
+        lr: out,
+        lanes: PhantomData,
+    };
+    let k = fold_blocks(n, &mut b).unwrap_or(0.0);
+    let kc = (k, (g * p.omb) * p.tau);
+    let head = out.as_ptr().align_offset(64).min(n);
+    for i in 0..head {
+        out[i] = jsd_grad1::<V>(z[i].to_f32(), out[i], p, kc);
+    }
+    let (zc, _) = z[head..].as_chunks::<16>();
+    let (oc, _) = out[head..].as_chunks_mut::<16>();
+    for (zb, ob) in zc.chunks(BLOCK / 16).zip(oc.chunks_mut(BLOCK / 16)) {
+        let normal = const { V::SPECIALIZED_LOOPS } && {
+            let zlow = block_max_min::<V, S>(zb, &[]).1;
+            fma1::<V>(zlow - p.lz.max, p.tau, p.lz.neg_ln_sum) >= EXP_NORMAL_MIN
+        };
+        if normal {
+            jsd_grad_chunks::<V, S, true>(zb, p, kc, ob);
+        } else {
+            jsd_grad_chunks::<V, S, false>(zb, p, kc, ob);
+        }
+    }
+    for i in head + zc.len() * 16..n {
+        out[i] = jsd_grad1::<V>(z[i].to_f32(), out[i], p, kc);
+    }
+}
+
+/// [`jsd_grad_into`]'s whole chunks, two per iteration: each log-ratio in `out` replaced by
+/// its gradient.
+#[inline(always)]
+fn jsd_grad_chunks<V: F32x16, S: Load, const NORMAL: bool>(
+    zc: &[[S; 16]],
+    p: &JsdParams,
+    (k, c): (f32, f32),
+    out: &mut [[f32; 16]],
+) {
+    let kc = (V::splat(k), V::splat(c));
+    let mut zp = zc.chunks_exact(2);
+    let mut op = out.chunks_exact_mut(2);
+    for (j, (a, o)) in (&mut zp).zip(&mut op).enumerate() {
+        for q in 0..2 {
+            prefetch_ahead::<V, S>(&a[q], 2 * j + q);
+        }
+        let lr = [V::load(&o[0]), V::load(&o[1])];
+        let g = jsd_grads::<V, 2, NORMAL>([S::load(&a[0]), S::load(&a[1])], lr, p, kc);
+        g[0].store_stream(&mut o[0]);
+        g[1].store_stream(&mut o[1]);
+    }
+    for (a, o) in zp.remainder().iter().zip(op.into_remainder()) {
+        let g = jsd_grads::<V, 1, NORMAL>([S::load(a)], [V::load(o)], p, kc);
         g[0].store_stream(o);
     }
 }
@@ -2055,7 +2144,7 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let (st, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
             let value = if pair_ok(&st, self.tau) {
                 let p = JsdParams::of(&st, self.tau, self.beta);
-                canon_max(0.0, jsd_sum::<V, S, U, JSD_TERMS>(z, w, &p))
+                jsd_sum::<V, S, U>(z, w, &p)
             } else {
                 f32::NAN
             };
@@ -2065,8 +2154,7 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
 }
 
 /// The JSD's gradient of a batch of validated row pairs (grpo-core's `jsd_backward_rows`),
-/// from each row's [`JsdParams`] and weight: per row the canonical sum `K = KL(p‖m)` of the
-/// student terms (which brings the rows into cache), then [`jsd_grad_into`].
+/// from each row's [`JsdParams`] and weight ([`jsd_grad_into`]).
 pub(crate) struct JsdGradRows<'a, S, U> {
     pub(crate) z: &'a [S],
     pub(crate) w: &'a [U],
@@ -2088,9 +2176,7 @@ impl<S: Load, U: Load> Kernel for JsdGradRows<'_, S, U> {
             let span = r * self.vocab..(r + 1) * self.vocab;
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
-            let k = jsd_sum::<V, S, U, STUDENT_TERMS>(z, w, p);
-            let c = (g * p.omb) * p.tau;
-            jsd_grad_into::<V, S, U>(z, w, p, (k, c), o);
+            jsd_grad_into::<V, S, U>(z, w, p, g, o);
         }
     }
 }
