@@ -313,6 +313,12 @@ impl Bench<'_> {
                 ResidentVocab::BackwardKlSaved { teacher: &teacher },
                 2 * n * elem + n * 4,
             ),
+            // Both rows read (three times, counted once), the gradient written.
+            (
+                "jsd_backward",
+                ResidentVocab::JsdBackward { teacher: &teacher },
+                2 * n * elem + n * 4,
+            ),
         ] {
             let work = k
                 .resident(&logits, o.vocab, what)

@@ -63,7 +63,7 @@ struct VocabParams {
 const _: () = assert!(size_of::<VocabParams>() == 32);
 
 impl VocabParams {
-    /// Parameters of every entry point but `jsd`.
+    /// Parameters of every entry point (the JSD's add [`VocabParams::with_beta`]).
     fn new(rows: usize, vocab: usize, base: u32, inv_temp: f32) -> Self {
         VocabParams {
             rows: rows as u32,
@@ -71,6 +71,19 @@ impl VocabParams {
             base,
             inv_temp,
             ..Zeroable::zeroed()
+        }
+    }
+
+    /// With the JSD entry points' β fields: β and 1 − β as grpo-core rounds them, and −ln β,
+    /// −ln(1 − β) from the host (the other entry points ignore them).
+    fn with_beta(self, beta: f32) -> Self {
+        let omb = 1.0 - beta;
+        VocabParams {
+            beta,
+            one_minus_beta: omb,
+            neg_ln_beta: -beta.ln(),
+            neg_ln_one_minus_beta: -omb.ln(),
+            ..self
         }
     }
 }
@@ -97,6 +110,11 @@ pub enum ResidentVocab<'a, L> {
     /// [`VocabKernel::backward_saved`] from pair states with a forward-KL term (weight 1)
     /// besides the log-prob and entropy terms of `BackwardSaved`.
     BackwardKlSaved {
+        /// The teacher rows (as many as the logits).
+        teacher: &'a [L],
+    },
+    /// [`VocabKernel::jsd_backward`] with β = ½ and weight ½ per row.
+    JsdBackward {
         /// The teacher rows (as many as the logits).
         teacher: &'a [L],
     },
@@ -385,7 +403,9 @@ impl<'c> VocabKernel<'c> {
     ) -> Result<Resident<'c>> {
         let rows = logits.len() / vocab.max(1);
         match what {
-            ResidentVocab::Kl { teacher } | ResidentVocab::BackwardKlSaved { teacher } => {
+            ResidentVocab::Kl { teacher }
+            | ResidentVocab::BackwardKlSaved { teacher }
+            | ResidentVocab::JsdBackward { teacher } => {
                 self.validate_pair(logits, teacher, vocab, rows, 1.0)?
             }
             _ => self.validate(logits, vocab, rows, 1.0)?,
@@ -399,7 +419,8 @@ impl<'c> VocabKernel<'c> {
             });
         }
         let targets = vec![0u32; rows];
-        let params = VocabParams::new(rows, vocab, 0, 1.0);
+        // β = ½ for `JsdBackward`; the other entry points ignore it.
+        let params = VocabParams::new(rows, vocab, 0, 1.0).with_beta(0.5);
         let (ones, halves) = (vec![1.0f32; rows], vec![0.5f32; rows]);
         let terms = GradTerms {
             logp: Some((&targets[..], &ones[..])),
@@ -473,6 +494,14 @@ impl<'c> VocabKernel<'c> {
                 args.push((8, Arg::Out(bytes as u64)));
                 args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
                 saved_entry
+            }
+            ResidentVocab::JsdBackward { teacher } => {
+                // As `jsd_backward`: the teacher in binding 5, the gradient out of 6, the
+                // rows' weights in 7.
+                args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
+                args.push((6, Arg::Out((rows * vocab * 4) as u64)));
+                args.push((7, Arg::In(bytemuck::cast_slice(&halves))));
+                "jsd_backward"
             }
         };
         self.ctx.resident(
@@ -1229,7 +1258,7 @@ impl<'c> VocabKernel<'c> {
         // else.
         grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
         let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
-        let params = Self::jsd_params(vocab, tau, beta);
+        let params = VocabParams::new(0, vocab, 0, tau).with_beta(beta);
         let vals = self
             .pair_rows(
                 "jsd",
@@ -1384,7 +1413,7 @@ impl<'c> VocabKernel<'c> {
             grad.len(),
         )?;
         self.check_limits::<L>(vocab)?;
-        let params = Self::jsd_params(vocab, tau, beta);
+        let params = VocabParams::new(0, vocab, 0, tau).with_beta(beta);
         // Each row's gradient goes to `staged` as the rows pass their checks: `grad` is written
         // only when every row has.
         let mut staged = vec![0.0f32; rows * vocab];
@@ -1409,19 +1438,6 @@ impl<'c> VocabKernel<'c> {
         .await?;
         grad.copy_from_slice(&staged);
         Ok(())
-    }
-
-    /// The JSD entry points' parameters: β and 1 − β as grpo-core rounds them, and −ln β,
-    /// −ln(1 − β) from the host.
-    fn jsd_params(vocab: usize, tau: f32, beta: f32) -> VocabParams {
-        let omb = 1.0 - beta;
-        VocabParams {
-            beta,
-            one_minus_beta: omb,
-            neg_ln_beta: -beta.ln(),
-            neg_ln_one_minus_beta: -omb.ln(),
-            ..VocabParams::new(0, vocab, 0, tau)
-        }
     }
 
     /// One dispatch of a per-row entry point (`forward`, `backward`) over chunk `c`: the

@@ -2336,6 +2336,17 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
     );
     assert_eq!(got, bits(&grad), "{:?} backward_kl_saved", L::DTYPE);
 
+    // The JSD's gradient, β = ½, weights ½.
+    k.jsd_backward(&logits, &teacher, vocab, 0.5, 1.0, &halves, &mut grad)
+        .unwrap();
+    let got = floats(
+        resident(ResidentVocab::JsdBackward { teacher: &teacher })
+            .read(6)
+            .unwrap(),
+        n,
+    );
+    assert_eq!(got, bits(&grad), "{:?} jsd_backward", L::DTYPE);
+
     // A binding the shader does not have is an error, not a panic.
     assert_eq!(
         resident(ResidentVocab::Forward).read(99).err(),
