@@ -109,6 +109,22 @@ impl Cpu {
         })
     }
 
+    /// Splits `data` (`vocab > 0` elements per row) into tasks of whole rows:
+    /// `run(first_row, rows, chunk)`.
+    fn par_row_data<T: Send>(
+        &self,
+        data: &mut [T],
+        vocab: usize,
+        run: impl Fn(usize, usize, &mut [T]) + Sync,
+    ) {
+        let per = self.rows_per_task(data.len() / vocab) * vocab;
+        self.install(|| {
+            data.par_chunks_mut(per)
+                .enumerate()
+                .for_each(|(i, c)| run(i * per / vocab, c.len() / vocab, c))
+        })
+    }
+
     /// Row states of a validated-shape batch; their `dot` (the entropy's sum) only if `dot`
     /// (otherwise unspecified, see `LseRows`).
     fn lse_states<S: Load>(&self, z: &[S], vocab: usize, tau: f32, dot: bool) -> Vec<LseState> {
@@ -599,22 +615,18 @@ impl Cpu {
             .map(|(s, _)| JsdParams::of(s, tau, beta))
             .collect();
         let target = self.target(Pass::General);
-        let per = self.rows_per_task(rows) * vocab;
-        self.install(|| {
-            out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
-                let (r0, n) = (i * per / vocab, o.len() / vocab);
-                arch::run(
-                    target,
-                    JsdGradRows {
-                        z: &student[r0 * vocab..(r0 + n) * vocab],
-                        w: &teacher[r0 * vocab..(r0 + n) * vocab],
-                        vocab,
-                        params: &params[r0..r0 + n],
-                        grad: &grad[r0..r0 + n],
-                        out: o,
-                    },
-                )
-            })
+        self.par_row_data(out, vocab, |r0, n, o| {
+            arch::run(
+                target,
+                JsdGradRows {
+                    z: &student[r0 * vocab..(r0 + n) * vocab],
+                    w: &teacher[r0 * vocab..(r0 + n) * vocab],
+                    vocab,
+                    params: &params[r0..r0 + n],
+                    grad: &grad[r0..r0 + n],
+                    out: o,
+                },
+            )
         });
         Ok(())
     }
@@ -739,23 +751,19 @@ impl Cpu {
         out: &mut [f32],
     ) {
         let target = self.target(Pass::General);
-        let per = self.rows_per_task(coefs.len()) * vocab;
-        self.install(|| {
-            out.par_chunks_mut(per).enumerate().for_each(|(i, o)| {
-                let (r0, n) = (i * per / vocab, o.len() / vocab);
-                arch::run(
-                    target,
-                    GradRows {
-                        z: &logits[r0 * vocab..(r0 + n) * vocab],
-                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
-                        y: ys.map(|y| &y[r0..r0 + n]),
-                        coef: &coefs[r0..r0 + n],
-                        kl,
-                        vocab,
-                        out: o,
-                    },
-                )
-            })
+        self.par_row_data(out, vocab, |r0, n, o| {
+            arch::run(
+                target,
+                GradRows {
+                    z: &logits[r0 * vocab..(r0 + n) * vocab],
+                    w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
+                    y: ys.map(|y| &y[r0..r0 + n]),
+                    coef: &coefs[r0..r0 + n],
+                    kl,
+                    vocab,
+                    out: o,
+                },
+            )
         });
     }
 
@@ -770,22 +778,18 @@ impl Cpu {
         vocab: usize,
     ) {
         let target = self.target(Pass::General);
-        let per = self.rows_per_task(coefs.len()) * vocab;
-        self.install(|| {
-            logits.par_chunks_mut(per).enumerate().for_each(|(i, z)| {
-                let (r0, n) = (i * per / vocab, z.len() / vocab);
-                arch::run(
-                    target,
-                    GradRowsInPlace {
-                        z,
-                        w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
-                        y: ys.map(|y| &y[r0..r0 + n]),
-                        coef: &coefs[r0..r0 + n],
-                        kl,
-                        vocab,
-                    },
-                )
-            })
+        self.par_row_data(logits, vocab, |r0, n, z| {
+            arch::run(
+                target,
+                GradRowsInPlace {
+                    z,
+                    w: w.get(r0 * vocab..(r0 + n) * vocab).unwrap_or(&[]),
+                    y: ys.map(|y| &y[r0..r0 + n]),
+                    coef: &coefs[r0..r0 + n],
+                    kl,
+                    vocab,
+                },
+            )
         });
     }
 

@@ -1680,12 +1680,7 @@ impl<'c> VocabKernel<'c> {
         // method's parameters): the temperature, also against the gradients' minimum (they
         // scale with 1/T); every length; the weights (finite, ≤ 1e9); the target ids. Then
         // this backend's own limits, and the rows on the device.
-        let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
-        ensure(
-            temperature >= grpo_core::vocab::MIN_GRAD_TEMPERATURE,
-            "temperature",
-            "must be >= 1e-6 for gradients (they scale with 1/T)",
-        )?;
+        let tau = grpo_core::vocab::validate::gradient_temperature(temperature)?;
         Self::check_shape("logits", logits.len(), vocab, rows)?;
         check_len("grad", rows * vocab, grad.len())?;
         check_len("g_logp", rows, g_logp.len())?;

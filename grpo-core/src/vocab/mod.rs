@@ -49,8 +49,8 @@ mod saved;
 /// targets, then row by row).
 pub mod validate {
     pub use super::ops::{
-        backward, backward_args, inverse_temperature, jsd_backward_args, row, support, target,
-        weights,
+        backward, backward_args, gradient_temperature, inverse_temperature, jsd_backward_args, row,
+        support, target, weights,
     };
     pub use super::saved::{backward_saved, saved};
 }

@@ -975,6 +975,27 @@ pub fn backward_args<I: TokenId, U: super::Logit>(
     check_backward_args(logits, vocab, temperature, terms, out, None)
 }
 
+/// τ = 1/T for a gradient: [`inverse_temperature`]'s checks, then `T ≥`
+/// [`MIN_GRAD_TEMPERATURE`] (gradients scale with 1/T), the first check of every backward.
+///
+/// # Errors
+/// `InvalidParam{name: "temperature"}`.
+///
+/// ```
+/// use grpo_core::vocab::validate::gradient_temperature;
+/// assert_eq!(gradient_temperature(0.5), Ok(2.0));
+/// assert!(gradient_temperature(1e-7).is_err()); // a valid forward temperature
+/// ```
+pub fn gradient_temperature(temperature: f32) -> Result<f32> {
+    let tau = inverse_temperature(temperature)?;
+    crate::error::ensure(
+        temperature >= MIN_GRAD_TEMPERATURE,
+        "temperature",
+        "must be >= 1e-6 for gradients (they scale with 1/T)",
+    )?;
+    Ok(tau)
+}
+
 /// The checks of a backward call that read no logit, in the module's order: the temperature
 /// (with the gradients' minimum), `vocab > 0`, every slice length (`out`: the out-of-place
 /// gradient's, if any; `saved`: the number of saved states and whether they hold the
@@ -988,12 +1009,7 @@ pub(super) fn check_backward_args<I: TokenId, U: super::Logit>(
     out: Option<usize>,
     saved: Option<(usize, bool)>,
 ) -> Result<(f32, usize)> {
-    let tau = inverse_temperature(temperature)?;
-    crate::error::ensure(
-        temperature >= MIN_GRAD_TEMPERATURE,
-        "temperature",
-        "must be >= 1e-6 for gradients (they scale with 1/T)",
-    )?;
+    let tau = gradient_temperature(temperature)?;
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
     let rows = logits / vocab;
     rows_of("logits", logits, vocab, rows)?;
@@ -1300,12 +1316,7 @@ pub fn jsd_backward_args(
     grad: &[f32],
     out: usize,
 ) -> Result<(f32, usize)> {
-    let tau = inverse_temperature(temperature)?;
-    crate::error::ensure(
-        temperature >= MIN_GRAD_TEMPERATURE,
-        "temperature",
-        "must be >= 1e-6 for gradients (they scale with 1/T)",
-    )?;
+    let tau = gradient_temperature(temperature)?;
     beta_of(beta)?;
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
     let rows = student / vocab;

@@ -90,19 +90,8 @@ fn kl64(z: &[f32], w: &[f32], t: f64) -> f64 {
 }
 
 fn jsd64(z: &[f32], w: &[f32], beta: f64, t: f64) -> f64 {
-    let (lp, lq) = (logp64(z, t), logp64(w, t));
-    let mut s = 0.0;
-    for (&a, &b) in lp.iter().zip(&lq) {
-        let (p, q) = (a.exp(), b.exp());
-        let m = beta * q + (1.0 - beta) * p;
-        if q > 0.0 {
-            s += beta * q * (b - m.ln());
-        }
-        if p > 0.0 {
-            s += (1.0 - beta) * p * (a - m.ln());
-        }
-    }
-    s
+    let z64: Vec<f64> = z.iter().map(|&x| x as f64).collect();
+    jsd64_of(&z64, w, beta, t)
 }
 
 // ---- accuracy -------------------------------------------------------------------------------
