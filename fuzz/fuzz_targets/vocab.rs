@@ -321,9 +321,16 @@ fuzz_target!(|inp: Input| {
         }
     }
     // The JSD's gradient: finite, or its error with the output untouched; it makes the JSD's
-    // checks, so where it succeeds the JSD of its rows does too. In bf16 storage as well.
+    // checks, so where it succeeds the JSD of its rows does too; in place the same values or
+    // the same failure with the logits untouched. In bf16 storage as well.
     let mut jg = fresh(z.len());
     let jres = vocab::jsd_backward_rows(&z, &w, vocab, beta, temperature, &weights, &mut jg);
+    // In place (`out` is as long as the logits here, so the checks are the same): the same
+    // result, the gradient's bits over the logits (f32) or the logits untouched.
+    let mut zi = z.clone();
+    let ires = vocab::jsd_backward_rows_in_place(&mut zi, &w, vocab, beta, temperature, &weights);
+    assert_eq!(ires, jres);
+    assert_eq!(raw(&zi), raw(if ires.is_ok() { &jg } else { &z }));
     if check(jres, &[&jg]) {
         let mut jj = fresh(z.len() / vocab);
         assert!(jsd_rows(&z, &w, vocab, beta, temperature, &mut jj).is_ok());

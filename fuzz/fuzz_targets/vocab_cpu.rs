@@ -297,10 +297,15 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     let mut kl = vec![SENTINEL; c.out];
     let _ = vocab::kl_rows_saved(z, c.teacher, v, t, c.dir, &mut kl, &mut pairs);
     from_saved(c, z, &pairs, &c.terms);
-    // The JSD's gradient.
-    differential(&c.cpus, [c.grad], |cpu, [g]| match cpu {
-        None => vocab::jsd_backward_rows(z, c.teacher, v, c.beta, t, c.jsd_grad, g),
-        Some(cpu) => cpu.jsd_backward_rows(z, c.teacher, v, c.beta, t, c.jsd_grad, g),
+    // The JSD's gradient, out of place and in place.
+    let (w, beta, g) = (c.teacher, c.beta, c.jsd_grad);
+    differential(&c.cpus, [c.grad], |cpu, [o]| match cpu {
+        None => vocab::jsd_backward_rows(z, w, v, beta, t, g, o),
+        Some(cpu) => cpu.jsd_backward_rows(z, w, v, beta, t, g, o),
+    });
+    differential_in_place(&c.cpus, z, |cpu, zi| match cpu {
+        None => vocab::jsd_backward_rows_in_place(zi, w, v, beta, t, g),
+        Some(cpu) => cpu.jsd_backward_rows_in_place(zi, w, v, beta, t, g),
     });
 }
 

@@ -18,8 +18,8 @@ use crate::arch;
 use crate::backend::Pass;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
-    GradRows, GradRowsInPlace, JsdGradRows, JsdRows, Load, LseRows, PairFlags, PairNeed, PairRows,
-    lse_ok, pair_ok,
+    GradRows, GradRowsInPlace, JsdGradRows, JsdGradRowsInPlace, JsdRows, Load, LseRows, PairFlags,
+    PairNeed, PairRows, lse_ok, pair_ok,
 };
 
 thread_local! {
@@ -591,29 +591,11 @@ impl Cpu {
                 out,
             )
         };
-        // grpo-core's checks that read no logit; anything wrong goes to grpo-core for its error.
-        let Some(tau) = tau_of(temperature) else {
+        let valid = out.len() == student.len();
+        let args = (student, teacher, vocab, beta, temperature, grad);
+        let Some(params) = valid.then(|| self.jsd_grad_params(args)).flatten() else {
             return fallback(core)(out);
         };
-        let rows = student.len().checked_div(vocab).unwrap_or(0);
-        let args = temperature >= MIN_GRAD_TEMPERATURE
-            && beta > 0.0
-            && beta < 1.0
-            && shape_ok(student.len(), vocab, rows)
-            && shape_ok(teacher.len(), vocab, rows)
-            && out.len() == student.len()
-            && weights_ok(grad, rows);
-        if !args {
-            return fallback(core)(out);
-        }
-        let st = self.pair_states(student, teacher, vocab, tau, PairNeed::Jsd, Pass::General);
-        if !st.iter().all(|(s, _)| pair_ok(s, tau)) {
-            return fallback(core)(out);
-        }
-        let params: Vec<JsdParams> = st
-            .iter()
-            .map(|(s, _)| JsdParams::of(s, tau, beta))
-            .collect();
         let target = self.target(Pass::General);
         self.par_row_data(out, vocab, |r0, n, o| {
             arch::run(
@@ -629,6 +611,87 @@ impl Cpu {
             )
         });
         Ok(())
+    }
+
+    /// [`grpo_core::vocab::jsd_backward_rows_in_place`]:
+    /// [`jsd_backward_rows`](Cpu::jsd_backward_rows) writing the gradient over the student
+    /// logits, rounded to their storage type (ties to even); one row of `f32` scratch per task
+    /// holds the log-ratios between the passes. Same bits, same errors; on `Err` the logits are
+    /// untouched.
+    ///
+    /// ```
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// // bf16 logits, an f32 teacher: the bits of grpo-core
+    /// let w = [1.0f32, 0.0, -0.5];
+    /// let mut z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
+    /// let mut want = z;
+    /// cpu.jsd_backward_rows_in_place(&mut z, &w, 3, 0.3, 0.7, &[2.0]).unwrap();
+    /// grpo_core::vocab::jsd_backward_rows_in_place(&mut want, &w, 3, 0.3, 0.7, &[2.0]).unwrap();
+    /// assert_eq!(z, want);
+    /// // β = 1 is an error, and the logits are untouched
+    /// let before = z;
+    /// assert!(cpu.jsd_backward_rows_in_place(&mut z, &w, 3, 1.0, 0.7, &[2.0]).is_err());
+    /// assert_eq!(z, before);
+    /// ```
+    pub fn jsd_backward_rows_in_place<S: Load, U: Load>(
+        &self,
+        student: &mut [S],
+        teacher: &[U],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        grad: &[f32],
+    ) -> Result<()> {
+        let args = (&*student, teacher, vocab, beta, temperature, grad);
+        let Some(params) = self.jsd_grad_params(args) else {
+            note_fallback();
+            return grpo_core::vocab::jsd_backward_rows_in_place(
+                student,
+                teacher,
+                vocab,
+                beta,
+                temperature,
+                grad,
+            );
+        };
+        let target = self.target(Pass::General);
+        self.par_row_data(student, vocab, |r0, n, z| {
+            arch::run(
+                target,
+                JsdGradRowsInPlace {
+                    z,
+                    w: &teacher[r0 * vocab..(r0 + n) * vocab],
+                    vocab,
+                    params: &params[r0..r0 + n],
+                    grad: &grad[r0..r0 + n],
+                },
+            )
+        });
+        Ok(())
+    }
+
+    /// Every row pair's [`JsdParams`] for the JSD's gradient, or `None` where grpo-core would
+    /// report an error (its checks that read no logit, then the rows' in one pair pass).
+    #[allow(clippy::type_complexity)]
+    fn jsd_grad_params<S: Load, U: Load>(
+        &self,
+        (student, teacher, vocab, beta, temperature, grad): (&[S], &[U], usize, f32, f32, &[f32]),
+    ) -> Option<Vec<JsdParams>> {
+        let tau = tau_of(temperature)?;
+        let rows = student.len().checked_div(vocab).unwrap_or(0);
+        let args = temperature >= MIN_GRAD_TEMPERATURE
+            && beta > 0.0
+            && beta < 1.0
+            && shape_ok(student.len(), vocab, rows)
+            && shape_ok(teacher.len(), vocab, rows)
+            && weights_ok(grad, rows);
+        if !args {
+            return None;
+        }
+        let st = self.pair_states(student, teacher, vocab, tau, PairNeed::Jsd, Pass::General);
+        st.iter()
+            .map(|(s, _)| pair_ok(s, tau).then(|| JsdParams::of(s, tau, beta)))
+            .collect()
     }
 
     /// Per-row backward coefficients, or `None` where grpo-core would report an error.

@@ -10,9 +10,9 @@
 //!   `backward_rows` for any set of log-prob, entropy and KL terms) or from the states a saving
 //!   forward kept (`forward_saved`, `kl_saved`, then `backward_saved`), out of place (f32) or
 //!   in place (`backward_rows_in_place`, `backward_saved_in_place`: over the logits, in their
-//!   storage type); the JSD's gradient (`jsd_backward`); `forward`, `kl`, `jsd` and every
-//!   method named here also as an `_async` method that awaits the readbacks (same bits, same
-//!   errors).
+//!   storage type); the JSD's gradient (`jsd_backward`, `jsd_backward_in_place`); `forward`,
+//!   `kl`, `jsd` and every method named here also as an `_async` method that awaits the
+//!   readbacks (same bits, same errors).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
 //!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,

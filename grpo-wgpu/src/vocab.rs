@@ -1391,6 +1391,103 @@ impl<'c> VocabKernel<'c> {
         .await
     }
 
+    /// [`VocabKernel::jsd_backward`] writing the gradient over the student logits, rounded to
+    /// their storage type by `half`'s `from_f32` (ties to even): grpo-core's
+    /// `vocab::jsd_backward_rows_in_place` on the GPU. The shader's `f32` gradient is rounded
+    /// on the host (4 bytes per logit read back), so the result is [`VocabKernel::jsd_backward`]'s
+    /// rounded, bit for bit.
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// let w = [1.0f32, 0.0, -0.5].map(half::bf16::from_f32);
+    /// let z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
+    /// let mut grad = [0.0f32; 3];
+    /// k.jsd_backward(&z, &w, 3, 0.3, 0.7, &[2.0], &mut grad)?;
+    /// let mut over = z;
+    /// k.jsd_backward_in_place(&mut over, &w, 3, 0.3, 0.7, &[2.0])?;
+    /// assert_eq!(over, grad.map(half::bf16::from_f32));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward`] (without `out`); on `Err` the logits are untouched.
+    pub fn jsd_backward_in_place<L: LogitStorage>(
+        &self,
+        student: &mut [L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+    ) -> Result<()> {
+        let f = self.jsd_backward_over(student, teacher, vocab, beta, temperature, g, Wait::Block);
+        pollster::block_on(f)
+    }
+
+    /// Async [`VocabKernel::jsd_backward_in_place`] (same bits, same errors).
+    ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Identical rows: the gradient is 0.
+    /// let mut z = [0.5f32, -1.0, 2.0];
+    /// let w = z;
+    /// let k = VocabKernel::new(&ctx);
+    /// pollster::block_on(k.jsd_backward_in_place_async(&mut z, &w, 3, 0.5, 1.0, &[1.0]))?;
+    /// assert!(z.iter().all(|g| g.abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward_in_place`].
+    pub async fn jsd_backward_in_place_async<L: LogitStorage>(
+        &self,
+        student: &mut [L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+    ) -> Result<()> {
+        self.jsd_backward_over(student, teacher, vocab, beta, temperature, g, Wait::Await)
+            .await
+    }
+
+    /// The in-place JSD gradients' shared body: [`VocabKernel::jsd_backward`]'s gradient,
+    /// rounded over the logits.
+    #[allow(clippy::too_many_arguments)]
+    async fn jsd_backward_over<L: LogitStorage>(
+        &self,
+        student: &mut [L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        g: &[f32],
+        wait: Wait,
+    ) -> Result<()> {
+        let mut grad = vec![0f32; student.len()];
+        let f = self.jsd_backward_with(
+            student,
+            teacher,
+            vocab,
+            beta,
+            temperature,
+            g,
+            &mut grad,
+            wait,
+        );
+        f.await?;
+        for (z, &x) in student.iter_mut().zip(&grad) {
+            *z = L::from_f32(x);
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn jsd_backward_with<L: LogitStorage>(
         &self,

@@ -162,11 +162,11 @@ impl Case<f32> {
 }
 
 /// The calls [`check_all`] makes of grpo-core (and of every `Cpu`): six forward (stats, two
-/// log-prob, two KL, JSD), the JSD's gradient (weighted by `g_kl`), four backward term sets ×
-/// out of place and in place, the forward
+/// log-prob, two KL, JSD), the JSD's gradient (weighted by `g_kl`) out of place and in place,
+/// four backward term sets × out of place and in place, the forward
 /// that saves its row states and two term sets × two backwards from them, the KL forward that
 /// saves its pair states in both directions and the four term sets × two backwards from them.
-const CALLS: usize = 30;
+const CALLS: usize = 31;
 
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
 /// among its [`CALLS`] calls.
@@ -203,6 +203,8 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
     let j0r = grpo_core::vocab::jsd_rows(z, w, v, c.beta, t, &mut j0);
     let mut jg0 = grad();
     let jb0 = grpo_core::vocab::jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg0);
+    let mut jz0 = c.z.clone();
+    let jbi0 = grpo_core::vocab::jsd_backward_rows_in_place(&mut jz0, w, v, c.beta, t, &c.g_kl);
     // backward with several term sets
     let term_sets: Vec<GradTerms<'_, u32, U>> = vec![
         GradTerms {
@@ -302,6 +304,14 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             );
         }
     }
+    if jbi0.is_err() {
+        errors += 1;
+        assert_eq!(
+            bits_s(&jz0),
+            bits_s(z),
+            "{what}: jsd backward in place wrote"
+        );
+    }
     if f0.is_err() {
         errors += 1;
         assert!(untouched(&ps0), "{what}: saved forward wrote on {f0:?}");
@@ -375,6 +385,10 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let jb = cpu.jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg);
         assert_eq!(jb, jb0, "jsd backward {tag}");
         assert_eq!(bits(&jg), bits(&jg0), "jsd backward {tag}");
+        let mut jz = c.z.clone();
+        let jbi = cpu.jsd_backward_rows_in_place(&mut jz, w, v, c.beta, t, &c.g_kl);
+        assert_eq!(jbi, jbi0, "jsd backward in place {tag}");
+        assert_eq!(bits_s(&jz), bits_s(&jz0), "jsd backward in place {tag}");
 
         for (k, terms) in term_sets.iter().enumerate() {
             let (r_ref, g_ref, ri_ref, zi_ref) = &b0[k];
@@ -482,6 +496,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         && k0r.is_ok()
         && j0r.is_ok()
         && jb0.is_ok()
+        && jbi0.is_ok()
         && f0.is_ok()
         && kls0.iter().all(|k| k.1.is_ok())
         && b0
@@ -565,9 +580,9 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let case = || Case::<S>::new(4, 40, 11, 1.0);
     let set = |x: &mut [S], i: usize, v: f32| x[i] = S::from_f32(v);
     let ninf = f32::NEG_INFINITY;
-    // Calls that read the teacher: both KLs, the JSD and its gradient, two KL term sets × two
-    // backwards, both saving KLs — and the eight backwards from the pair states.
-    const TEACHER: usize = 18;
+    // Calls that read the teacher: both KLs, the JSD and its two gradients, two KL term sets ×
+    // two backwards, both saving KLs — and the eight backwards from the pair states.
+    const TEACHER: usize = 19;
     // Calls that take targets: two forward, three term sets × two backwards, the saving
     // forward — and the four backwards from its states — and three term sets × two
     // backwards from the pair states.
@@ -624,12 +639,12 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
     // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls and the JSD's
-    // gradient fail.
+    // two gradients fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 21);
+    expect(&small, "temperature 1e-7", 22);
     let mut beta = case();
     beta.beta = 1.0;
-    expect(&beta, "beta = 1", 2);
+    expect(&beta, "beta = 1", 3);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
     // The seven term sets with a log-prob term (one from saved row states, three from saved
@@ -638,8 +653,8 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut big = case();
     big.g_kl[1] = 2e9;
     // The two KL term sets, recomputing and from pair states, out of place and in place, and
-    // the JSD's gradient (which takes the same weights).
-    expect(&big, "KL weight too large", 9);
+    // the JSD's two gradients (which take the same weights).
+    expect(&big, "KL weight too large", 10);
     let mut short = case();
     short.z.pop();
     expect(&short, "short logits", CALLS);

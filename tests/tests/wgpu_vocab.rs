@@ -1099,12 +1099,20 @@ fn check_jsd_grad<L: LogitStorage + grpo_core::vocab::Logit>(
     let core = grpo_core::vocab::jsd_backward_rows(&s, &t, c.vocab, c.beta, c.temp, g, &mut want);
     let mut got = vec![7f32; n];
     let gpu = k.jsd_backward(&s, &t, c.vocab, c.beta, c.temp, g, &mut got);
+    // In place: the same result, the gradient rounded to the storage type over the logits.
+    let mut over = s.clone();
+    let gpu_over = k.jsd_backward_in_place(&mut over, &t, c.vocab, c.beta, c.temp, g);
+    prop_assert_eq!(&gpu_over, &gpu);
+    let bits = |x: &[L]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
     if let Err(e) = core {
         prop_assert_eq!(gpu, Err(GpuError::Core(e)));
         prop_assert!(got.iter().all(|&x| x == 7.0));
+        prop_assert_eq!(bits(&over), bits(&s));
         return Ok(());
     }
     gpu.map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let rounded: Vec<L> = got.iter().map(|&x| L::from_f32(x)).collect();
+    prop_assert_eq!(bits(&over), bits(&rounded));
     let mut e = err.borrow_mut();
     for r in 0..c.rows {
         let span = r * c.vocab..(r + 1) * c.vocab;
@@ -1314,6 +1322,19 @@ fn jsd_gradient_errors_and_long_rows_match_grpo_core() {
         let gpu = k.jsd_backward(&s, &t, v, beta, temp, &g, &mut got);
         assert_eq!(gpu, Err(GpuError::Core(e)), "{label}");
         assert!(got.iter().all(|&x| x == 7.0), "{label}: grad written");
+        // In place (no `out` length to get wrong): grpo-core's in-place error, logits untouched.
+        let (mut over, mut over_core) = (s.clone(), s.clone());
+        let core =
+            grpo_core::vocab::jsd_backward_rows_in_place(&mut over_core, &t, v, beta, temp, &g);
+        let gpu = k.jsd_backward_in_place(&mut over, &t, v, beta, temp, &g);
+        match core {
+            Err(e) => assert_eq!(gpu, Err(GpuError::Core(e)), "{label}: in place"),
+            Ok(()) => assert!(n != s.len(), "{label}: only a wrong `out` passes in place"),
+        }
+        if gpu.is_err() {
+            let same = over.iter().zip(&s).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{label}: in place wrote");
+        }
     }
     // Long rows: 151936 columns against an unrelated teacher (K = KL(p‖m) well above 0), a
     // masked entry on each side.

@@ -58,9 +58,10 @@ pub mod validate {
 pub use canon::{Logit, LseState, PairState};
 pub use ops::{
     GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
-    backward_rows, backward_rows_in_place, entropy, jsd, jsd_backward_rows, jsd_rows,
-    kl_divergence, kl_rows, kl_rows_saved, log_sum_exp, logprob_entropy, logprob_entropy_rows,
-    logprob_entropy_rows_saved, row_stats, stats_rows, token_logprob,
+    backward_rows, backward_rows_in_place, entropy, jsd, jsd_backward_rows,
+    jsd_backward_rows_in_place, jsd_rows, kl_divergence, kl_rows, kl_rows_saved, log_sum_exp,
+    logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved, row_stats, stats_rows,
+    token_logprob,
 };
 pub use saved::{
     MAX_SAVED_ENTROPY, MAX_SAVED_KL, SavedState, backward_rows_in_place_saved, backward_rows_saved,

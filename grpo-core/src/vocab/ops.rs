@@ -1337,12 +1337,63 @@ fn jsd_grad_row<S: super::Logit, U: super::Logit>(
     g: f32,
     o: &mut [f32],
 ) {
+    let (j, k, c) = jsd_grad_coefs(z, w, tau, beta, g);
+    for (v, o) in o.iter_mut().enumerate() {
+        *o = canon::jsd_grad_step(z[v].to_f32(), w[v].to_f32(), &j, k, c);
+    }
+}
+
+/// The per-row constants of the JSD's gradient: the row's [`canon::JsdParams`], `K =
+/// KL(p‖m)` (unclamped) and `c = (g·(1 − β))·τ`.
+fn jsd_grad_coefs<S: super::Logit, U: super::Logit>(
+    z: &[S],
+    w: &[U],
+    tau: f32,
+    beta: f32,
+    g: f32,
+) -> (canon::JsdParams, f32, f32) {
     let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
     let k = canon::canonical_sum(z.len(), |i| {
         canon::jsd_student_step(z[i].to_f32(), w[i].to_f32(), &j)
     });
-    let c = (g * j.omb) * tau;
-    for (v, o) in o.iter_mut().enumerate() {
-        *o = canon::jsd_grad_step(z[v].to_f32(), w[v].to_f32(), &j, k, c);
+    (j, k, (g * j.omb) * tau)
+}
+
+/// [`jsd_backward_rows`] writing the gradient over the student logits themselves, rounded to
+/// their storage type `S` by `S::from_f32` (ties to even) \[ours\]. Each row's constants
+/// (its statistics and `KL(p‖m)`) are computed before the row is overwritten, and every
+/// element's gradient needs only its own logit, so the result equals the out-of-place one
+/// rounded to `S`.
+///
+/// # Errors
+/// As [`jsd_backward_rows`] (without `out`); on `Err` the logits are untouched.
+///
+/// ```
+/// use grpo_core::vocab::{jsd_backward_rows, jsd_backward_rows_in_place};
+/// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+/// let mut g = [0.0f32; 3];
+/// jsd_backward_rows(&z, &w, 3, 0.5, 1.0, &[1.0], &mut g).unwrap();
+/// let mut zb = z.map(half::bf16::from_f32);
+/// jsd_backward_rows_in_place(&mut zb, &w, 3, 0.5, 1.0, &[1.0]).unwrap();
+/// assert_eq!(zb, g.map(half::bf16::from_f32));
+/// ```
+pub fn jsd_backward_rows_in_place<S: super::Logit, U: super::Logit>(
+    student: &mut [S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    grad: &[f32],
+) -> Result<()> {
+    let n = student.len();
+    let (tau, rows) = check_jsd_backward(student, teacher, vocab, beta, temperature, grad, n)?;
+    for r in 0..rows {
+        let span = r * vocab..(r + 1) * vocab;
+        let w = &teacher[span.clone()];
+        let (j, k, c) = jsd_grad_coefs(&student[span.clone()], w, tau, beta, grad[r]);
+        for (z, w) in student[span].iter_mut().zip(w) {
+            *z = S::from_f32(canon::jsd_grad_step(z.to_f32(), w.to_f32(), &j, k, c));
+        }
     }
+    Ok(())
 }

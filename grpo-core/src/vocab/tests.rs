@@ -812,6 +812,11 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
             let got = jsd_backward_rows(&zz, &ww, v, c.beta, t, &[1.0, -1.0], &mut og);
             assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_backward_rows");
             assert!(untouched(&og), "{l}: jsd_backward_rows wrote");
+            let mut zi = zz.clone();
+            let got = jsd_backward_rows_in_place(&mut zi, &ww, v, c.beta, t, &[1.0, -1.0]);
+            assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_backward_rows_in_place");
+            let same = zi.iter().zip(&zz).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{l}: jsd_backward_rows_in_place wrote");
         }
     }
 }
@@ -1841,6 +1846,18 @@ fn jsd_backward_matches_finite_differences_and_the_analytic_form() {
                 for i in 0..v {
                     assert_eq!(out[v + i], 2.0 * out[i], "{ctx:?} v={i}");
                 }
+                // in place equals out of place (f32), and bf16 in place is its rounding
+                let mut zi = zz.clone();
+                jsd_backward_rows_in_place(&mut zi, &ww, v, beta, t, &[g, 2.0 * g]).unwrap();
+                assert_eq!(zi, out, "{ctx:?}");
+                let mut zb: Vec<half::bf16> = zz.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                let zb32: Vec<f32> = zb.iter().map(|x| x.to_f32()).collect();
+                let mut outb = vec![0.0f32; 2 * v];
+                jsd_backward_rows(&zb32, &ww, v, beta, t, &[g, 2.0 * g], &mut outb).unwrap();
+                jsd_backward_rows_in_place(&mut zb, &ww, v, beta, t, &[g, 2.0 * g]).unwrap();
+                for i in 0..2 * v {
+                    assert_eq!(zb[i], half::bf16::from_f32(outb[i]), "{ctx:?} v={i}");
+                }
                 let (b64, t64) = (beta as f64, t as f64);
                 let (an, tol) = jsd_grad64(&z, &w, b64, t64, g as f64);
                 let z64: Vec<f64> = z.iter().map(|&x| x as f64).collect();
@@ -1914,6 +1931,16 @@ fn jsd_backward_rejects_its_own_invalid_inputs_and_leaves_out_untouched() {
             );
         } else {
             assert!(out.iter().all(|x| x.is_finite()));
+        }
+        // In place (no `out`: its length cannot be wrong), the same result or the same error
+        // with the logits untouched.
+        if n == z.len() {
+            let mut zi = z.to_vec();
+            let ri = jsd_backward_rows_in_place(&mut zi, w, 4, beta, t, g);
+            assert_eq!(ri, r);
+            let want = if r.is_ok() { &out[..] } else { z };
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&zi), bits(want));
         }
         r
     };

@@ -1899,8 +1899,7 @@ fn jsd_grad1<V: F32x16>(z: f32, lr: f32, p: &JsdParams, (k, c): (f32, f32)) -> f
 /// The JSD's gradient of one validated row pair into `out`: `K = KL(p‖m)` by
 /// [`JsdRatioBlocks`], which leaves each element's log-ratio in `out`, then `out[v] =
 /// (p_v·(out[v] − K))·c` ([`jsd_grads`]; `c = (g·(1 − β))·τ`) — a scalar head up to 64-byte
-/// alignment of `out`, blocks of whole chunks (each in the `NORMAL` form where the block's
-/// smallest student logit allows it, two chunks per iteration, streaming stores on AVX-512),
+/// alignment of `out`, the whole chunks ([`jsd_grad_chunks`], streaming stores on AVX-512),
 /// the tail. Every element is independent, so the split changes no bit.
 #[inline(always)]
 fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
@@ -1912,61 +1911,163 @@ fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
 ) {
     let n = z.len().min(w.len()).min(out.len());
     let (z, out) = (&z[..n], &mut out[..n]);
-    let mut b = JsdRatioBlocks::<V, S, U> {
-        z,
-        w: &w[..n],
-        p: *p,
-        lr: out,
-        lanes: PhantomData,
-    };
-    let k = fold_blocks(n, &mut b).unwrap_or(0.0);
-    let kc = (k, (g * p.omb) * p.tau);
+    let kc = jsd_ratios::<V, S, U>(z, &w[..n], p, g, out);
     let head = out.as_ptr().align_offset(64).min(n);
     for i in 0..head {
         out[i] = jsd_grad1::<V>(z[i].to_f32(), out[i], p, kc);
     }
     let (zc, _) = z[head..].as_chunks::<16>();
     let (oc, _) = out[head..].as_chunks_mut::<16>();
-    for (zb, ob) in zc.chunks(BLOCK / 16).zip(oc.chunks_mut(BLOCK / 16)) {
-        let normal = const { V::SPECIALIZED_LOOPS } && {
-            let zlow = block_max_min::<V, S>(zb, &[]).1;
-            fma1::<V>(zlow - p.lz.max, p.tau, p.lz.neg_ln_sum) >= EXP_NORMAL_MIN
-        };
-        if normal {
-            jsd_grad_chunks::<V, S, true>(zb, p, kc, ob);
-        } else {
-            jsd_grad_chunks::<V, S, false>(zb, p, kc, ob);
-        }
-    }
-    for i in head + zc.len() * 16..n {
+    let done = head + zc.len() * 16;
+    jsd_grad_chunks::<V, S, _>(&mut JsdInto { z: zc, out: oc }, p, kc);
+    for i in done..n {
         out[i] = jsd_grad1::<V>(z[i].to_f32(), out[i], p, kc);
     }
 }
 
-/// [`jsd_grad_into`]'s whole chunks, two per iteration: each log-ratio in `out` replaced by
-/// its gradient.
+/// [`jsd_grad_into`] over the student logits themselves, each gradient rounded to the storage
+/// type; the log-ratios go to `scratch` (at least a row long) instead of the output.
 #[inline(always)]
-fn jsd_grad_chunks<V: F32x16, S: Load, const NORMAL: bool>(
-    zc: &[[S; 16]],
+fn jsd_grad_over<V: F32x16, S: Load, U: Load>(
+    z: &mut [S],
+    w: &[U],
+    p: &JsdParams,
+    g: f32,
+    scratch: &mut [f32],
+) {
+    let n = z.len().min(w.len()).min(scratch.len());
+    let (z, lr) = (&mut z[..n], &mut scratch[..n]);
+    let kc = jsd_ratios::<V, S, U>(z, &w[..n], p, g, lr);
+    let (zc, zt) = z.as_chunks_mut::<16>();
+    let (lc, lt) = lr.as_chunks::<16>();
+    jsd_grad_chunks::<V, S, _>(&mut JsdOver { z: zc, lr: lc }, p, kc);
+    for (x, &r) in zt.iter_mut().zip(lt) {
+        *x = S::from_f32(jsd_grad1::<V>(x.to_f32(), r, p, kc));
+    }
+}
+
+/// `(K, c)` of a validated row pair: `K = KL(p‖m)` by [`JsdRatioBlocks`] (each element's
+/// log-ratio left in `lr`), `c = (g·(1 − β))·τ`.
+#[inline(always)]
+fn jsd_ratios<V: F32x16, S: Load, U: Load>(
+    z: &[S],
+    w: &[U],
+    p: &JsdParams,
+    g: f32,
+    lr: &mut [f32],
+) -> (f32, f32) {
+    let n = lr.len();
+    let mut b = JsdRatioBlocks::<V, S, U> {
+        z,
+        w,
+        p: *p,
+        lr,
+        lanes: PhantomData,
+    };
+    let k = fold_blocks(n, &mut b).unwrap_or(0.0);
+    (k, (g * p.omb) * p.tau)
+}
+
+/// Where the JSD gradient's last pass reads each chunk's logits and log-ratios and puts its
+/// gradients: over the log-ratios in an `f32` output ([`JsdInto`]) or over the logits
+/// ([`JsdOver`]).
+trait JsdGradDest<S> {
+    /// The student's whole chunks.
+    fn logits(&self) -> &[[S; 16]];
+    /// Chunk `i`'s log-ratios.
+    fn ratios<V: F32x16>(&self, i: usize) -> V;
+    /// Chunk `i`'s gradients.
+    fn put<V: F32x16>(&mut self, i: usize, g: V);
+}
+
+/// The gradients over the log-ratios, streaming stores on AVX-512.
+struct JsdInto<'a, S> {
+    z: &'a [[S; 16]],
+    out: &'a mut [[f32; 16]],
+}
+
+impl<S: Load> JsdGradDest<S> for JsdInto<'_, S> {
+    #[inline(always)]
+    fn logits(&self) -> &[[S; 16]] {
+        self.z
+    }
+    #[inline(always)]
+    fn ratios<V: F32x16>(&self, i: usize) -> V {
+        V::load(&self.out[i])
+    }
+    #[inline(always)]
+    fn put<V: F32x16>(&mut self, i: usize, g: V) {
+        g.store_stream(&mut self.out[i]);
+    }
+}
+
+/// The gradients over the logits, rounded to their storage type.
+struct JsdOver<'a, S> {
+    z: &'a mut [[S; 16]],
+    lr: &'a [[f32; 16]],
+}
+
+impl<S: Load> JsdGradDest<S> for JsdOver<'_, S> {
+    #[inline(always)]
+    fn logits(&self) -> &[[S; 16]] {
+        self.z
+    }
+    #[inline(always)]
+    fn ratios<V: F32x16>(&self, i: usize) -> V {
+        V::load(&self.lr[i])
+    }
+    #[inline(always)]
+    fn put<V: F32x16>(&mut self, i: usize, g: V) {
+        S::store_grad(g, &mut self.z[i]);
+    }
+}
+
+/// The JSD gradient's whole chunks: by blocks, each in [`jsd_grads`]' `NORMAL` form where the
+/// block's smallest student logit allows it, two chunks per iteration.
+#[inline(always)]
+fn jsd_grad_chunks<V: F32x16, S: Load, D: JsdGradDest<S>>(
+    d: &mut D,
+    p: &JsdParams,
+    kc: (f32, f32),
+) {
+    let n = d.logits().len();
+    for start in (0..n).step_by(BLOCK / 16) {
+        let end = (start + BLOCK / 16).min(n);
+        let normal = const { V::SPECIALIZED_LOOPS } && {
+            let zlow = block_max_min::<V, S>(&d.logits()[start..end], &[]).1;
+            fma1::<V>(zlow - p.lz.max, p.tau, p.lz.neg_ln_sum) >= EXP_NORMAL_MIN
+        };
+        if normal {
+            jsd_grad_range::<V, S, D, true>(d, start..end, p, kc);
+        } else {
+            jsd_grad_range::<V, S, D, false>(d, start..end, p, kc);
+        }
+    }
+}
+
+/// [`jsd_grad_chunks`] over chunks `range`, two at a time.
+#[inline(always)]
+fn jsd_grad_range<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool>(
+    d: &mut D,
+    range: core::ops::Range<usize>,
     p: &JsdParams,
     (k, c): (f32, f32),
-    out: &mut [[f32; 16]],
 ) {
     let kc = (V::splat(k), V::splat(c));
-    let mut zp = zc.chunks_exact(2);
-    let mut op = out.chunks_exact_mut(2);
-    for (j, (a, o)) in (&mut zp).zip(&mut op).enumerate() {
-        for q in 0..2 {
-            prefetch_ahead::<V, S>(&a[q], 2 * j + q);
-        }
-        let lr = [V::load(&o[0]), V::load(&o[1])];
-        let g = jsd_grads::<V, 2, NORMAL>([S::load(&a[0]), S::load(&a[1])], lr, p, kc);
-        g[0].store_stream(&mut o[0]);
-        g[1].store_stream(&mut o[1]);
+    let pairs = range.start + (range.end - range.start) / 2 * 2;
+    for i in (range.start..pairs).step_by(2) {
+        let z = &d.logits()[i..i + 2];
+        prefetch_ahead::<V, S>(&z[0], i);
+        prefetch_ahead::<V, S>(&z[1], i + 1);
+        let zv = [S::load(&z[0]), S::load(&z[1])];
+        let g = jsd_grads::<V, 2, NORMAL>(zv, [d.ratios(i), d.ratios(i + 1)], p, kc);
+        d.put(i, g[0]);
+        d.put(i + 1, g[1]);
     }
-    for (a, o) in zp.remainder().iter().zip(op.into_remainder()) {
-        let g = jsd_grads::<V, 1, NORMAL>([S::load(a)], [V::load(o)], p, kc);
-        g[0].store_stream(o);
+    for i in pairs..range.end {
+        let zv = [S::load(&d.logits()[i])];
+        let g = jsd_grads::<V, 1, NORMAL>(zv, [d.ratios(i)], p, kc);
+        d.put(i, g[0]);
     }
 }
 
@@ -2177,6 +2278,36 @@ impl<S: Load, U: Load> Kernel for JsdGradRows<'_, S, U> {
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
             jsd_grad_into::<V, S, U>(z, w, p, g, o);
+        }
+    }
+}
+
+/// [`JsdGradRows`] writing over the student logits (rounded to their storage type), with one
+/// row of `f32` scratch for the log-ratios.
+pub(crate) struct JsdGradRowsInPlace<'a, S, U> {
+    pub(crate) z: &'a mut [S],
+    pub(crate) w: &'a [U],
+    pub(crate) vocab: usize,
+    pub(crate) params: &'a [JsdParams],
+    pub(crate) grad: &'a [f32],
+}
+
+impl<S: Load, U: Load> Kernel for JsdGradRowsInPlace<'_, S, U> {
+    type Output = ();
+    const STORES_BF16: bool = S::IS_BF16;
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        if self.vocab == 0 {
+            return;
+        }
+        let mut scratch = vec![0.0f32; self.vocab];
+        let rows = self.z.chunks_exact_mut(self.vocab);
+        for (r, ((z, p), &g)) in rows.zip(self.params).zip(self.grad).enumerate() {
+            let w = self
+                .w
+                .get(r * self.vocab..(r + 1) * self.vocab)
+                .unwrap_or(&[]);
+            jsd_grad_over::<V, S, U>(z, w, p, g, &mut scratch);
         }
     }
 }
