@@ -1577,7 +1577,8 @@ trait GradDest<S: Load> {
 }
 
 /// The gradient of the chunks `z` into `out` (as many), through [`F32x16::store_stream`]: the
-/// output is written once and not read back.
+/// output is written once and not read back (the JSD's gradient reads its log-ratios from it
+/// first, [`JsdGradDest`]).
 struct GradInto<'a, S> {
     z: &'a [[S; 16]],
     out: &'a mut [[f32; 16]],
@@ -1899,7 +1900,8 @@ fn jsd_grad1<V: F32x16>(z: f32, lr: f32, p: &JsdParams, (k, c): (f32, f32)) -> f
 /// The JSD's gradient of one validated row pair into `out`: `K = KL(p‖m)` by
 /// [`JsdRatioBlocks`], which leaves each element's log-ratio in `out`, then `out[v] =
 /// (p_v·(out[v] − K))·c` ([`jsd_grads`]; `c = (g·(1 − β))·τ`) — a scalar head up to 64-byte
-/// alignment of `out`, the whole chunks ([`jsd_grad_chunks`], streaming stores on AVX-512),
+/// alignment of `out`, the whole chunks ([`jsd_grad_chunks`] into [`GradInto`], streaming
+/// stores on AVX-512),
 /// the tail. Every element is independent, so the split changes no bit.
 #[inline(always)]
 fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
@@ -1919,7 +1921,7 @@ fn jsd_grad_into<V: F32x16, S: Load, U: Load>(
     let (zc, _) = z[head..].as_chunks::<16>();
     let (oc, _) = out[head..].as_chunks_mut::<16>();
     let done = head + zc.len() * 16;
-    jsd_grad_chunks::<V, S, _>(&mut JsdInto { z: zc, out: oc }, p, kc);
+    jsd_grad_chunks::<V, S, _>(&mut GradInto { z: zc, out: oc }, p, kc);
     for i in done..n {
         out[i] = jsd_grad1::<V>(z[i].to_f32(), out[i], p, kc);
     }
@@ -1968,57 +1970,45 @@ fn jsd_ratios<V: F32x16, S: Load, U: Load>(
     (k, (g * p.omb) * p.tau)
 }
 
-/// Where the JSD gradient's last pass reads each chunk's logits and log-ratios and puts its
-/// gradients: over the log-ratios in an `f32` output ([`JsdInto`]) or over the logits
+/// What the JSD gradient's last pass needs besides a [`GradDest`]: each chunk's log-ratios.
+/// Out of place they are in the `f32` output itself ([`GradInto`]), in place in a scratch row
 /// ([`JsdOver`]).
-trait JsdGradDest<S> {
-    /// The student's whole chunks.
-    fn logits(&self) -> &[[S; 16]];
-    /// Chunk `i`'s log-ratios.
+trait JsdGradDest<S: Load>: GradDest<S> {
+    /// Chunk `i`'s log-ratios (read before chunk `i`'s gradient is put).
     fn ratios<V: F32x16>(&self, i: usize) -> V;
-    /// Chunk `i`'s gradients.
-    fn put<V: F32x16>(&mut self, i: usize, g: V);
 }
 
-/// The gradients over the log-ratios, streaming stores on AVX-512.
-struct JsdInto<'a, S> {
-    z: &'a [[S; 16]],
-    out: &'a mut [[f32; 16]],
-}
-
-impl<S: Load> JsdGradDest<S> for JsdInto<'_, S> {
-    #[inline(always)]
-    fn logits(&self) -> &[[S; 16]] {
-        self.z
-    }
+impl<S: Load> JsdGradDest<S> for GradInto<'_, S> {
     #[inline(always)]
     fn ratios<V: F32x16>(&self, i: usize) -> V {
         V::load(&self.out[i])
     }
-    #[inline(always)]
-    fn put<V: F32x16>(&mut self, i: usize, g: V) {
-        g.store_stream(&mut self.out[i]);
-    }
 }
 
-/// The gradients over the logits, rounded to their storage type.
+/// The JSD's gradients over the logits, rounded to their storage type, from the log-ratios in
+/// `lr`.
 struct JsdOver<'a, S> {
     z: &'a mut [[S; 16]],
     lr: &'a [[f32; 16]],
 }
 
-impl<S: Load> JsdGradDest<S> for JsdOver<'_, S> {
+impl<S: Load> GradDest<S> for JsdOver<'_, S> {
     #[inline(always)]
     fn logits(&self) -> &[[S; 16]] {
         self.z
     }
     #[inline(always)]
+    fn put<V: F32x16, const G: usize>(&mut self, i: usize, g: [V; G]) {
+        for (g, z) in g.into_iter().zip(&mut self.z[i..i + G]) {
+            S::store_grad(g, z);
+        }
+    }
+}
+
+impl<S: Load> JsdGradDest<S> for JsdOver<'_, S> {
+    #[inline(always)]
     fn ratios<V: F32x16>(&self, i: usize) -> V {
         V::load(&self.lr[i])
-    }
-    #[inline(always)]
-    fn put<V: F32x16>(&mut self, i: usize, g: V) {
-        S::store_grad(g, &mut self.z[i]);
     }
 }
 
@@ -2061,13 +2051,12 @@ fn jsd_grad_range<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool>(
         prefetch_ahead::<V, S>(&z[1], i + 1);
         let zv = [S::load(&z[0]), S::load(&z[1])];
         let g = jsd_grads::<V, 2, NORMAL>(zv, [d.ratios(i), d.ratios(i + 1)], p, kc);
-        d.put(i, g[0]);
-        d.put(i + 1, g[1]);
+        d.put(i, g);
     }
     for i in pairs..range.end {
         let zv = [S::load(&d.logits()[i])];
         let g = jsd_grads::<V, 1, NORMAL>(zv, [d.ratios(i)], p, kc);
-        d.put(i, g[0]);
+        d.put(i, g);
     }
 }
 
