@@ -337,8 +337,12 @@ fuzz_target!(|inp: Input| {
     }
     if inp.bf16 {
         let (zb, wb) = (
-            z.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
-            w.iter().map(|&v| half::bf16::from_f32(v)).collect::<Vec<_>>(),
+            z.iter()
+                .map(|&v| half::bf16::from_f32(v))
+                .collect::<Vec<_>>(),
+            w.iter()
+                .map(|&v| half::bf16::from_f32(v))
+                .collect::<Vec<_>>(),
         );
         let mut jb = fresh(z.len());
         let jres = vocab::jsd_backward_rows(&zb, &wb, vocab, beta, temperature, &weights, &mut jb);
