@@ -5,14 +5,16 @@
 //! that does not, and the backward from those states the gradient of the one that recomputes
 //! them; from altered states it may return anything but a panic (its documented precondition).
 //! Likewise the KL forward that saves its pair states, and the backward (with a KL term) from
-//! them. The JSD's gradient is checked for panics, finiteness and untouched outputs.
+//! them. The JSD's gradient is checked for panics, finiteness and untouched outputs; the JSD
+//! forward that saves its states gives the JSD's bits, and the gradient from them the bits of
+//! the one that recomputes them (from altered states: no panic, nothing written on `Err`).
 #![no_main]
 
 use grpo_core::Result;
 use grpo_core::vocab::{
-    self, GradTerms, KlDirection, KlTerm, Logit, LseState, PairState, SavedState, backward_rows,
-    backward_rows_in_place, backward_rows_in_place_saved, backward_rows_saved, jsd_rows, kl_rows,
-    kl_rows_saved, logprob_entropy_rows, logprob_entropy_rows_saved, stats_rows,
+    self, GradTerms, JsdState, KlDirection, KlTerm, Logit, LseState, PairState, SavedState,
+    backward_rows, backward_rows_in_place, backward_rows_in_place_saved, backward_rows_saved,
+    jsd_rows, kl_rows, kl_rows_saved, logprob_entropy_rows, logprob_entropy_rows_saved, stats_rows,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -315,10 +317,19 @@ fuzz_target!(|inp: Input| {
         }
     }
     let mut j = fresh(rows);
-    if check(jsd_rows(&z, &w, vocab, beta, temperature, &mut j), &[&j]) {
+    let j_res = jsd_rows(&z, &w, vocab, beta, temperature, &mut j);
+    // The saving JSD: the same result and bits, its states `EMPTY` on `Err`.
+    let (mut js, mut jst) = (fresh(rows), vec![JsdState::EMPTY; rows]);
+    let js_res = vocab::jsd_rows_saved(&z, &w, vocab, beta, temperature, &mut js, &mut jst);
+    assert_eq!(js_res, j_res);
+    assert_eq!(raw(&js), raw(&j));
+    if check(j_res, &[&j]) {
         for r in 0..rows {
             assert_eq!(bits(singles[r].jsd), Ok([j[r].to_bits()]));
         }
+        assert!(jst.iter().all(|s| s.beta == beta && s.kl_pm.is_finite()));
+    } else {
+        assert!(jst.iter().all(|s| *s == JsdState::EMPTY));
     }
     // The JSD's gradient: finite, or its error with the output untouched; it makes the JSD's
     // checks, so where it succeeds the JSD of its rows does too; in place the same values or
@@ -331,9 +342,44 @@ fuzz_target!(|inp: Input| {
     let ires = vocab::jsd_backward_rows_in_place(&mut zi, &w, vocab, beta, temperature, &weights);
     assert_eq!(ires, jres);
     assert_eq!(raw(&zi), raw(if ires.is_ok() { &jg } else { &z }));
+    // From the saved states (`EMPTY` where the forward failed): where the forward and the
+    // recomputing gradient succeed, the recomputing gradient's bits (out of place and in
+    // place); otherwise finite or nothing written.
+    let mut jgs = fresh(z.len());
+    let sres = vocab::jsd_backward_rows_saved(&z, &w, vocab, temperature, &jst, &weights, &mut jgs);
+    let mut zs = z.clone();
+    let sires =
+        vocab::jsd_backward_rows_in_place_saved(&mut zs, &w, vocab, temperature, &jst, &weights);
+    assert_eq!(sires, sres);
+    assert_eq!(raw(&zs), raw(if sires.is_ok() { &jgs } else { &z }));
     if check(jres, &[&jg]) {
         let mut jj = fresh(z.len() / vocab);
         assert!(jsd_rows(&z, &w, vocab, beta, temperature, &mut jj).is_ok());
+        if js_res.is_ok() && jst.len() == z.len() / vocab {
+            assert_eq!(sres, Ok(()));
+            assert_eq!(raw(&jgs), raw(&jg));
+        }
+    }
+    check(sres, &[&jgs]);
+    // From altered states: no panic, nothing written on `Err`.
+    let mut poisoned = jst.clone();
+    let which = usize::from(inp.states >> 3);
+    if let Some(st) = poisoned.get_mut(which / 6) {
+        let x = f32::from_bits(inp.poison);
+        let fields = [
+            &mut st.student.max,
+            &mut st.student.neg_ln_sum,
+            &mut st.teacher.max,
+            &mut st.teacher.neg_ln_sum,
+            &mut st.beta,
+            &mut st.kl_pm,
+        ];
+        *fields.into_iter().nth(which % 6).unwrap() = x;
+    }
+    let mut g_bad = fresh(z.len());
+    let t = temperature;
+    if vocab::jsd_backward_rows_saved(&z, &w, vocab, t, &poisoned, &weights, &mut g_bad).is_err() {
+        assert!(untouched(&g_bad));
     }
     if inp.bf16 {
         let (zb, wb) = (

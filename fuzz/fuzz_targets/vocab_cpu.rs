@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 
 use grpo_core::Result;
 use grpo_core::vocab::{
-    self, GradTerms, KlDirection, KlTerm, Logit, LseState, MAX_GRAD_WEIGHT, PairState, SavedState,
+    self, GradTerms, JsdState, KlDirection, KlTerm, Logit, LseState, MAX_GRAD_WEIGHT, PairState,
+    SavedState,
 };
 use grpo_cpu::{Backend, Cpu, Storage};
 use libfuzzer_sys::fuzz_target;
@@ -307,6 +308,39 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
         None => vocab::jsd_backward_rows_in_place(zi, w, v, beta, t, g),
         Some(cpu) => cpu.jsd_backward_rows_in_place(zi, w, v, beta, t, g),
     });
+    // The saving JSD (states compared bit for bit, `EMPTY` on `Err`), and the JSD's gradient
+    // from grpo-core's states, out of place and in place.
+    let mut want = (vec![SENTINEL; c.out], vec![JsdState::EMPTY; c.out]);
+    let res = vocab::jsd_rows_saved(z, w, v, beta, t, &mut want.0, &mut want.1);
+    for cpu in &c.cpus {
+        let mut got = (vec![SENTINEL; c.out], vec![JsdState::EMPTY; c.out]);
+        let r = cpu.jsd_rows_saved(z, w, v, beta, t, &mut got.0, &mut got.1);
+        assert_eq!(r, res, "{cpu:?}");
+        assert_eq!(bits(&got.0), bits(&want.0), "{cpu:?}");
+        assert_eq!(jsd_state_bits(&got.1), jsd_state_bits(&want.1), "{cpu:?}");
+        if res.is_err() {
+            assert!(untouched(&got.0) && got.1.iter().all(|s| *s == JsdState::EMPTY));
+        }
+    }
+    let st = &want.1[..];
+    differential(&c.cpus, [c.grad], |cpu, [o]| match cpu {
+        None => vocab::jsd_backward_rows_saved(z, w, v, t, st, g, o),
+        Some(cpu) => cpu.jsd_backward_rows_saved(z, w, v, t, st, g, o),
+    });
+    differential_in_place(&c.cpus, z, |cpu, zi| match cpu {
+        None => vocab::jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
+        Some(cpu) => cpu.jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
+    });
+}
+
+/// A JSD state's bits.
+fn jsd_state_bits(st: &[JsdState]) -> Vec<[u32; 6]> {
+    st.iter()
+        .map(|s| {
+            let (a, b) = (&s.student, &s.teacher);
+            [a.max, a.neg_ln_sum, b.max, b.neg_ln_sum, s.beta, s.kl_pm].map(f32::to_bits)
+        })
+        .collect()
 }
 
 fuzz_target!(|inp: Input| {

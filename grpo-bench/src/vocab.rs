@@ -1,6 +1,6 @@
 //! `grpo-bench vocab`: grpo-cpu's vocabulary kernels against the same-run memory roofline.
 
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState};
+use grpo_core::vocab::{GradTerms, JsdState, KlDirection, KlTerm, LseState, PairState};
 use grpo_cpu::{Cpu, Storage, roofline};
 
 use crate::{Args, interleaved_times, median};
@@ -13,7 +13,10 @@ pub(crate) const KERNELS: &[&str] = &[
     "kl",
     "kl_saved",
     "jsd",
+    "jsd_saved",
     "jsd_backward",
+    "jsd_backward_in_place",
+    "jsd_backward_saved",
     "backward",
     "backward_in_place",
     "backward_kl",
@@ -159,17 +162,19 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
     for &kernel in c.kernels {
         // Bytes the kernel must move: its inputs once, its gradient output once.
         let (read, write) = match kernel {
-            // `kl_saved` also writes eight f32 per row (the pair states): not counted.
-            "kl" | "kl_saved" | "jsd" => (2 * n * size, 0),
+            // `kl_saved` and `jsd_saved` also write their states (eight and ten f32 per row):
+            // not counted.
+            "kl" | "kl_saved" | "jsd" | "jsd_saved" => (2 * n * size, 0),
             // `backward_saved` reads the logits once, `backward` twice (its forward pass): the
             // same bytes to move.
             "backward" | "backward_saved" => (n * size, n * 4),
             // Distillation: student and teacher read, the student's gradient written (twice
             // read by `backward_kl`, once by `backward_kl_saved`).
             "backward_kl" | "backward_kl_saved" => (2 * n * size, n * 4),
-            // The JSD's gradient reads both rows three times (statistics, KL(p‖m), gradient):
-            // counted once.
-            "jsd_backward" => (2 * n * size, n * 4),
+            // The JSD's gradient reads both rows three times (statistics, KL(p‖m), gradient),
+            // from saved states once: counted once.
+            "jsd_backward" | "jsd_backward_saved" => (2 * n * size, n * 4),
+            "jsd_backward_in_place" => (2 * n * size, n * size),
             "backward_in_place" => (n * size, n * size),
             _ => (n * size, 0),
         };
@@ -204,6 +209,14 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         }
         // `backward_kl_saved`: the pair states of the KL forward a distillation step has run
         // anyway (untimed).
+        // `jsd_backward_saved`: the states of the saving JSD forward (untimed).
+        let mut jsd_states = vec![JsdState::EMPTY; c.rows];
+        if kernel == "jsd_backward_saved" {
+            let (v, t) = (c.vocab, c.temperature);
+            c.cpus[0]
+                .jsd_rows_saved(&z, &w, v, 0.5, t, &mut a, &mut jsd_states)
+                .map_err(|e| format!("{kernel}: {e}"))?;
+        }
         let mut pairs = vec![PairState::EMPTY; c.rows];
         if kernel == "backward_kl_saved" {
             let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
@@ -250,6 +263,10 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                         let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
                         cpu.kl_rows_saved(&z, &w, v, t, d, &mut a, &mut pairs)
                     }
+                    "jsd_saved" => {
+                        let (v, t) = (c.vocab, c.temperature);
+                        cpu.jsd_rows_saved(&z, &w, v, 0.5, t, &mut a, &mut jsd_states)
+                    }
                     _ => cpu.jsd_rows(&z, &w, c.vocab, 0.5, c.temperature, &mut a),
                 };
                 if let Err(e) = r {
@@ -261,7 +278,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             let src = vec![1.0f32; half_elems];
             let mut dst = vec![0.0f32; half_elems];
             roof_bytes = half_elems * 8;
-            if kernel == "backward_in_place" {
+            if kernel.ends_with("in_place") {
                 inplace = z.clone();
             } else {
                 grad = vec![0.0f32; n];
@@ -292,6 +309,16 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                     "jsd_backward" => {
                         let t = c.temperature;
                         cpu.jsd_backward_rows(&z, &w, c.vocab, 0.5, t, &halves, &mut grad)
+                    }
+                    // Gradients over gradients: finite and as expensive (the same passes).
+                    "jsd_backward_in_place" => {
+                        let (v, t) = (c.vocab, c.temperature);
+                        cpu.jsd_backward_rows_in_place(&mut inplace, &w, v, 0.5, t, &halves)
+                    }
+                    // The states stay those of the original rows: the same work per element.
+                    "jsd_backward_saved" => {
+                        let (v, t, st) = (c.vocab, c.temperature, &jsd_states);
+                        cpu.jsd_backward_rows_saved(&z, &w, v, t, st, &halves, &mut grad)
                     }
                     _ => cpu.backward_rows(&z, c.vocab, c.temperature, &terms, &mut grad),
                 };

@@ -9,8 +9,9 @@
 
 use grpo_core::Result;
 use grpo_core::vocab::canon::{self, GradCoef, JsdParams, KlGrad, LseState, PairState, finish_kl};
+use grpo_core::vocab::validate::jsd_backward_saved;
 use grpo_core::vocab::{
-    GradTerms, KlDirection, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, SavedState, TokenId,
+    GradTerms, JsdState, KlDirection, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, SavedState, TokenId,
 };
 use rayon::prelude::*;
 
@@ -18,8 +19,8 @@ use crate::arch;
 use crate::backend::Pass;
 use crate::cpu::Cpu;
 use crate::kernels::vocab::{
-    GradRows, GradRowsInPlace, JsdGradRows, JsdGradRowsInPlace, JsdRows, Load, LseRows, PairFlags,
-    PairNeed, PairRows, lse_ok, pair_ok,
+    GradRows, GradRowsInPlace, JsdGradRows, JsdGradRowsInPlace, JsdRows, JsdSavedDest,
+    JsdSavedGradRows, Load, LseRows, PairFlags, PairNeed, PairRows, lse_ok, pair_ok,
 };
 
 thread_local! {
@@ -96,6 +97,15 @@ fn backward_args_ok<I: TokenId, U: Load>(
         return None;
     }
     Some((tau, rows))
+}
+
+/// Each row's `(JsdParams, K, c)` from its validated saved state and weight.
+fn jsd_saved_params(saved: &[JsdState], grad: &[f32], tau: f32) -> Vec<(JsdParams, f32, f32)> {
+    saved
+        .iter()
+        .zip(grad)
+        .map(|(st, &g)| st.grad_params(tau, g))
+        .collect()
 }
 
 impl Cpu {
@@ -508,40 +518,117 @@ impl Cpu {
         temperature: f32,
         out: &mut [f32],
     ) -> Result<()> {
-        let core = |out: &mut [f32]| {
-            grpo_core::vocab::jsd_rows(student, teacher, vocab, beta, temperature, out)
+        self.jsd_rows_to(student, teacher, vocab, beta, temperature, out, None)
+    }
+
+    /// [`grpo_core::vocab::jsd_rows_saved`]: [`jsd_rows`](Cpu::jsd_rows) that also saves each
+    /// row pair's [`JsdState`] (both rows' log-softmax constants, β and `K = KL(p‖m)`) for
+    /// [`jsd_backward_rows_saved`](Cpu::jsd_backward_rows_saved) \[ours\]. The same two passes
+    /// per row, the second computing `K` beside the JSD (one more multiply and add per element
+    /// pair); the same JSD bits, the states' bits grpo-core's, the same errors; on `Err`
+    /// nothing is written.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+    /// let (mut j, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+    /// cpu.jsd_rows_saved(&z, &w, 3, 0.5, 1.0, &mut j, &mut saved).unwrap();
+    /// let (mut j_core, mut saved_core) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+    /// grpo_core::vocab::jsd_rows_saved(&z, &w, 3, 0.5, 1.0, &mut j_core, &mut saved_core)
+    ///     .unwrap();
+    /// assert_eq!((j, saved), (j_core, saved_core));
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn jsd_rows_saved<S: Load, U: Load>(
+        &self,
+        student: &[S],
+        teacher: &[U],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+        saved_out: &mut [JsdState],
+    ) -> Result<()> {
+        let saved_out = Some(saved_out);
+        self.jsd_rows_to(student, teacher, vocab, beta, temperature, out, saved_out)
+    }
+
+    /// [`jsd_rows`](Cpu::jsd_rows), saving the row pairs' states in `saved_out` if given.
+    #[allow(clippy::too_many_arguments)]
+    fn jsd_rows_to<S: Load, U: Load>(
+        &self,
+        student: &[S],
+        teacher: &[U],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+        saved_out: Option<&mut [JsdState]>,
+    ) -> Result<()> {
+        let core = |out: &mut [f32], saved_out: Option<&mut [JsdState]>| {
+            let (z, w, t) = (student, teacher, temperature);
+            match saved_out {
+                Some(st) => grpo_core::vocab::jsd_rows_saved(z, w, vocab, beta, t, out, st),
+                None => grpo_core::vocab::jsd_rows(z, w, vocab, beta, t, out),
+            }
         };
         let rows = out.len();
         let Some(tau) = tau_of(temperature) else {
-            return fallback(core)(out);
+            return fallback(core)(out, saved_out);
         };
         let shapes = beta > 0.0
             && beta < 1.0
             && shape_ok(student.len(), vocab, rows)
-            && shape_ok(teacher.len(), vocab, rows);
+            && shape_ok(teacher.len(), vocab, rows)
+            && saved_out.as_deref().is_none_or(|st| st.len() == rows);
         if !shapes {
-            return fallback(core)(out);
+            return fallback(core)(out, saved_out);
         }
-        let mut res = vec![(f32::NAN, PairFlags::default()); rows];
+        let mut res = vec![(f32::NAN, PairFlags::default(), JsdState::EMPTY); rows];
         let target = self.target(Pass::General);
+        let save = saved_out.is_some();
         self.par_rows(&mut res, |r0, o| {
-            arch::run(
-                target,
-                JsdRows {
-                    z: &student[r0 * vocab..(r0 + o.len()) * vocab],
-                    w: &teacher[r0 * vocab..(r0 + o.len()) * vocab],
-                    vocab,
-                    tau,
-                    beta,
-                    out: o,
-                },
-            )
+            let span = r0 * vocab..(r0 + o.len()) * vocab;
+            let (z, w) = (&student[span.clone()], &teacher[span]);
+            if save {
+                let out = o;
+                arch::run(
+                    target,
+                    JsdRows::<S, U, true> {
+                        z,
+                        w,
+                        vocab,
+                        tau,
+                        beta,
+                        out,
+                    },
+                )
+            } else {
+                let out = o;
+                arch::run(
+                    target,
+                    JsdRows::<S, U, false> {
+                        z,
+                        w,
+                        vocab,
+                        tau,
+                        beta,
+                        out,
+                    },
+                )
+            }
         });
-        if res.iter().any(|(v, _)| v.is_nan()) {
-            return fallback(core)(out);
+        if res.iter().any(|(v, _, _)| v.is_nan()) {
+            return fallback(core)(out, saved_out);
         }
-        for ((v, _), o) in res.iter().zip(out.iter_mut()) {
+        for ((v, _, _), o) in res.iter().zip(out.iter_mut()) {
             *o = *v;
+        }
+        if let Some(saved) = saved_out {
+            for (d, (_, _, st)) in saved.iter_mut().zip(&res) {
+                *d = *st;
+            }
         }
         Ok(())
     }
@@ -664,6 +751,118 @@ impl Cpu {
                     vocab,
                     params: &params[r0..r0 + n],
                     grad: &grad[r0..r0 + n],
+                },
+            )
+        });
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::jsd_backward_rows_saved`]: the JSD's gradient `out[r, v] =
+    /// g[r]·(1 − β)·p_v·(log p_v − log m_v − K)/T` from the states
+    /// [`jsd_rows_saved`](Cpu::jsd_rows_saved) saved (β and `K = KL(p‖m)` from the state) —
+    /// one pass over each row pair, where [`jsd_backward_rows`](Cpu::jsd_backward_rows) makes
+    /// three (streaming stores on AVX-512) \[ours\]. For states saved from these rows at this
+    /// temperature, the bits of `jsd_backward_rows`; the same bits as grpo-core and the same
+    /// errors for any input (the arguments and states are checked by
+    /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved); the
+    /// logits are not validated, as in grpo-core). On `Err`, `out` is untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+    /// let (mut j, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+    /// cpu.jsd_rows_saved(&z, &w, 3, 0.3, 0.7, &mut j, &mut saved).unwrap();
+    /// let (mut a, mut b) = ([0.0f32; 3], [0.0f32; 3]);
+    /// cpu.jsd_backward_rows_saved(&z, &w, 3, 0.7, &saved, &[2.0], &mut a).unwrap();
+    /// cpu.jsd_backward_rows(&z, &w, 3, 0.3, 0.7, &[2.0], &mut b).unwrap();
+    /// assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
+    /// // a state that no forward saved is an error, and `out` is untouched
+    /// assert!(cpu.jsd_backward_rows_saved(&z, &w, 3, 0.7, &[JsdState::EMPTY], &[2.0], &mut a).is_err());
+    /// assert_eq!(a, b);
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn jsd_backward_rows_saved<S: Load, U: Load>(
+        &self,
+        student: &[S],
+        teacher: &[U],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        grad: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let core = |out: &mut [f32]| {
+            let (z, w, t) = (student, teacher, temperature);
+            grpo_core::vocab::jsd_backward_rows_saved(z, w, vocab, t, saved, grad, out)
+        };
+        let (n, m) = (student.len(), teacher.len());
+        let Ok((tau, _)) = jsd_backward_saved(n, m, vocab, temperature, saved, grad, out.len())
+        else {
+            return fallback(core)(out);
+        };
+        let params = jsd_saved_params(saved, grad, tau);
+        let target = self.target(Pass::General);
+        self.par_row_data(out, vocab, |r0, rows, out| {
+            let span = r0 * vocab..(r0 + rows) * vocab;
+            let z = &student[span.clone()];
+            arch::run(
+                target,
+                JsdSavedGradRows {
+                    dest: JsdSavedDest::Into { z, out },
+                    w: &teacher[span],
+                    vocab,
+                    params: &params[r0..r0 + rows],
+                },
+            )
+        });
+        Ok(())
+    }
+
+    /// [`grpo_core::vocab::jsd_backward_rows_in_place_saved`]:
+    /// [`jsd_backward_rows_saved`](Cpu::jsd_backward_rows_saved) writing the gradient over the
+    /// student logits, rounded to their storage type (ties to even); no scratch. Same bits,
+    /// same errors; on `Err` the logits are untouched.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// let cpu = grpo_cpu::Cpu::detect();
+    /// let w = [1.0f32, 0.0, -0.5];
+    /// let z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
+    /// let (mut j, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+    /// cpu.jsd_rows_saved(&z, &w, 3, 0.3, 0.7, &mut j, &mut saved).unwrap();
+    /// let (mut a, mut b) = (z, z);
+    /// cpu.jsd_backward_rows_in_place_saved(&mut a, &w, 3, 0.7, &saved, &[2.0]).unwrap();
+    /// cpu.jsd_backward_rows_in_place(&mut b, &w, 3, 0.3, 0.7, &[2.0]).unwrap();
+    /// assert_eq!(a, b);
+    /// ```
+    pub fn jsd_backward_rows_in_place_saved<S: Load, U: Load>(
+        &self,
+        student: &mut [S],
+        teacher: &[U],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        grad: &[f32],
+    ) -> Result<()> {
+        let (n, m) = (student.len(), teacher.len());
+        let Ok((tau, _)) = jsd_backward_saved(n, m, vocab, temperature, saved, grad, n) else {
+            note_fallback();
+            let t = temperature;
+            return grpo_core::vocab::jsd_backward_rows_in_place_saved(
+                student, teacher, vocab, t, saved, grad,
+            );
+        };
+        let params = jsd_saved_params(saved, grad, tau);
+        let target = self.target(Pass::General);
+        self.par_row_data(student, vocab, |r0, rows, z| {
+            arch::run(
+                target,
+                JsdSavedGradRows {
+                    dest: JsdSavedDest::Over(z),
+                    w: &teacher[r0 * vocab..(r0 + rows) * vocab],
+                    vocab,
+                    params: &params[r0..r0 + rows],
                 },
             )
         });
@@ -1053,7 +1252,7 @@ mod tests {
     use grpo_core::Result;
     use grpo_core::vocab::canon::Logit;
     use grpo_core::vocab::{
-        self as core, GradTerms, KlDirection, KlTerm, LseState, PairState, SavedState,
+        self as core, GradTerms, JsdState, KlDirection, KlTerm, LseState, PairState, SavedState,
     };
 
     /// Rows of pseudo-random logits in [−8, 8), masked (−∞) at every index `≡ 7 (mod 41)` — the
@@ -1170,6 +1369,9 @@ mod tests {
             &mut pairs,
         );
         let pairs = &pairs[..];
+        let mut js = vec![JsdState::EMPTY; rows];
+        let _ = core::jsd_rows_saved(&z, &w, vocab, 0.3, t, &mut vec![0.0; rows], &mut js);
+        let js = &js[..];
         let lse_terms = GradTerms::<u32, U> {
             logp: Some((&y, &g[..])),
             entropy: Some(&g[..]),
@@ -1284,6 +1486,61 @@ mod tests {
         for tm in &terms {
             ops.extend(from_saved(z, vocab, t, pairs, tm));
         }
+        // The JSD's gradient, recomputing and from grpo-core's saved states, out of place and
+        // in place, and the forward that saves them.
+        let g = &g[..];
+        ops.push((
+            "jsd_backward_rows",
+            Box::new(move |cpu| {
+                call(rows * vocab, |o| match cpu {
+                    Some(c) => c.jsd_backward_rows(z, w, vocab, 0.3, t, g, o),
+                    None => core::jsd_backward_rows(z, w, vocab, 0.3, t, g, o),
+                })
+            }),
+        ));
+        ops.push((
+            "jsd_backward_rows_in_place",
+            Box::new(move |cpu| {
+                let mut zi = z.to_vec();
+                let r = match cpu {
+                    Some(c) => c.jsd_backward_rows_in_place(&mut zi, w, vocab, 0.3, t, g),
+                    None => core::jsd_backward_rows_in_place(&mut zi, w, vocab, 0.3, t, g),
+                };
+                (r, bits(&zi))
+            }),
+        ));
+        ops.push((
+            "jsd_rows_saved",
+            Box::new(move |cpu| {
+                let mut st = vec![JsdState::EMPTY; rows];
+                let (r, mut out) = call(rows, |o| match cpu {
+                    Some(c) => c.jsd_rows_saved(z, w, vocab, 0.3, t, o, &mut st),
+                    None => core::jsd_rows_saved(z, w, vocab, 0.3, t, o, &mut st),
+                });
+                out.extend(st.iter().flat_map(jsd_state_bits));
+                (r, out)
+            }),
+        ));
+        ops.push((
+            "jsd_backward_rows_saved",
+            Box::new(move |cpu| {
+                call(rows * vocab, |o| match cpu {
+                    Some(c) => c.jsd_backward_rows_saved(z, w, vocab, t, js, g, o),
+                    None => core::jsd_backward_rows_saved(z, w, vocab, t, js, g, o),
+                })
+            }),
+        ));
+        ops.push((
+            "jsd_backward_rows_in_place_saved",
+            Box::new(move |cpu| {
+                let mut zi = z.to_vec();
+                let r = match cpu {
+                    Some(c) => c.jsd_backward_rows_in_place_saved(&mut zi, w, vocab, t, js, g),
+                    None => core::jsd_backward_rows_in_place_saved(&mut zi, w, vocab, t, js, g),
+                };
+                (r, bits(&zi))
+            }),
+        ));
         let mut ok = 0;
         for (name, op) in &ops {
             let want = op(None);
@@ -1317,6 +1574,12 @@ mod tests {
         }
         // Row 7 of the V = 1 batches is its masked logit alone: every call on those batches
         // fails (grpo-core's error, compared above). Every other call succeeds.
-        assert_eq!(ok, 2 * 2 * 4 * 22, "{ok}");
+        assert_eq!(ok, 2 * 2 * 4 * 27, "{ok}");
+    }
+
+    /// Every field of a JSD state, as bits.
+    fn jsd_state_bits(s: &JsdState) -> [u32; 6] {
+        let (a, b) = (&s.student, &s.teacher);
+        [a.max, a.neg_ln_sum, b.max, b.neg_ln_sum, s.beta, s.kl_pm].map(f32::to_bits)
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use grpo_core::vocab::exp_ln;
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, Logit, LseState, PairState};
+use grpo_core::vocab::{GradTerms, JsdState, KlDirection, KlTerm, Logit, LseState, PairState};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
@@ -165,8 +165,10 @@ impl Case<f32> {
 /// log-prob, two KL, JSD), the JSD's gradient (weighted by `g_kl`) out of place and in place,
 /// four backward term sets × out of place and in place, the forward
 /// that saves its row states and two term sets × two backwards from them, the KL forward that
-/// saves its pair states in both directions and the four term sets × two backwards from them.
-const CALLS: usize = 31;
+/// saves its pair states in both directions and the four term sets × two backwards from them,
+/// the JSD forward that saves its states and the JSD's gradient from them out of place and in
+/// place.
+const CALLS: usize = 34;
 
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
 /// among its [`CALLS`] calls.
@@ -205,6 +207,15 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
     let jb0 = grpo_core::vocab::jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg0);
     let mut jz0 = c.z.clone();
     let jbi0 = grpo_core::vocab::jsd_backward_rows_in_place(&mut jz0, w, v, c.beta, t, &c.g_kl);
+    // The JSD forward that saves its states, and the JSD's gradient from them (`EMPTY` states
+    // where it failed, which the backward rejects).
+    let (mut js0, mut jst0) = (out(), vec![JsdState::EMPTY; rows]);
+    let jsr0 = grpo_core::vocab::jsd_rows_saved(z, w, v, c.beta, t, &mut js0, &mut jst0);
+    let mut jgs0 = grad();
+    let jbs0 = grpo_core::vocab::jsd_backward_rows_saved(z, w, v, t, &jst0, &c.g_kl, &mut jgs0);
+    let mut jzs0 = c.z.clone();
+    let jbis0 =
+        grpo_core::vocab::jsd_backward_rows_in_place_saved(&mut jzs0, w, v, t, &jst0, &c.g_kl);
     // backward with several term sets
     let term_sets: Vec<GradTerms<'_, u32, U>> = vec![
         GradTerms {
@@ -295,6 +306,8 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         (&k0r, [&kr0[..], &kr0[..]], "kl rev"),
         (&j0r, [&j0[..], &j0[..]], "jsd"),
         (&jb0, [&jg0[..], &jg0[..]], "jsd backward"),
+        (&jsr0, [&js0[..], &js0[..]], "saving jsd"),
+        (&jbs0, [&jgs0[..], &jgs0[..]], "jsd backward from states"),
     ] {
         if r.is_err() {
             errors += 1;
@@ -304,12 +317,27 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             );
         }
     }
-    if jbi0.is_err() {
-        errors += 1;
+    for (r, zi, op) in [
+        (&jbi0, &jz0, "jsd backward in place"),
+        (&jbis0, &jzs0, "jsd backward in place from states"),
+    ] {
+        if r.is_err() {
+            errors += 1;
+            assert_eq!(bits_s(zi), bits_s(z), "{what}: {op} wrote");
+        }
+    }
+    if jsr0.is_err() {
+        assert!(
+            jst0.iter().all(|s| *s == JsdState::EMPTY),
+            "{what}: jsd states"
+        );
+    } else if jb0.is_ok() {
+        // From the states of a valid forward, the bits of the backward that recomputes them.
+        assert_eq!(bits(&jgs0), bits(&jg0), "{what}: jsd saved vs recomputed");
         assert_eq!(
+            bits_s(&jzs0),
             bits_s(&jz0),
-            bits_s(z),
-            "{what}: jsd backward in place wrote"
+            "{what}: jsd saved vs recomputed"
         );
     }
     if f0.is_err() {
@@ -389,6 +417,31 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let jbi = cpu.jsd_backward_rows_in_place(&mut jz, w, v, c.beta, t, &c.g_kl);
         assert_eq!(jbi, jbi0, "jsd backward in place {tag}");
         assert_eq!(bits_s(&jz), bits_s(&jz0), "jsd backward in place {tag}");
+        let (mut js, mut jst) = (out(), vec![JsdState::EMPTY; rows]);
+        let jsr = cpu.jsd_rows_saved(z, w, v, c.beta, t, &mut js, &mut jst);
+        assert_eq!(jsr, jsr0, "saving jsd {tag}");
+        assert_eq!(bits(&js), bits(&js0), "saving jsd {tag}");
+        let state_bits = |x: &[JsdState]| -> Vec<[u32; 6]> {
+            x.iter()
+                .map(|s| {
+                    let (a, b) = (&s.student, &s.teacher);
+                    [a.max, a.neg_ln_sum, b.max, b.neg_ln_sum, s.beta, s.kl_pm].map(f32::to_bits)
+                })
+                .collect()
+        };
+        assert_eq!(state_bits(&jst), state_bits(&jst0), "jsd states {tag}");
+        let mut jg = grad();
+        let jbs = cpu.jsd_backward_rows_saved(z, w, v, t, &jst0, &c.g_kl, &mut jg);
+        assert_eq!(jbs, jbs0, "jsd backward from states {tag}");
+        assert_eq!(bits(&jg), bits(&jgs0), "jsd backward from states {tag}");
+        let mut jz = c.z.clone();
+        let jbis = cpu.jsd_backward_rows_in_place_saved(&mut jz, w, v, t, &jst0, &c.g_kl);
+        assert_eq!(jbis, jbis0, "jsd backward in place from states {tag}");
+        assert_eq!(
+            bits_s(&jz),
+            bits_s(&jzs0),
+            "jsd backward in place from states {tag}"
+        );
 
         for (k, terms) in term_sets.iter().enumerate() {
             let (r_ref, g_ref, ri_ref, zi_ref) = &b0[k];
@@ -497,6 +550,9 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         && j0r.is_ok()
         && jb0.is_ok()
         && jbi0.is_ok()
+        && jsr0.is_ok()
+        && jbs0.is_ok()
+        && jbis0.is_ok()
         && f0.is_ok()
         && kls0.iter().all(|k| k.1.is_ok())
         && b0
@@ -581,8 +637,9 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let set = |x: &mut [S], i: usize, v: f32| x[i] = S::from_f32(v);
     let ninf = f32::NEG_INFINITY;
     // Calls that read the teacher: both KLs, the JSD and its two gradients, two KL term sets ×
-    // two backwards, both saving KLs — and the eight backwards from the pair states.
-    const TEACHER: usize = 19;
+    // two backwards, both saving KLs — and the eight backwards from the pair states —, the
+    // saving JSD and the two gradients from its states.
+    const TEACHER: usize = 22;
     // Calls that take targets: two forward, three term sets × two backwards, the saving
     // forward — and the four backwards from its states — and three term sets × two
     // backwards from the pair states.
@@ -639,12 +696,13 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
     // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls and the JSD's
-    // two gradients fail.
+    // four gradients fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 22);
+    expect(&small, "temperature 1e-7", 24);
     let mut beta = case();
     beta.beta = 1.0;
-    expect(&beta, "beta = 1", 3);
+    // The JSD, its two gradients, the saving JSD and the two gradients from its (empty) states.
+    expect(&beta, "beta = 1", 6);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
     // The seven term sets with a log-prob term (one from saved row states, three from saved
@@ -653,8 +711,8 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let mut big = case();
     big.g_kl[1] = 2e9;
     // The two KL term sets, recomputing and from pair states, out of place and in place, and
-    // the JSD's two gradients (which take the same weights).
-    expect(&big, "KL weight too large", 10);
+    // the JSD's four gradients (which take the same weights).
+    expect(&big, "KL weight too large", 12);
     let mut short = case();
     short.z.pop();
     expect(&short, "short logits", CALLS);
@@ -777,8 +835,29 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
             Some(cpu) => cpu.backward_rows_saved(z, v, t, st, &kl_terms, a),
         }
     };
+    // The saving JSD with `b.len()` states (as `saving`).
+    let saving_jsd = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let mut st = vec![JsdState::EMPTY; b.len()];
+        let r = match cpu {
+            None => grpo_core::vocab::jsd_rows_saved(z, w, v, 0.5, t, a, &mut st),
+            Some(cpu) => cpu.jsd_rows_saved(z, w, v, 0.5, t, a, &mut st),
+        };
+        let written = st.iter().filter(|s| **s != JsdState::EMPTY).count();
+        b.fill(if written == 0 { SENTINEL } else { 0.0 });
+        r
+    };
+    let mut jsd_states = vec![JsdState::EMPTY; 4];
+    grpo_core::vocab::jsd_rows_saved(z, w, v, 0.5, t, &mut [0.0; 4], &mut jsd_states).unwrap();
+    // The JSD's gradient from its saved states, with `b.len()` of them (and four weights).
+    let from_jsd_states = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
+        let (st, g) = (&jsd_states[..b.len()], [0.5f32; 4]);
+        match cpu {
+            None => grpo_core::vocab::jsd_backward_rows_saved(z, w, v, t, st, &g, a),
+            Some(cpu) => cpu.jsd_backward_rows_saved(z, w, v, t, st, &g, a),
+        }
+    };
     // (operation, first output's length, second output's length)
-    let calls: [(&str, Call<'_>, usize, usize); 19] = [
+    let calls: [(&str, Call<'_>, usize, usize); 23] = [
         ("stats, short lse", &stats, 3, 4),
         ("stats, long entropy", &stats, 4, 5),
         ("logprob_entropy, short logp", &fused, 3, 4),
@@ -805,6 +884,20 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         (
             "backward from pair states, short states",
             &from_pairs,
+            160,
+            3,
+        ),
+        ("saving jsd, short states", &saving_jsd, 4, 3),
+        ("saving jsd, long jsd", &saving_jsd, 5, 4),
+        (
+            "jsd gradient from states, short out",
+            &from_jsd_states,
+            159,
+            4,
+        ),
+        (
+            "jsd gradient from states, short states",
+            &from_jsd_states,
             160,
             3,
         ),

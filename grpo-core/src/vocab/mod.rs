@@ -4,7 +4,8 @@
 //! `[rows, V]`. The backward either recomputes each
 //! row's statistics ([`backward_rows`]) or takes the row states a forward saved
 //! ([`logprob_entropy_rows_saved`] or, for distillation, [`kl_rows_saved`] →
-//! [`backward_rows_saved`]: one pass over the logits instead of two, the same bits).
+//! [`backward_rows_saved`]: one pass over the logits instead of two, the same bits; for the
+//! JSD, [`jsd_rows_saved`] → [`jsd_backward_rows_saved`]: one pass instead of three).
 //!
 //! Logits are stored as `f32`, `half::bf16` or `half::f16` ([`Logit`]) and accumulated in f32.
 //! A temperature `T > 0` divides every logit (as a multiplication by τ = 1/T rounded once).
@@ -52,19 +53,20 @@ pub mod validate {
         backward, backward_args, gradient_temperature, inverse_temperature, jsd_backward_args, row,
         support, target, weights,
     };
-    pub use super::saved::{backward_saved, saved};
+    pub use super::saved::{backward_saved, jsd_backward_saved, jsd_saved, saved};
 }
 
 pub use canon::{Logit, LseState, PairState};
 pub use ops::{
     GradTerms, KlDirection, KlTerm, MAX_GRAD_WEIGHT, MIN_GRAD_TEMPERATURE, RowStats, TokenId,
     backward_rows, backward_rows_in_place, entropy, jsd, jsd_backward_rows,
-    jsd_backward_rows_in_place, jsd_rows, kl_divergence, kl_rows, kl_rows_saved, log_sum_exp,
-    logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved, row_stats, stats_rows,
-    token_logprob,
+    jsd_backward_rows_in_place, jsd_rows, jsd_rows_saved, kl_divergence, kl_rows, kl_rows_saved,
+    log_sum_exp, logprob_entropy, logprob_entropy_rows, logprob_entropy_rows_saved, row_stats,
+    stats_rows, token_logprob,
 };
 pub use saved::{
-    MAX_SAVED_ENTROPY, MAX_SAVED_KL, SavedState, backward_rows_in_place_saved, backward_rows_saved,
+    JsdState, MAX_SAVED_ENTROPY, MAX_SAVED_KL, SavedState, backward_rows_in_place_saved,
+    backward_rows_saved, jsd_backward_rows_in_place_saved, jsd_backward_rows_saved,
 };
 
 #[cfg(test)]

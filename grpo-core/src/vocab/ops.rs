@@ -3,8 +3,9 @@
 
 use super::canon::{self, GradCoef, KlGrad, LseState, PairState};
 use super::exp_ln::max_r;
+use super::saved::JsdState;
 #[cfg(doc)]
-use super::saved::backward_rows_saved;
+use super::saved::{backward_rows_saved, jsd_backward_rows_saved};
 use crate::error::{Error, Result, check_len};
 
 /// A token id: `u32`, `u64`, `usize`, `i32` or `i64` (negative ids are out of range).
@@ -84,7 +85,7 @@ pub fn inverse_temperature(temperature: f32) -> Result<f32> {
 }
 
 /// Number of rows of a `[rows, vocab]` slice, checking `vocab > 0` and the length.
-fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<()> {
+pub(super) fn rows_of(what: &'static str, len: usize, vocab: usize, rows: usize) -> Result<()> {
     crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
     let expected = rows.checked_mul(vocab).ok_or(Error::InvalidParam {
         name: "vocab",
@@ -454,10 +455,24 @@ pub fn jsd<S: super::Logit, U: super::Logit>(
 
 fn jsd_row<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], tau: f32, beta: f32) -> f32 {
     let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
+    jsd_of(z, w, &j)
+}
+
+/// The JSD of a validated row pair from its [`canon::JsdParams`]: the canonical sum of
+/// [`canon::jsd_step`], floored at 0.
+fn jsd_of<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], j: &canon::JsdParams) -> f32 {
     let s = canon::canonical_sum(z.len(), |i| {
-        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), &j)
+        canon::jsd_step(z[i].to_f32(), w[i].to_f32(), j)
     });
     max_r(0.0, s)
+}
+
+/// `K = KL(p‖m)` of a validated row pair, unclamped: the canonical sum of
+/// [`canon::jsd_student_step`].
+fn jsd_kl_pm<S: super::Logit, U: super::Logit>(z: &[S], w: &[U], j: &canon::JsdParams) -> f32 {
+    canon::canonical_sum(z.len(), |i| {
+        canon::jsd_student_step(z[i].to_f32(), w[i].to_f32(), j)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -808,22 +823,81 @@ pub fn jsd_rows<S: super::Logit, U: super::Logit>(
     temperature: f32,
     out: &mut [f32],
 ) -> Result<()> {
+    jsd_rows_to(student, teacher, vocab, beta, temperature, out, None)
+}
+
+/// [`jsd_rows`] that also saves each row pair's [`JsdState`] for
+/// [`jsd_backward_rows_saved`] \[ours\]: `saved_out[r]` holds both rows' log-softmax constants
+/// ([`canon::LogSoftmax`] of [`canon::pair_row`]'s halves), β, and `K = KL(p‖m)` — the row
+/// constants of the JSD's gradient, which [`jsd_backward_rows`] recomputes in two passes over
+/// both rows before its third. The
+/// JSD values are those of [`jsd_rows`], bit for bit, and `K` is the one
+/// [`jsd_backward_rows`] computes (the [`canonical_sum`](canon::canonical_sum) of
+/// [`canon::jsd_student_step`], unclamped), so the backward from these states gives the bits
+/// of [`jsd_backward_rows`] with one pass over the rows instead of three.
+///
+/// `K` shares every per-element quantity with the JSD's term: saving it costs one more
+/// multiply and add per element pair, and six `f32` per row.
+///
+/// # Errors
+/// As [`jsd_rows`], plus `LengthMismatch{what: "saved_out"}` (after the rows' lengths). On
+/// `Err` no output is written.
+///
+/// ```
+/// use grpo_core::vocab::{jsd_rows, jsd_rows_saved, JsdState};
+/// // p = [½, ½], q = [1, 0]-like (the teacher's second entry masked), β = ½
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
+/// let (mut j, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+/// jsd_rows_saved(&z, &w, 2, 0.5, 1.0, &mut j, &mut saved).unwrap();
+/// let mut again = [0.0f32; 1];
+/// jsd_rows(&z, &w, 2, 0.5, 1.0, &mut again).unwrap();
+/// assert_eq!(j, again);
+/// // m = [¾, ¼]: K = KL(p‖m) = ½ ln(½/¾) + ½ ln(½/¼) = ½ ln(4/3)
+/// assert!((saved[0].kl_pm - 0.5 * (4.0f32 / 3.0).ln()).abs() < 1e-6);
+/// assert_eq!(saved[0].beta, 0.5);
+/// ```
+pub fn jsd_rows_saved<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    out: &mut [f32],
+    saved_out: &mut [JsdState],
+) -> Result<()> {
+    let saved_out = Some(saved_out);
+    jsd_rows_to(student, teacher, vocab, beta, temperature, out, saved_out)
+}
+
+/// [`jsd_rows`], saving the row pairs' states in `saved_out` if given.
+fn jsd_rows_to<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    beta: f32,
+    temperature: f32,
+    out: &mut [f32],
+    mut saved_out: Option<&mut [JsdState]>,
+) -> Result<()> {
     let rows = out.len();
     let tau = inverse_temperature(temperature)?;
     let (beta, _) = beta_of(beta)?;
     rows_of("student", student.len(), vocab, rows)?;
     rows_of("teacher", teacher.len(), vocab, rows)?;
+    if let Some(st) = saved_out.as_deref() {
+        check_len("saved_out", rows, st.len())?;
+    }
     for r in 0..rows {
         let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, None, r * vocab, r)?;
     }
     for (r, o) in out.iter_mut().enumerate() {
-        *o = jsd_row(
-            row_of(student, vocab, r),
-            row_of(teacher, vocab, r),
-            tau,
-            beta,
-        );
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
+        *o = jsd_of(z, w, &j);
+        if let Some(saved) = saved_out.as_deref_mut() {
+            saved[r] = JsdState::of(&j, jsd_kl_pm(z, w, &j));
+        }
     }
     Ok(())
 }
@@ -1353,10 +1427,7 @@ fn jsd_grad_coefs<S: super::Logit, U: super::Logit>(
     g: f32,
 ) -> (canon::JsdParams, f32, f32) {
     let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
-    let k = canon::canonical_sum(z.len(), |i| {
-        canon::jsd_student_step(z[i].to_f32(), w[i].to_f32(), &j)
-    });
-    (j, k, (g * j.omb) * tau)
+    JsdState::of(&j, jsd_kl_pm(z, w, &j)).grad_params(tau, g)
 }
 
 /// [`jsd_backward_rows`] writing the gradient over the student logits themselves, rounded to

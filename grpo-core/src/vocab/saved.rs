@@ -6,17 +6,18 @@
 //! [`logprob_entropy_rows_saved`]: super::logprob_entropy_rows_saved
 //! [`kl_rows_saved`]: super::kl_rows_saved
 
-use super::canon::{self, GradCoef, LseState, PairState};
+use super::canon::{self, GradCoef, JsdParams, LogSoftmax, LseState, PairState};
 use super::ops::{
-    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, row_of, target,
-    weights_of,
+    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, gradient_temperature,
+    row_of, rows_of, target, weights, weights_of,
 };
 #[cfg(doc)]
 use super::ops::{
-    MAX_GRAD_WEIGHT, backward_rows, backward_rows_in_place, kl_rows_saved,
+    MAX_GRAD_WEIGHT, backward_rows, backward_rows_in_place, jsd_backward_rows,
+    jsd_backward_rows_in_place, jsd_rows, jsd_rows_saved, kl_rows_saved,
     logprob_entropy_rows_saved,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, check_len};
 
 /// Largest entropy magnitude a saved state may imply ([`validate::saved`](saved)): a row's
 /// entropy lies in `[0, ln V]` up to rounding, and `ln V < 45` for every `V` an index can
@@ -331,6 +332,304 @@ pub fn backward_rows_in_place_saved<
         let (c, y) = coef_of_saved(&saved[r], tau, terms, r);
         let w = terms.kl.as_ref().map(|k| row_of(k.teacher, vocab, r));
         grad_row_over(&mut logits[r * vocab..(r + 1) * vocab], w, &c, y, kg);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The JSD's gradient from saved states.
+
+/// What [`jsd_rows_saved`] saves per student/teacher row pair for [`jsd_backward_rows_saved`]
+/// \[ours\]: the row constants of the JSD's gradient (see [`jsd_backward_rows`]).
+///
+/// The gradient `(1 − β)·p_v·(log p_v − log m_v − K)/T` needs both rows' log-softmax
+/// constants, β and `K = KL(p‖m)`, a sum over the whole row pair: with them saved, the
+/// backward is one pass over the rows. β is saved because `K` depends on it: the backward
+/// takes β from the state, so it cannot be given another one than the forward's. (The state
+/// holds no other sums of the pair: computing the entropies' and KLs' sums too, as
+/// [`kl_rows_saved`]' [`PairState`] does, measured 10–40 % slower in the JSD's first pass.)
+///
+/// ```
+/// use grpo_core::vocab::{jsd_rows_saved, JsdState};
+/// let (z, w) = ([1.0f32, 2.0], [1.0f32, 2.0]);
+/// let (mut j, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+/// jsd_rows_saved(&z, &w, 2, 0.25, 1.0, &mut j, &mut saved).unwrap();
+/// // identical rows: m = p, so the JSD and K are 0
+/// assert_eq!((j[0], saved[0].kl_pm, saved[0].beta), (0.0, 0.0, 0.25));
+/// assert_eq!(saved[0].student, saved[0].teacher);
+/// assert_eq!(saved[0].student.max, 2.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JsdState {
+    /// The student row's log-softmax constants (its raw maximum and `−ln s`).
+    pub student: LogSoftmax,
+    /// The teacher row's.
+    pub teacher: LogSoftmax,
+    /// β, the teacher's weight in the mixture `m = βq + (1 − β)p`.
+    pub beta: f32,
+    /// `K = KL(p‖m)`, unclamped (the [`canonical_sum`](canon::canonical_sum) of
+    /// [`canon::jsd_student_step`]).
+    pub kl_pm: f32,
+}
+
+impl JsdState {
+    /// A placeholder for output buffers: both maxima −∞, β = 0, K = 0 (not a forward's
+    /// state: [`validate::jsd_saved`](jsd_saved) rejects it).
+    pub const EMPTY: JsdState = JsdState {
+        student: LogSoftmax {
+            max: f32::NEG_INFINITY,
+            neg_ln_sum: 0.0,
+        },
+        teacher: LogSoftmax {
+            max: f32::NEG_INFINITY,
+            neg_ln_sum: 0.0,
+        },
+        beta: 0.0,
+        kl_pm: 0.0,
+    };
+
+    /// The state of a row pair from its [`JsdParams`] (the forward's second pass) and `K`.
+    ///
+    /// ```
+    /// use grpo_core::vocab::canon::{pair_row, JsdParams};
+    /// use grpo_core::vocab::JsdState;
+    /// let j = JsdParams::of(&pair_row(&[0.0f32, 1.0], &[1.0f32, 0.0], 1.0), 1.0, 0.5);
+    /// let st = JsdState::of(&j, 0.125);
+    /// assert_eq!((st.student, st.teacher, st.beta, st.kl_pm), (j.lz, j.lw, 0.5, 0.125));
+    /// ```
+    #[inline]
+    pub fn of(j: &JsdParams, kl_pm: f32) -> JsdState {
+        JsdState {
+            student: j.lz,
+            teacher: j.lw,
+            beta: j.beta,
+            kl_pm,
+        }
+    }
+
+    /// The per-row constants of the gradient's elements ([`canon::jsd_grad_step`]) for the
+    /// row weight `g = ∂loss/∂JSD` at `τ` = `tau`: the row's [`JsdParams`] (`1 − β` rounded
+    /// once), `K`, and `c = (g·(1 − β))·τ` (two roundings).
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// let st = JsdState { beta: 0.25, kl_pm: 0.5, ..JsdState::EMPTY };
+    /// let (j, k, c) = st.grad_params(2.0, 4.0);
+    /// assert_eq!((j.omb, k, c), (0.75, 0.5, 6.0));
+    /// ```
+    #[inline]
+    pub fn grad_params(&self, tau: f32, g: f32) -> (JsdParams, f32, f32) {
+        let omb = 1.0 - self.beta;
+        let j = JsdParams {
+            tau,
+            lz: self.student,
+            lw: self.teacher,
+            beta: self.beta,
+            omb,
+        };
+        (j, self.kl_pm, (g * omb) * tau)
+    }
+}
+
+/// The bounds of a forward's `−ln s` (`s ≥ 1`, the sum of a row's exponentials relative to its
+/// maximum, up to rounding, and `s ≤ V < 2^64`): `[−45, ln 2]`, as loose as
+/// [`validate::saved`](saved)'s `s ≥ ½`.
+const NEG_LN_SUM_RANGE: (f32, f32) = (-45.0, core::f32::consts::LN_2);
+
+/// Validates the saved [`JsdState`] of row pair `index` for a backward at `τ` = `tau`: the
+/// checks that keep the gradient it implies finite (as [`jsd_backward_rows`]'s; see
+/// [`MAX_GRAD_WEIGHT`]: with `|K| ≤ 133`, `|log p_v − log m_v| ≤ 88 + 104` and `c ≤ 10^15`
+/// every element is below 4·10^17) and reject what no forward saves.
+///
+/// A forward's state has each row's `−ln s` in `[−ln V, 0]` and `0 ≤ K ≤ −ln(1 − β)` up to
+/// rounding (`m_v ≥ (1 − β)p_v`), at most 16.7 for an f32 β below 1: the bounds below are
+/// loose by far.
+///
+/// # Errors
+/// In this order: for the student's constants, then the teacher's, `NonFinite{what: "saved",
+/// index}` when `max`, `max·τ` or `neg_ln_sum` is not finite and `InvalidParam{name:
+/// "saved"}` when `neg_ln_sum` is outside `[−45, ln 2]`; then `InvalidParam{name: "saved"}`
+/// unless `0 < β < 1`, `NonFinite{what: "saved", index}` for a `K` that is not finite and
+/// `InvalidParam{name: "saved"}` for `|K| >` [`MAX_SAVED_ENTROPY`] (133).
+///
+/// ```
+/// use grpo_core::vocab::{validate::jsd_saved, JsdState};
+/// use grpo_core::vocab::canon::LogSoftmax;
+/// let half = LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// let st = JsdState { student: half, teacher: half, beta: 0.5, kl_pm: 0.0 };
+/// assert!(jsd_saved(&st, 1.0, 0).is_ok());
+/// assert!(jsd_saved(&JsdState { beta: 1.0, ..st }, 1.0, 0).is_err());
+/// assert!(jsd_saved(&JsdState { kl_pm: f32::NAN, ..st }, 1.0, 0).is_err());
+/// assert!(jsd_saved(&JsdState::EMPTY, 1.0, 0).is_err());
+/// ```
+pub fn jsd_saved(st: &JsdState, tau: f32, index: usize) -> Result<()> {
+    for ls in [&st.student, &st.teacher] {
+        if !(ls.max.is_finite() && (ls.max * tau).is_finite() && ls.neg_ln_sum.is_finite()) {
+            return Err(Error::NonFinite {
+                what: "saved",
+                index,
+            });
+        }
+        let (lo, hi) = NEG_LN_SUM_RANGE;
+        crate::error::ensure(
+            (lo..=hi).contains(&ls.neg_ln_sum),
+            "saved",
+            "not a JSD forward's state: −ln s outside [−45, ln 2]",
+        )?;
+    }
+    crate::error::ensure(
+        st.beta > 0.0 && st.beta < 1.0,
+        "saved",
+        "not a JSD forward's state: β outside (0, 1)",
+    )?;
+    if !st.kl_pm.is_finite() {
+        return Err(Error::NonFinite {
+            what: "saved",
+            index,
+        });
+    }
+    crate::error::ensure(
+        st.kl_pm.abs() <= MAX_SAVED_ENTROPY,
+        "saved",
+        "not a JSD forward's state: |KL(p‖m)| > 133",
+    )
+}
+
+/// The checks of [`jsd_backward_rows_saved`] (`out` = its length) and
+/// [`jsd_backward_rows_in_place_saved`] (`out` = the student's length), in their order, with
+/// their errors; the slices by their lengths, the weights and states themselves (these
+/// backwards read no logit before they write). Returns `(τ, rows)`. Public so that other
+/// backends (grpo-wgpu) reject exactly what these functions reject.
+///
+/// # Errors
+/// As [`jsd_backward_rows_saved`].
+///
+/// ```
+/// use grpo_core::vocab::{validate::jsd_backward_saved, JsdState};
+/// use grpo_core::vocab::canon::LogSoftmax;
+/// let half = LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 };
+/// let saved = [JsdState { student: half, teacher: half, beta: 0.5, kl_pm: 0.0 }];
+/// assert_eq!(jsd_backward_saved(2, 2, 2, 0.5, &saved, &[1.0], 2), Ok((2.0, 1)));
+/// // one state per row pair
+/// assert!(jsd_backward_saved(4, 4, 2, 0.5, &saved, &[1.0; 2], 4).is_err());
+/// ```
+pub fn jsd_backward_saved(
+    student: usize,
+    teacher: usize,
+    vocab: usize,
+    temperature: f32,
+    saved_states: &[JsdState],
+    grad: &[f32],
+    out: usize,
+) -> Result<(f32, usize)> {
+    let tau = gradient_temperature(temperature)?;
+    crate::error::ensure(vocab > 0, "vocab", "must be > 0")?;
+    let rows = student / vocab;
+    rows_of("student", student, vocab, rows)?;
+    rows_of("teacher", teacher, vocab, rows)?;
+    check_len("out", student, out)?;
+    check_len("saved", rows, saved_states.len())?;
+    check_len("grad_jsd", rows, grad.len())?;
+    weights("grad_jsd", grad, rows)?;
+    for (r, st) in saved_states.iter().enumerate() {
+        jsd_saved(st, tau, r)?;
+    }
+    Ok((tau, rows))
+}
+
+/// [`jsd_backward_rows`] from the states [`jsd_rows_saved`] saved instead of two passes over
+/// the rows that recompute them \[ours\]: one read of each student and teacher logit and one
+/// write of its gradient, `out[r, v] = g[r]·∂JSD_β,r/∂z[r, v]` with β from `saved[r]`. Each
+/// element is [`canon::jsd_grad_step`] with [`JsdState::grad_params`], so for states saved
+/// from these rows at this temperature the bits are those of [`jsd_backward_rows`] with the
+/// forward's β.
+///
+/// **The logits are not validated**: they must be the ones the states were saved from,
+/// unchanged, and `temperature` the forward's (the states do not record it). For other
+/// logits the result is meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient,
+/// not an error (never a panic).
+///
+/// # Errors
+/// In this order: `InvalidParam{name: "temperature"}` (as [`jsd_backward_rows`]: `T ≥`
+/// [`MIN_GRAD_TEMPERATURE`](super::MIN_GRAD_TEMPERATURE)), `InvalidParam{name: "vocab"}` for
+/// `V = 0`, `LengthMismatch{what: "student" | "teacher" | "out" | "saved" | "grad_jsd"}`
+/// (`rows = student.len() / V`), the weights' `NonFinite{what: "grad_jsd"}` /
+/// `InvalidParam{name: "grad_jsd"}` (as [`jsd_backward_rows`]), then row by row the state
+/// ([`validate::jsd_saved`](jsd_saved)). On `Err`, `out` is untouched.
+///
+/// ```
+/// use grpo_core::vocab::{jsd_backward_rows, jsd_backward_rows_saved, jsd_rows_saved, JsdState};
+/// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, f32::NEG_INFINITY];
+/// let w = [1.0f32, 0.0, -0.5, /* row 1 */ f32::NEG_INFINITY, 0.0, 0.0];
+/// let (mut jsd, mut saved) = ([0.0f32; 2], [JsdState::EMPTY; 2]);
+/// jsd_rows_saved(&z, &w, 3, 0.5, 1.0, &mut jsd, &mut saved).unwrap();
+/// // loss = Σ_r JSD_r
+/// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
+/// jsd_backward_rows_saved(&z, &w, 3, 1.0, &saved, &[1.0; 2], &mut g).unwrap();
+/// jsd_backward_rows(&z, &w, 3, 0.5, 1.0, &[1.0; 2], &mut g_again).unwrap();
+/// assert_eq!(g, g_again);
+/// // a masked student entry gets no gradient; each row's gradient sums to 0
+/// assert_eq!(g[5], 0.0);
+/// assert!((g[3] + g[4]).abs() < 1e-7);
+/// ```
+pub fn jsd_backward_rows_saved<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    temperature: f32,
+    saved: &[JsdState],
+    grad: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let (n, m) = (student.len(), teacher.len());
+    let (tau, rows) = jsd_backward_saved(n, m, vocab, temperature, saved, grad, out.len())?;
+    for r in 0..rows {
+        let (j, k, c) = saved[r].grad_params(tau, grad[r]);
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        let o = &mut out[r * vocab..(r + 1) * vocab];
+        for ((o, z), w) in o.iter_mut().zip(z).zip(w) {
+            *o = canon::jsd_grad_step(z.to_f32(), w.to_f32(), &j, k, c);
+        }
+    }
+    Ok(())
+}
+
+/// [`jsd_backward_rows_saved`] writing the gradient over the student logits themselves,
+/// rounded to their storage type `S` by `S::from_f32` (ties to even) \[ours\]: for states
+/// saved from these rows, the bits of [`jsd_backward_rows_in_place`].
+///
+/// The same precondition (the rows the states were saved from, the forward's temperature) and
+/// the same errors, in the same order, as [`jsd_backward_rows_saved`] (without `out`); on
+/// `Err` the logits are untouched.
+///
+/// ```
+/// use grpo_core::vocab::{jsd_backward_rows_in_place_saved, jsd_backward_rows_saved};
+/// use grpo_core::vocab::{jsd_rows_saved, JsdState};
+/// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+/// let (mut jsd, mut saved) = ([0.0f32; 1], [JsdState::EMPTY; 1]);
+/// jsd_rows_saved(&z, &w, 3, 0.5, 1.0, &mut jsd, &mut saved).unwrap();
+/// let mut g = [0.0f32; 3];
+/// jsd_backward_rows_saved(&z, &w, 3, 1.0, &saved, &[1.0], &mut g).unwrap();
+/// let mut zb = z.map(half::bf16::from_f32);
+/// jsd_backward_rows_in_place_saved(&mut zb, &w, 3, 1.0, &saved, &[1.0]).unwrap();
+/// assert_eq!(zb, g.map(half::bf16::from_f32));
+/// ```
+pub fn jsd_backward_rows_in_place_saved<S: super::Logit, U: super::Logit>(
+    student: &mut [S],
+    teacher: &[U],
+    vocab: usize,
+    temperature: f32,
+    saved: &[JsdState],
+    grad: &[f32],
+) -> Result<()> {
+    let (n, m) = (student.len(), teacher.len());
+    let (tau, rows) = jsd_backward_saved(n, m, vocab, temperature, saved, grad, n)?;
+    for r in 0..rows {
+        let (j, k, c) = saved[r].grad_params(tau, grad[r]);
+        let span = r * vocab..(r + 1) * vocab;
+        for (z, w) in student[span.clone()].iter_mut().zip(&teacher[span]) {
+            *z = S::from_f32(canon::jsd_grad_step(z.to_f32(), w.to_f32(), &j, k, c));
+        }
     }
     Ok(())
 }

@@ -807,6 +807,15 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
             let got = jsd_rows(&zz, &ww, v, c.beta, t, &mut o1);
             assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_rows");
             assert!(untouched(&o1), "{l}: jsd_rows wrote");
+            let sentinel = JsdState {
+                beta: s,
+                ..JsdState::EMPTY
+            };
+            let mut st = [sentinel; 2];
+            let got = jsd_rows_saved(&zz, &ww, v, c.beta, t, &mut o1, &mut st);
+            assert_eq!(got, Err(in_row_1(e, v)), "{l}: jsd_rows_saved");
+            assert!(untouched(&o1), "{l}: jsd_rows_saved wrote");
+            assert!(st.iter().all(|x| x.beta == s), "{l}: jsd_rows_saved saved");
             // the gradient makes the same checks in the same order (its own come first)
             let mut og = vec![s; zz.len()];
             let got = jsd_backward_rows(&zz, &ww, v, c.beta, t, &[1.0, -1.0], &mut og);
@@ -1997,4 +2006,199 @@ fn jsd_backward_rejects_its_own_invalid_inputs_and_leaves_out_untouched() {
     );
     assert_eq!(name(run(&z, &w, 0.5, 1.0, &[2e9, 1.0], 8)), "grad_jsd");
     assert!(run(&z, &w, 0.5, 1.0, &[MAX_GRAD_WEIGHT, -MAX_GRAD_WEIGHT], 8).is_ok());
+}
+
+// ---- JSD gradient from saved states ---------------------------------------------------------
+
+/// f64 `K = KL(p‖m)` of one row pair.
+fn jsd_kl_pm64(z: &[f32], w: &[f32], beta: f64, t: f64) -> f64 {
+    let (lp, lq) = (logp64(z, t), logp64(w, t));
+    (0..z.len())
+        .filter(|&v| lp[v] > f64::NEG_INFINITY)
+        .map(|v| {
+            let lm = (beta * lq[v].exp() + (1.0 - beta) * lp[v].exp()).ln();
+            lp[v].exp() * (lp[v] - lm)
+        })
+        .sum()
+}
+
+/// The saving forward gives `jsd_rows`' bits and the pair state of `pair_row`; K is accurate;
+/// the backward from its states gives the bits of the recomputing backward, out of place and
+/// in place, in f32 and bf16 student storage (f16 teacher).
+#[test]
+fn jsd_saved_states_give_the_recomputing_bits() {
+    let mut rng = Rng(29);
+    // around a block (2048) and 16-lane chunk edges, and several blocks
+    for v in [1usize, 17, 37, 200, BLOCK + 33, 3 * BLOCK + 5] {
+        for (beta, t) in [(0.1f32, 1.0f32), (0.5, 0.7), (0.9, 1.3)] {
+            let ctx = (v, beta, t);
+            let masked = v / 50;
+            let z: Vec<f32> = [
+                logits(&mut rng, v, 2.0, 1, masked),
+                logits(&mut rng, v, 1.0, 0, 0),
+            ]
+            .concat();
+            let w: Vec<f32> = [
+                logits(&mut rng, v, 2.0, 1, masked),
+                logits(&mut rng, v, 3.0, 2, 0),
+            ]
+            .concat();
+            let wh: Vec<half::f16> = w.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let g = [0.75f32, -2.0];
+            let (mut j, mut j_again) = ([0.0f32; 2], [0.0f32; 2]);
+            let mut st = [JsdState::EMPTY; 2];
+            jsd_rows_saved(&z, &wh, v, beta, t, &mut j, &mut st).unwrap();
+            jsd_rows(&z, &wh, v, beta, t, &mut j_again).unwrap();
+            assert_eq!(j.map(f32::to_bits), j_again.map(f32::to_bits), "{ctx:?}");
+            let w16: Vec<f32> = wh.iter().map(|x| x.to_f32()).collect();
+            for r in 0..2 {
+                let span = r * v..(r + 1) * v;
+                let tau = 1.0 / t;
+                let pair = canon::pair_row(&z[span.clone()], &wh[span.clone()], tau);
+                let ls = |h| canon::LogSoftmax::of(&h);
+                assert_eq!(st[r].student, ls(pair.student()), "{ctx:?} row {r}");
+                assert_eq!(st[r].teacher, ls(pair.teacher()), "{ctx:?} row {r}");
+                assert_eq!(st[r].beta, beta);
+                let k64 = jsd_kl_pm64(&z[span.clone()], &w16[span], beta as f64, t as f64);
+                let e = (st[r].kl_pm as f64 - k64).abs();
+                assert!(
+                    e <= 1e-6 + 1e-5 * k64,
+                    "{ctx:?} row {r}: K {} vs {k64}",
+                    st[r].kl_pm
+                );
+                assert!(validate::jsd_saved(&st[r], tau, r).is_ok());
+            }
+            let (mut o, mut o_again) = (vec![7.25f32; 2 * v], vec![0.0f32; 2 * v]);
+            jsd_backward_rows_saved(&z, &wh, v, t, &st, &g, &mut o).unwrap();
+            jsd_backward_rows(&z, &wh, v, beta, t, &g, &mut o_again).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o), bits(&o_again), "{ctx:?}");
+            let mut zi = z.clone();
+            jsd_backward_rows_in_place_saved(&mut zi, &wh, v, t, &st, &g).unwrap();
+            assert_eq!(bits(&zi), bits(&o), "{ctx:?}: in place");
+            // bf16 student rows: states of the bf16 rows, the bits of the in-place backward
+            let zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let mut stb = [JsdState::EMPTY; 2];
+            jsd_rows_saved(&zb, &wh, v, beta, t, &mut j, &mut stb).unwrap();
+            let (mut zbi, mut zbr) = (zb.clone(), zb.clone());
+            jsd_backward_rows_in_place_saved(&mut zbi, &wh, v, t, &stb, &g).unwrap();
+            jsd_backward_rows_in_place(&mut zbr, &wh, v, beta, t, &g).unwrap();
+            assert_eq!(zbi, zbr, "{ctx:?}: bf16 in place");
+        }
+    }
+}
+
+#[test]
+fn jsd_saved_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
+    let z = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, f32::NEG_INFINITY];
+    let w = [1.0f32, 0.0, -1.0, 0.5, 0.0, 0.0, 0.0, 0.0];
+    let mut st = [JsdState::EMPTY; 2];
+    jsd_rows_saved(&z, &w, 4, 0.5, 1.0, &mut [0.0; 2], &mut st).unwrap();
+    let s = 7.25f32;
+    let run = |z: &[f32], w: &[f32], v: usize, t: f32, st: &[JsdState], g: &[f32], n: usize| {
+        let mut out = vec![s; n];
+        let r = jsd_backward_rows_saved(z, w, v, t, st, g, &mut out);
+        if r.is_err() {
+            assert!(
+                out.iter().all(|x| x.to_bits() == s.to_bits()),
+                "{r:?}: written"
+            );
+        }
+        assert_eq!(
+            validate::jsd_backward_saved(z.len(), w.len(), v, t, st, g, n).map(|_| ()),
+            r
+        );
+        // in place: the same result or the same error with the logits untouched
+        if n == z.len() {
+            let mut zi = z.to_vec();
+            let ri = jsd_backward_rows_in_place_saved(&mut zi, w, v, t, st, g);
+            assert_eq!(ri, r);
+            let want = if r.is_ok() { &out[..] } else { z };
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&zi), bits(want));
+        }
+        r
+    };
+    let name = |r: Result<(), Error>| match r {
+        Err(Error::InvalidParam { name, .. }) => name,
+        other => panic!("{other:?}"),
+    };
+    let len = |what, expected, found| {
+        Err(Error::LengthMismatch {
+            what,
+            expected,
+            found,
+        })
+    };
+    let g = [1.0f32, -1.0];
+    assert!(run(&z, &w, 4, 1.0, &st, &g, 8).is_ok());
+    // the order: temperature, vocab, lengths (student, teacher, out, saved, grad_jsd), weights,
+    // then the states row by row
+    assert_eq!(name(run(&z, &w, 0, 0.9e-6, &st[..1], &g, 9)), "temperature");
+    assert!(run(&z, &w, 4, 1e-6, &st, &g, 8).is_ok());
+    assert_eq!(name(run(&z, &w, 0, 1.0, &st[..1], &g, 9)), "vocab");
+    assert_eq!(run(&z[..7], &w, 4, 1.0, &st, &g, 8), len("student", 4, 7));
+    assert_eq!(run(&z, &w[..4], 4, 1.0, &st, &g, 9), len("teacher", 8, 4));
+    assert_eq!(run(&z, &w, 4, 1.0, &st[..1], &g, 9), len("out", 8, 9));
+    assert_eq!(
+        run(&z, &w, 4, 1.0, &st[..1], &g[..1], 8),
+        len("saved", 2, 1)
+    );
+    assert_eq!(run(&z, &w, 4, 1.0, &st, &g[..1], 8), len("grad_jsd", 2, 1));
+    let mut bad = st;
+    bad[0].kl_pm = f32::NAN;
+    let nan_weight = [1.0, f32::NAN];
+    let got = run(&z, &w, 4, 1.0, &bad, &nan_weight, 8);
+    assert_eq!(
+        got,
+        Err(Error::NonFinite {
+            what: "grad_jsd",
+            index: 1
+        })
+    );
+    assert_eq!(name(run(&z, &w, 4, 1.0, &st, &[2e9, 1.0], 8)), "grad_jsd");
+    // the states: the first bad row, each check
+    let saved_nan = |index| {
+        Err(Error::NonFinite {
+            what: "saved",
+            index,
+        })
+    };
+    let with = |r: usize, f: &dyn Fn(&mut JsdState)| {
+        let mut b = st;
+        f(&mut b[r]);
+        b
+    };
+    assert_eq!(run(&z, &w, 4, 1.0, &bad, &g, 8), saved_nan(0));
+    let both = with(1, &|x| x.kl_pm = f32::INFINITY);
+    assert_eq!(run(&z, &w, 4, 1.0, &both, &g, 8), saved_nan(1));
+    let mut both = both;
+    both[0].student.neg_ln_sum = 0.7; // row 0's student: s < ½
+    assert_eq!(name(run(&z, &w, 4, 1.0, &both, &g, 8)), "saved");
+    let ok_sum = with(0, &|x| x.student.neg_ln_sum = core::f32::consts::LN_2);
+    assert!(run(&z, &w, 4, 1.0, &ok_sum, &g, 8).is_ok());
+    let big_sum = with(0, &|x| x.teacher.neg_ln_sum = -45.5);
+    assert_eq!(name(run(&z, &w, 4, 1.0, &big_sum, &g, 8)), "saved");
+    let teacher_nan = with(1, &|x| x.teacher.max = f32::NAN);
+    assert_eq!(run(&z, &w, 4, 1.0, &teacher_nan, &g, 8), saved_nan(1));
+    // the maximum scaled by τ must stay finite (τ = 1e6 at the gradients' smallest T)
+    let huge = with(1, &|x| x.student.max = 1e33);
+    assert!(run(&z, &w, 4, 1.0, &huge, &g, 8).is_ok());
+    assert_eq!(run(&z, &w, 4, 1e-6, &huge, &g, 8), saved_nan(1));
+    for beta in [0.0f32, 1.0, f32::NAN, -0.5] {
+        let b = with(1, &|x| x.beta = beta);
+        assert_eq!(name(run(&z, &w, 4, 1.0, &b, &g, 8)), "saved", "β = {beta}");
+    }
+    let k = with(0, &|x| x.kl_pm = -134.0);
+    assert_eq!(name(run(&z, &w, 4, 1.0, &k, &g, 8)), "saved");
+    assert!(run(&z, &w, 4, 1.0, &with(0, &|x| x.kl_pm = 133.0), &g, 8).is_ok());
+    // the placeholder: its references are −∞
+    let empty = [JsdState::EMPTY; 2];
+    assert_eq!(run(&z, &w, 4, 1.0, &empty, &g, 8), saved_nan(0));
+    // the logits are not validated: a NaN logit gives NaN gradients, not an error
+    let mut zn = z;
+    zn[1] = f32::NAN;
+    let mut out = [0.0f32; 8];
+    jsd_backward_rows_saved(&zn, &w, 4, 1.0, &st, &g, &mut out).unwrap();
+    assert!(out[1].is_nan() && out[4..].iter().all(|x| x.is_finite()));
 }

@@ -18,6 +18,7 @@
 
 use core::marker::PhantomData;
 
+use grpo_core::vocab::JsdState;
 use grpo_core::vocab::canon::{
     self, BLOCK, GradCoef, JsdParams, KlGrad, LOG_RATIO_FLOOR, LseState, PairState,
 };
@@ -834,12 +835,6 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
     }
 }
 
-/// One JSD term per lane (grpo-core's `jsd_step`).
-#[inline(always)]
-fn jsd_term<V: F32x16>(z: V, w: V, p: &JsdParams) -> V {
-    jsd_terms::<V, 1, 2, false>([z], [w], p)[0]
-}
-
 /// The JSD's per-element quantities of `N` chunk pairs at once (those of grpo-core's
 /// `jsd_step` per lane; interleaved chains, `M = 2N` exponentials): `(l, e, lm)` with
 /// `l = [lp₀, lq₀, lp₁, lq₁, …]`, `e` their exponentials (`[p₀, q₀, …]`) and `lm` each pair's
@@ -894,14 +889,15 @@ fn jsd_parts<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
     (l, e, lm)
 }
 
-/// [`jsd_term`] of `N` chunk pairs at once (same bits per lane), from [`jsd_parts`].
+/// The JSD terms of `N` chunk pairs (grpo-core's `jsd_step` per lane) from their
+/// [`jsd_parts`].
 #[inline(always)]
-fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
-    z: [V; N],
-    w: [V; N],
+fn jsd_terms_of<V: F32x16, const N: usize, const M: usize>(
+    l: &[V; M],
+    e: &[V; M],
+    lm: &[V; N],
     p: &JsdParams,
 ) -> [V; N] {
-    let (l, e, lm) = jsd_parts::<V, N, M, NORMAL>(z, w, p);
     let (beta, omb) = (V::splat(p.beta), V::splat(p.omb));
     let mut out = [lm[0]; N];
     for k in 0..N {
@@ -909,6 +905,21 @@ fn jsd_terms<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
         out[k] = beta
             .mul(qe)
             .mul_add(lq.sub(lm[k]), omb.mul(pe).mul(lp.sub(lm[k])));
+    }
+    out
+}
+
+/// The student terms `p·(lp − lm)` of `N` chunk pairs (grpo-core's `jsd_student_step`, whose
+/// sum is `K = KL(p‖m)`) from their [`jsd_parts`].
+#[inline(always)]
+fn jsd_student_terms_of<V: F32x16, const N: usize, const M: usize>(
+    l: &[V; M],
+    e: &[V; M],
+    lm: &[V; N],
+) -> [V; N] {
+    let mut out = [lm[0]; N];
+    for k in 0..N {
+        out[k] = e[2 * k].mul(l[2 * k].sub(lm[k]));
     }
     out
 }
@@ -945,16 +956,17 @@ fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
     jsd_normal_domain::<V>(zlow, wlow, p)
 }
 
-/// The JSD terms of whole chunk pairs summed into `acc` (16 lanes, index order), two chunks
-/// per iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]' `NORMAL`
-/// form or the reference's.
+/// The JSD terms of whole chunk pairs summed into the first accumulator (16 lanes, index
+/// order), and with `K` the student terms ([`jsd_student_terms_of`]) into the second, two
+/// chunks per iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]'
+/// `NORMAL` form or the reference's.
 #[inline(always)]
-fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
+fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const K: bool>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     p: &JsdParams,
-) -> V {
-    let mut acc = V::splat(0.0);
+) -> [V; 2] {
+    let mut acc = [V::splat(0.0); 2];
     let mut zp = zc.chunks_exact(2);
     let mut wp = wc.chunks_exact(2);
     for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
@@ -962,51 +974,68 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
             prefetch_ahead::<V, S>(&a[k], 2 * j + k);
             prefetch_ahead::<V, U>(&b[k], 2 * j + k);
         }
-        let t = jsd_terms::<V, 2, 4, NORMAL>(
+        let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
             [S::load(&a[0]), S::load(&a[1])],
             [U::load(&b[0]), U::load(&b[1])],
             p,
         );
-        acc = acc.add(t[0]).add(t[1]);
+        let t = jsd_terms_of(&l, &e, &lm, p);
+        acc[0] = acc[0].add(t[0]).add(t[1]);
+        if K {
+            let t = jsd_student_terms_of(&l, &e, &lm);
+            acc[1] = acc[1].add(t[0]).add(t[1]);
+        }
     }
     for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
-        acc = acc.add(jsd_terms::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p)[0]);
+        let (l, e, lm) = jsd_parts::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p);
+        acc[0] = acc[0].add(jsd_terms_of(&l, &e, &lm, p)[0]);
+        if K {
+            acc[1] = acc[1].add(jsd_student_terms_of(&l, &e, &lm)[0]);
+        }
     }
     acc
 }
 
-/// The canonical sum of a row pair's JSD terms by blocks.
-struct JsdBlocks<'a, V, S, U> {
+/// The canonical sums of a row pair's JSD terms and, with `K`, of its student terms (`K =
+/// KL(p‖m)`, grpo-core's `jsd_rows_saved`; otherwise the second sum is 0) by blocks.
+struct JsdBlocks<'a, V, S, U, const K: bool> {
     z: &'a [S],
     w: &'a [U],
     p: JsdParams,
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
-    type St = f32;
-    /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`). The whole chunks take
-    /// [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows it.
+impl<V: F32x16, S: Load, U: Load, const K: bool> Blocks for JsdBlocks<'_, V, S, U, K> {
+    type St = [f32; 2];
+    /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`), per sum. The whole
+    /// chunks take [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows it.
     #[inline(always)]
-    fn block(&mut self, start: usize, end: usize) -> f32 {
+    fn block(&mut self, start: usize, end: usize) -> [f32; 2] {
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
         let acc = if jsd_chunks_normal::<V, S, U>(zc, wc, &self.p) {
-            jsd_chunks::<V, S, U, true>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, true, K>(zc, wc, &self.p)
         } else {
-            jsd_chunks::<V, S, U, false>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, false, K>(zc, wc, &self.p)
         };
-        let mut lanes = acc.to_array();
-        canon::tree(&mut lanes);
-        let mut s = lanes[0];
+        let mut s = acc.map(|a| {
+            let mut lanes = a.to_array();
+            canon::tree(&mut lanes);
+            lanes[0]
+        });
         for (a, b) in zt.iter().zip(wt) {
-            s += jsd_term(V::splat(a.to_f32()), V::splat(b.to_f32()), &self.p).to_array()[0];
+            let (a, b) = (V::splat(a.to_f32()), V::splat(b.to_f32()));
+            let (l, e, lm) = jsd_parts::<V, 1, 2, false>([a], [b], &self.p);
+            s[0] += jsd_terms_of(&l, &e, &lm, &self.p)[0].to_array()[0];
+            if K {
+                s[1] += jsd_student_terms_of(&l, &e, &lm)[0].to_array()[0];
+            }
         }
         s
     }
     #[inline(always)]
-    fn merge(&mut self, a: f32, b: f32) -> f32 {
-        a + b
+    fn merge(&mut self, a: [f32; 2], b: [f32; 2]) -> [f32; 2] {
+        [a[0] + b[0], a[1] + b[1]]
     }
 }
 
@@ -1033,7 +1062,7 @@ pub(crate) fn lse_row<V: F32x16, S: Load, const DOT: bool>(z: &[S], tau: f32) ->
 ///
 /// | need          | reader                                  | sums              |
 /// |---------------|-----------------------------------------|-------------------|
-/// | `Jsd`         | the JSD's log-softmax of both rows      | —                 |
+/// | `Jsd`         | the JSD's log-softmax of both rows (and `jsd_rows_saved`'s states) | — |
 /// | `KlForward`   | `finish_kl(..).0`                       | `u`               |
 /// | `KlReverse`   | `finish_kl(..).1`                       | `v`               |
 /// | `GradForward` | `GradCoef::from_pair` with `KlGrad::Forward` (entropy, KL(p‖q)) | `tz`, `u` |
@@ -1756,17 +1785,22 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
 }
 
 /// Canonical sum of the JSD terms of one validated row pair (`jsd_row` of grpo-core: 16 lanes,
-/// tree, tail per block; blocks merged pairwise by addition), floored at 0.
+/// tree, tail per block; blocks merged pairwise by addition), floored at 0, and with `K` the
+/// canonical sum of its student terms, `K = KL(p‖m)` (unclamped; otherwise 0).
 #[inline(always)]
-fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> f32 {
-    let mut b = JsdBlocks::<V, S, U> {
+fn jsd_sum<V: F32x16, S: Load, U: Load, const K: bool>(
+    z: &[S],
+    w: &[U],
+    p: &JsdParams,
+) -> (f32, f32) {
+    let mut b = JsdBlocks::<V, S, U, K> {
         z,
         w,
         p: *p,
         lanes: PhantomData,
     };
-    let s = fold_blocks(z.len().min(w.len()), &mut b).unwrap_or(0.0);
-    canon_max(0.0, s)
+    let [s, k] = fold_blocks(z.len().min(w.len()), &mut b).unwrap_or([0.0; 2]);
+    (canon_max(0.0, s), k)
 }
 
 /// The student terms `p·(lp − lm)` of whole chunk pairs (grpo-core's `jsd_student_step`)
@@ -2060,6 +2094,84 @@ fn jsd_grad_range<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool>(
     }
 }
 
+/// The JSD's gradient `(p·((lp − lm) − K))·c` (grpo-core's `jsd_grad_step`) of `N` chunk pairs
+/// at once from both rows: the one pass of the backward from saved states, every quantity of
+/// [`jsd_parts`] (two exponentials and a logarithm per element) in its `NORMAL` form or the
+/// reference's.
+#[inline(always)]
+fn jsd_saved_grads<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
+    z: [V; N],
+    w: [V; N],
+    p: &JsdParams,
+    (k, c): (V, V),
+) -> [V; N] {
+    let (l, e, lm) = jsd_parts::<V, N, M, NORMAL>(z, w, p);
+    let mut out = [k; N];
+    for j in 0..N {
+        out[j] = e[2 * j].mul(l[2 * j].sub(lm[j]).sub(k)).mul(c);
+    }
+    out
+}
+
+/// [`jsd_saved_grads`] of one element pair (lane 0): the unaligned head and the tail.
+#[inline(always)]
+fn jsd_saved_grad1<V: F32x16>(z: f32, w: f32, p: &JsdParams, (k, c): (f32, f32)) -> f32 {
+    let kc = (V::splat(k), V::splat(c));
+    let (z, w) = ([V::splat(z)], [V::splat(w)]);
+    jsd_saved_grads::<V, 1, 2, false>(z, w, p, kc)[0].to_array()[0]
+}
+
+/// The saved-state JSD gradient's whole chunks into `d`, from the teacher's chunks `wc` (as
+/// many): by blocks, each in [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows
+/// it, two chunk pairs per iteration.
+#[inline(always)]
+fn jsd_saved_grad_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
+    d: &mut D,
+    wc: &[[U; 16]],
+    p: &JsdParams,
+    (k, c): (f32, f32),
+) {
+    let n = d.logits().len().min(wc.len());
+    let kc = (V::splat(k), V::splat(c));
+    for start in (0..n).step_by(BLOCK / 16) {
+        let end = (start + BLOCK / 16).min(n);
+        let (zb, wb) = (&d.logits()[start..end], &wc[start..end]);
+        if jsd_chunks_normal::<V, S, U>(zb, wb, p) {
+            jsd_saved_grad_range::<V, S, U, D, true>(d, wc, start..end, p, kc);
+        } else {
+            jsd_saved_grad_range::<V, S, U, D, false>(d, wc, start..end, p, kc);
+        }
+    }
+}
+
+/// [`jsd_saved_grad_chunks`] over chunks `range`, two at a time.
+#[inline(always)]
+fn jsd_saved_grad_range<V: F32x16, S: Load, U: Load, D: GradDest<S>, const NORMAL: bool>(
+    d: &mut D,
+    wc: &[[U; 16]],
+    range: core::ops::Range<usize>,
+    p: &JsdParams,
+    kc: (V, V),
+) {
+    let pairs = range.start + (range.end - range.start) / 2 * 2;
+    for i in (range.start..pairs).step_by(2) {
+        let (z, w) = (&d.logits()[i..i + 2], &wc[i..i + 2]);
+        for k in 0..2 {
+            prefetch_ahead::<V, S>(&z[k], i + k);
+            prefetch_ahead::<V, U>(&w[k], i + k);
+        }
+        let zv = [S::load(&z[0]), S::load(&z[1])];
+        let wv = [U::load(&w[0]), U::load(&w[1])];
+        let g = jsd_saved_grads::<V, 2, 4, NORMAL>(zv, wv, p, kc);
+        d.put(i, g);
+    }
+    for i in pairs..range.end {
+        let (zv, wv) = ([S::load(&d.logits()[i])], [U::load(&wc[i])]);
+        let g = jsd_saved_grads::<V, 1, 2, NORMAL>(zv, wv, p, kc);
+        d.put(i, g);
+    }
+}
+
 /// Row states of a batch `[rows, vocab]` (`LseState::EMPTY` for `vocab = 0`).
 pub(crate) struct LseRows<'a, S> {
     pub(crate) z: &'a [S],
@@ -2212,18 +2324,19 @@ impl<S: Load, U: Load> Kernel for GradRowsInPlace<'_, S, U> {
     }
 }
 
-/// JSD_β of a batch of row pairs, with each row's validation flags. Rows whose flags or
+/// JSD_β of a batch of row pairs, with each row's validation flags and its [`JsdState`]
+/// (grpo-core's `jsd_rows_saved`; its `K` only with `SAVE`, otherwise 0). Rows whose flags or
 /// maxima are invalid get `NaN` (the caller then defers to grpo-core for the error).
-pub(crate) struct JsdRows<'a, S, U> {
+pub(crate) struct JsdRows<'a, S, U, const SAVE: bool> {
     pub(crate) z: &'a [S],
     pub(crate) w: &'a [U],
     pub(crate) vocab: usize,
     pub(crate) tau: f32,
     pub(crate) beta: f32,
-    pub(crate) out: &'a mut [(f32, PairFlags)],
+    pub(crate) out: &'a mut [(f32, PairFlags, JsdState)],
 }
 
-impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
+impl<S: Load, U: Load, const SAVE: bool> Kernel for JsdRows<'_, S, U, SAVE> {
     type Output = ();
     #[inline(always)]
     fn run<V: F32x16>(self) {
@@ -2231,14 +2344,14 @@ impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
             let span = r * self.vocab..(r + 1) * self.vocab;
             let z = self.z.get(span.clone()).unwrap_or(&[]);
             let w = self.w.get(span).unwrap_or(&[]);
-            let (st, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
-            let value = if pair_ok(&st, self.tau) {
-                let p = JsdParams::of(&st, self.tau, self.beta);
-                jsd_sum::<V, S, U>(z, w, &p)
+            let (pair, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
+            *o = if pair_ok(&pair, self.tau) {
+                let p = JsdParams::of(&pair, self.tau, self.beta);
+                let (value, kl_pm) = jsd_sum::<V, S, U, SAVE>(z, w, &p);
+                (value, flags, JsdState::of(&p, kl_pm))
             } else {
-                f32::NAN
+                (f32::NAN, flags, JsdState::EMPTY)
             };
-            *o = (value, flags);
         }
     }
 }
@@ -2297,6 +2410,77 @@ impl<S: Load, U: Load> Kernel for JsdGradRowsInPlace<'_, S, U> {
                 .get(r * self.vocab..(r + 1) * self.vocab)
                 .unwrap_or(&[]);
             jsd_grad_over::<V, S, U>(z, w, p, g, &mut scratch);
+        }
+    }
+}
+
+/// Where the JSD's gradient from saved states goes: an `f32` buffer, or over the student
+/// logits (rounded to their storage type).
+pub(crate) enum JsdSavedDest<'a, S> {
+    Into { z: &'a [S], out: &'a mut [f32] },
+    Over(&'a mut [S]),
+}
+
+/// The JSD's gradient of a batch of row pairs from the constants their saved states give
+/// (grpo-core's `jsd_backward_rows_saved` / `jsd_backward_rows_in_place_saved`: per row
+/// `(JsdParams, K, c)` of `JsdState::grad_params`), one pass over each row pair: out of
+/// place a scalar head up to 64-byte alignment of the output, the whole chunks (streaming
+/// stores on AVX-512, [`GradInto`]) and the tail; in place the whole chunks ([`GradOver`])
+/// and the tail. Every element is independent, so the split changes no bit.
+pub(crate) struct JsdSavedGradRows<'a, S, U> {
+    pub(crate) dest: JsdSavedDest<'a, S>,
+    pub(crate) w: &'a [U],
+    pub(crate) vocab: usize,
+    pub(crate) params: &'a [(JsdParams, f32, f32)],
+}
+
+impl<S: Load, U: Load> Kernel for JsdSavedGradRows<'_, S, U> {
+    type Output = ();
+    const STORES_BF16: bool = S::IS_BF16;
+    #[inline(always)]
+    fn run<V: F32x16>(self) {
+        let v = self.vocab;
+        if v == 0 {
+            return;
+        }
+        match self.dest {
+            JsdSavedDest::Into { z, out } => {
+                let rows = out.chunks_exact_mut(v).zip(self.params);
+                for (r, (o, &(p, k, c))) in rows.enumerate() {
+                    let span = r * v..(r + 1) * v;
+                    let z = z.get(span.clone()).unwrap_or(&[]);
+                    let w = self.w.get(span).unwrap_or(&[]);
+                    let n = z.len().min(w.len()).min(o.len());
+                    let (z, w, o) = (&z[..n], &w[..n], &mut o[..n]);
+                    let head = o.as_ptr().align_offset(64).min(n);
+                    for i in 0..head {
+                        o[i] = jsd_saved_grad1::<V>(z[i].to_f32(), w[i].to_f32(), &p, (k, c));
+                    }
+                    let (zc, _) = z[head..].as_chunks::<16>();
+                    let (wc, _) = w[head..].as_chunks::<16>();
+                    let (oc, _) = o[head..].as_chunks_mut::<16>();
+                    let done = head + zc.len() * 16;
+                    let mut d = GradInto { z: zc, out: oc };
+                    jsd_saved_grad_chunks::<V, S, U, _>(&mut d, wc, &p, (k, c));
+                    for i in done..n {
+                        o[i] = jsd_saved_grad1::<V>(z[i].to_f32(), w[i].to_f32(), &p, (k, c));
+                    }
+                }
+            }
+            JsdSavedDest::Over(z) => {
+                let rows = z.chunks_exact_mut(v).zip(self.params);
+                for (r, (z, &(p, k, c))) in rows.enumerate() {
+                    let w = self.w.get(r * v..(r + 1) * v).unwrap_or(&[]);
+                    let n = z.len().min(w.len());
+                    let (zc, zt) = z[..n].as_chunks_mut::<16>();
+                    let (wc, wt) = w[..n].as_chunks::<16>();
+                    jsd_saved_grad_chunks::<V, S, U, _>(&mut GradOver(zc), wc, &p, (k, c));
+                    for (x, y) in zt.iter_mut().zip(wt) {
+                        let g = jsd_saved_grad1::<V>(x.to_f32(), y.to_f32(), &p, (k, c));
+                        *x = S::from_f32(g);
+                    }
+                }
+            }
         }
     }
 }
