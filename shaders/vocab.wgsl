@@ -555,10 +555,16 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
 // (reference, −ln Σ), H, the weights g_lp, g_H, g_KL, the teacher's log-softmax (reference,
 // −ln Σ), KL(p‖q), and three unused. The target of each row is in binding 1 (NO_INDEX without a
 // log-probability term).
+//
+// The JSD's gradient from saved states [grpo-core's jsd_backward_rows_saved] is the divergence
+// term KL_JSD of the same passes, with no other term: the log-softmaxes of its state, the row
+// constant K = KL(p‖m) in the KL's slot, c = (g·(1 − β))·τ in g_KL's, and β, 1 − β, −ln(1 − β)
+// in the last three (from the host, as the uniform parameters of `jsd`).
 const SAVED_COEF: u32 = 12u;
 const KL_NONE: u32 = 0u;
 const KL_FORWARD: u32 = 1u;
 const KL_REVERSE: u32 = 2u;
+const KL_JSD: u32 = 3u;
 
 struct SavedCoef {
     p_max: f32,
@@ -570,13 +576,16 @@ struct SavedCoef {
     q_max: f32,
     q_neg_ln_sum: f32,
     kl: f32,
+    beta: f32,
+    one_minus_beta: f32,
+    neg_ln_one_minus_beta: f32,
 }
 
 fn saved_coef(row: u32) -> SavedCoef {
     let b = row * SAVED_COEF;
     return SavedCoef(upstream[b], upstream[b + 1u], upstream[b + 2u], upstream[b + 3u],
                      upstream[b + 4u], upstream[b + 5u], upstream[b + 6u], upstream[b + 7u],
-                     upstream[b + 8u]);
+                     upstream[b + 8u], upstream[b + 9u], upstream[b + 10u], upstream[b + 11u]);
 }
 
 // grpo-core's log_prob fma(z − max, τ, −ln Σ) floored at LOG_RATIO_FLOOR, its −∞ (a masked
@@ -599,6 +608,9 @@ fn saved_log_prob(z: f32, mx: f32, neg_ln_sum: f32) -> f32 {
 //   forward KL: k −= g_KL·(lp − lq − KL);  reverse KL: k −= g_KL, o −= g_KL·q_v
 //   grad = (o − p·k)/T.
 fn saved_grad(z: f32, w: f32, is_target: bool, c: SavedCoef, kl: u32) -> f32 {
+    if kl == KL_JSD {
+        return jsd_saved_grad(z, w, c);
+    }
     let lp = saved_log_prob(z, c.p_max, c.p_neg_ln_sum);
     let lpc = rmax(LOGP_MIN, lp);
     let p = exp(lpc);
@@ -613,6 +625,21 @@ fn saved_grad(z: f32, w: f32, is_target: bool, c: SavedCoef, kl: u32) -> f32 {
         o = fma(-c.g_kl, exp(rmax(LOGP_MIN, lq)), o);
     }
     return fma(-p, k, o) * params.inv_temp;
+}
+
+// grpo-core's canon::jsd_grad_step for column v from a saved JSD state (KL_JSD above):
+// c·p_v·((log p_v − log m_v) − K), the log-ratio relative to max(log p, log q) as in `jsd_row`.
+// A student column with p_v = 0 (masked, an overflowing shift, or log p_v at the −88 floor,
+// where grpo-core's p_v is 0) gets 0; a teacher column with q_v = 0 the log-ratio −ln(1 − β).
+fn jsd_saved_grad(z: f32, w: f32, c: SavedCoef) -> f32 {
+    let lp = saved_log_prob(z, c.p_max, c.p_neg_ln_sum);
+    if lp <= LOGP_MIN {
+        return 0.0;
+    }
+    let lq = rmax(LOGP_MIN, saved_log_prob(w, c.q_max, c.q_neg_ln_sum));
+    let ratio = jsd_log_ratio_with(lp, lq, lq > LOGP_MIN, c.beta, c.one_minus_beta,
+                                   c.neg_ln_one_minus_beta);
+    return (exp(lp) * (ratio - c.kl)) * c.g_kl;
 }
 
 // One row of the saved backward. Columns are loaded SAVED_BATCH at a time before the first is
@@ -707,7 +734,7 @@ fn saved_elem(i: u32, v: u32, y: u32, c: SavedCoef, kl: u32) -> f32 {
     return saved_grad(load_logit(j), w, v == y, c, kl);
 }
 
-// No barrier in these six, so returning early (rows past the chunk) is allowed.
+// No barrier in these eight, so returning early (rows past the chunk) is allowed.
 @compute @workgroup_size(256)
 fn backward_saved(@builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
@@ -742,6 +769,18 @@ fn backward_saved_in_place_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
 fn backward_saved_in_place_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
                                       @builtin(local_invocation_index) lid: u32) {
     saved_row_in_place(wid.x, lid, KL_REVERSE);
+}
+
+@compute @workgroup_size(256)
+fn jsd_backward_saved(@builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    saved_row(wid.x, lid, KL_JSD);
+}
+
+@compute @workgroup_size(256)
+fn jsd_backward_saved_in_place(@builtin(workgroup_id) wid: vec3<u32>,
+                               @builtin(local_invocation_index) lid: u32) {
+    saved_row_in_place(wid.x, lid, KL_JSD);
 }
 
 // KL(p‖q) between p = softmax(student/T) and q = softmax(teacher/T) [grpo-core's kl_rows], in
@@ -969,7 +1008,7 @@ fn jsd_term(lp: f32, lq: f32, p_on: bool, q_on: bool) -> f32 {
         let p = exp(lp);
         let q = exp(lq);
         let a = rmax(lp, lq);
-        let l = jsd_log_mix(lp, lq, a);
+        let l = jsd_log_mix(lp, lq, a, beta, omb);
         return fma(beta * q, (lq - a) - l, (omb * p) * ((lp - a) - l));
     }
     if p_on {
@@ -982,10 +1021,8 @@ fn jsd_term(lp: f32, lq: f32, p_on: bool, q_on: bool) -> f32 {
 }
 
 // ln(m) − a for a = max(log p, log q) of a column where both sides are unmasked (see
-// `jsd_term`).
-fn jsd_log_mix(lp: f32, lq: f32, a: f32) -> f32 {
-    let beta = params.beta;
-    let omb = params.one_minus_beta;
+// `jsd_term`), with the mixture's weights β and omb = 1 − β.
+fn jsd_log_mix(lp: f32, lq: f32, a: f32, beta: f32, omb: f32) -> f32 {
     let e = exp(rmin(lp, lq) - a);
     let w = select(fma(beta, e, omb), fma(omb, e, beta), lq >= lp);
     return log(rmax(w, MIN_NORMAL));
@@ -993,19 +1030,44 @@ fn jsd_log_mix(lp: f32, lq: f32, a: f32) -> f32 {
 
 // log p − log m of a column whose student side is unmasked (relative to a = max(log p, log q) as
 // in `jsd_term`; −ln(1 − β) where the teacher's is masked): the student's log-ratio to the
-// mixture, which the JSD's gradient weights by p.
+// mixture, which the JSD's gradient weights by p. β, 1 − β and −ln(1 − β) are the uniform
+// parameters' here, a saved state's in `jsd_saved_grad`.
 fn jsd_log_ratio(lp: f32, lq: f32, q_on: bool) -> f32 {
+    return jsd_log_ratio_with(lp, lq, q_on, params.beta, params.one_minus_beta,
+                              params.neg_ln_one_minus_beta);
+}
+
+fn jsd_log_ratio_with(lp: f32, lq: f32, q_on: bool, beta: f32, omb: f32,
+                      neg_ln_omb: f32) -> f32 {
     if q_on {
         let a = rmax(lp, lq);
-        return (lp - a) - jsd_log_mix(lp, lq, a);
+        return (lp - a) - jsd_log_mix(lp, lq, a, beta, omb);
     }
-    return params.neg_ln_one_minus_beta;
+    return neg_ln_omb;
 }
+
+// What a `jsd_row` computes: the JSD (`jsd`), the JSD's gradient (`jsd_backward`), or the JSD
+// and the state its gradient needs (`jsd_saved`).
+const JSD_VALUE: u32 = 0u;
+const JSD_GRADIENT: u32 = 1u;
+const JSD_SAVE: u32 = 2u;
 
 @compute @workgroup_size(256)
 fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
-    jsd_row(wid.x, lid, false);
+    jsd_row(wid.x, lid, JSD_VALUE);
+}
+
+// `jsd` that also saves each row pair's state for the gradient [grpo-core's jsd_rows_saved]:
+// grpo-core's JsdState but β in binding 6 (`grad`, JSD_STATE floats per row: the student's raw
+// maximum and −ln Σ, the teacher's two, K = KL(p‖m) = Σ_v p_v (log p_v − log m_v), a second
+// tree beside the JSD's, whose bits are `jsd`'s).
+const JSD_STATE: u32 = 5u;
+
+@compute @workgroup_size(256)
+fn jsd_saved(@builtin(workgroup_id) wid: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    jsd_row(wid.x, lid, JSD_SAVE);
 }
 
 // The JSD's gradient with respect to the student logits, grpo-core's `jsd_backward_rows`:
@@ -1015,11 +1077,13 @@ fn jsd(@builtin(workgroup_id) wid: vec3<u32>,
 @compute @workgroup_size(256)
 fn jsd_backward(@builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    jsd_row(wid.x, lid, true);
+    jsd_row(wid.x, lid, JSD_GRADIENT);
 }
 
-// One row pair of `jsd` (the JSD's value) or, with `gradient`, of `jsd_backward`.
-fn jsd_row(row: u32, lid: u32, gradient: bool) {
+// One row pair of `jsd`, `jsd_backward` or `jsd_saved` (`mode`).
+fn jsd_row(row: u32, lid: u32, mode: u32) {
+    let gradient = mode == JSD_GRADIENT;
+    let save = mode == JSD_SAVE;
     let row_ok = row < params.rows;
     if lid == 0u {
         atomicStore(&wbad, NO_INDEX);
@@ -1027,9 +1091,12 @@ fn jsd_row(row: u32, lid: u32, gradient: bool) {
         atomicStore(&wflags, 0u);
     }
     workgroupBarrier();
-    // Pass 1: online state of each row.
+    // Pass 1: online state of each row, and (to save the states) each row's largest raw logit
+    // among those the state holds.
     var sp = online_empty();
     var sq = online_empty();
+    var zp_max = NEG_BIG;
+    var zq_max = NEG_BIG;
     if row_ok {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
@@ -1043,19 +1110,30 @@ fn jsd_row(row: u32, lid: u32, gradient: bool) {
             }
             sp = pair_push(sp, zp);
             sq = pair_push(sq, zq);
+            if save {
+                if is_finite_bits(zp) && is_finite_bits(zp * params.inv_temp) {
+                    zp_max = rmax(zp_max, zp);
+                }
+                if is_finite_bits(zq) && is_finite_bits(zq * params.inv_temp) {
+                    zq_max = rmax(zq_max, zq);
+                }
+            }
         }
     }
-    let rp = workgroup_reduce(lid, sp, NEG_BIG);
-    // Every invocation has read the student's result from slot 0 before the teacher's tree
-    // overwrites it.
+    let rp = workgroup_reduce(lid, sp, zp_max);
+    let zp_ref = wz[0];
+    // Every invocation has read the student's results from slot 0 before the teacher's tree
+    // overwrites them.
     workgroupBarrier();
-    let rq = workgroup_reduce(lid, sq, NEG_BIG);
+    let rq = workgroup_reduce(lid, sq, zq_max);
+    let zq_ref = wz[0];
     let ln_sp = log(rmax(rp.s + 1.0, 1.0));
     let ln_sq = log(rmax(rq.s + 1.0, 1.0));
     let usable = rp.s >= 0.0 && rq.s >= 0.0;
     // Pass 2: the lane's sum of terms (same strided columns as pass 1): the JSD's, or for the
-    // gradient the student's p (log p − log m).
+    // gradient the student's p (log p − log m) — both to save the state (`acc_k`).
     var acc = 0.0;
+    var acc_k = 0.0;
     if row_ok && usable {
         let start = params.base + row * params.vocab;
         for (var v = lid; v < params.vocab; v += WG) {
@@ -1072,21 +1150,27 @@ fn jsd_row(row: u32, lid: u32, gradient: bool) {
                 }
             } else {
                 acc = acc + jsd_term(lp, lq, p_on, q_on);
+                if save && p_on {
+                    acc_k = acc_k + exp(lp) * jsd_log_ratio(lp, lq, q_on);
+                }
             }
         }
     }
-    // Fixed pairwise tree over the lane sums (in `wt`; every invocation read slot 0 of the
-    // teacher's tree before this overwrites it).
+    // Fixed pairwise tree over the lane sums, in `wt`, and K's beside it in `ws` when saving
+    // (every invocation read slot 0 of the teacher's tree before this overwrites it).
     workgroupBarrier();
     wt[lid] = acc;
+    ws[lid] = acc_k;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride = stride >> 1u) {
         if lid < stride {
             wt[lid] = wt[lid] + wt[lid + stride];
+            ws[lid] = ws[lid] + ws[lid + stride];
         }
         workgroupBarrier();
     }
     let total = wt[0];
+    let kl_pm = ws[0];
     // Pass 3 (gradient): every column of the row; a masked student column gets 0.
     if gradient && row_ok && usable {
         let start = params.base + row * params.vocab;
@@ -1126,5 +1210,13 @@ fn jsd_row(row: u32, lid: u32, gradient: bool) {
         status[row * 4u + 1u] = flags;
         status[row * 4u + 2u] = bad_q;
         status[row * 4u + 3u] = 0u;
+        if save {
+            let o = row * JSD_STATE;
+            grad[o] = zp_ref;
+            grad[o + 1u] = -ln_sp;
+            grad[o + 2u] = zq_ref;
+            grad[o + 3u] = -ln_sq;
+            grad[o + 4u] = kl_pm;
+        }
     }
 }

@@ -319,6 +319,12 @@ impl Bench<'_> {
                 ResidentVocab::JsdBackward { teacher: &teacher },
                 2 * n * elem + n * 4,
             ),
+            // From saved states: both rows read once, the gradient written.
+            (
+                "jsd_backward_saved",
+                ResidentVocab::JsdBackwardSaved { teacher: &teacher },
+                2 * n * elem + n * 4,
+            ),
         ] {
             let work = k
                 .resident(&logits, o.vocab, what)

@@ -14,8 +14,9 @@
 //! - Vocabulary row operations as methods of [`Cpu`] (`stats_rows`, `logprob_entropy_rows`,
 //!   `kl_rows`, `jsd_rows`, `jsd_backward_rows`, `jsd_backward_rows_in_place`,
 //!   `backward_rows`, `backward_rows_in_place`, the forwards that save their row states —
-//!   `logprob_entropy_rows_saved` and, for distillation, `kl_rows_saved` — and the backwards
-//!   from them: `backward_rows_saved`, `backward_rows_in_place_saved`):
+//!   `logprob_entropy_rows_saved` and, for distillation, `kl_rows_saved` and `jsd_rows_saved`
+//!   — and the backwards from them: `backward_rows_saved`, `backward_rows_in_place_saved`,
+//!   `jsd_backward_rows_saved`, `jsd_backward_rows_in_place_saved`):
 //!   grpo-core's `grpo_core::vocab` batch functions, same signatures plus `&self`, same bits,
 //!   same errors.
 //! - Per-token policy losses on the pool: [`Cpu::ppo_clip`] (grpo-core's `ppo_clip` per block

@@ -10,7 +10,8 @@
 //!   `backward_rows` for any set of log-prob, entropy and KL terms) or from the states a saving
 //!   forward kept (`forward_saved`, `kl_saved`, then `backward_saved`), out of place (f32) or
 //!   in place (`backward_rows_in_place`, `backward_saved_in_place`: over the logits, in their
-//!   storage type); the JSD's gradient (`jsd_backward`, `jsd_backward_in_place`); `forward`,
+//!   storage type); the JSD's gradient (`jsd_backward`, `jsd_backward_in_place`, or from the
+//!   states `jsd_saved` kept: `jsd_backward_saved`, `jsd_backward_saved_in_place`); `forward`,
 //!   `kl`, `jsd` and every method named here also as an `_async` method that awaits the
 //!   readbacks (same bits, same errors).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.

@@ -97,7 +97,10 @@ impl ShaderId {
                 "kl",
                 "kl_saved",
                 "jsd",
+                "jsd_saved",
                 "jsd_backward",
+                "jsd_backward_saved",
+                "jsd_backward_saved_in_place",
             ],
             ShaderId::Advantage => &[
                 "group_stats",

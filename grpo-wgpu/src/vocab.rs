@@ -4,7 +4,8 @@
 
 use bytemuck::{Pod, Zeroable};
 use grpo_core::Error;
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState, SavedState};
+use grpo_core::vocab::canon::LogSoftmax;
+use grpo_core::vocab::{GradTerms, JsdState, KlDirection, KlTerm, LseState, PairState, SavedState};
 
 use crate::context::{Arg, GpuContext, Readback, Resident, Uploaded};
 use crate::error::{GpuError, Result, check_len, ensure};
@@ -118,6 +119,12 @@ pub enum ResidentVocab<'a, L> {
         /// The teacher rows (as many as the logits).
         teacher: &'a [L],
     },
+    /// [`VocabKernel::jsd_backward_saved`] of `JsdBackward`, from grpo-core's states of these
+    /// rows (computed when the work is built).
+    JsdBackwardSaved {
+        /// The teacher rows (as many as the logits).
+        teacher: &'a [L],
+    },
 }
 
 /// What [`VocabKernel::dispatch_rows`] runs: an entry point over `logits` (`vocab` per row)
@@ -178,6 +185,20 @@ enum PairOut<'a> {
     /// bound at 7.
     Grad(&'a [f32]),
 }
+
+/// What a pass of a backward from saved states ([`VocabKernel::saved_pass`]) runs: the entry
+/// point, each row's coefficients (the shader's `SAVED_COEF` floats per row) and target
+/// (`NO_INDEX` without a log-probability term), and whether it writes over the logits.
+struct SavedPass<'a> {
+    entry: &'static str,
+    coef: &'a [f32],
+    targets: &'a [u32],
+    in_place: bool,
+}
+
+/// Floats per row of the saved JSD state the `jsd_saved` entry point writes (the shader's
+/// `JSD_STATE`): both rows' raw maxima and `−ln Σ`, and `K = KL(p‖m)`.
+const JSD_STATE: usize = 5;
 
 /// The status flags of the JSD entry points that send a row to grpo-core's checks on the host.
 const JSD_FLAGGED: u32 = FLAG_EMPTY_ROW | FLAG_TEACHER_EMPTY | FLAG_SCALE_OVERFLOW;
@@ -405,7 +426,8 @@ impl<'c> VocabKernel<'c> {
         match what {
             ResidentVocab::Kl { teacher }
             | ResidentVocab::BackwardKlSaved { teacher }
-            | ResidentVocab::JsdBackward { teacher } => {
+            | ResidentVocab::JsdBackward { teacher }
+            | ResidentVocab::JsdBackwardSaved { teacher } => {
                 self.validate_pair(logits, teacher, vocab, rows, 1.0)?
             }
             _ => self.validate(logits, vocab, rows, 1.0)?,
@@ -457,6 +479,16 @@ impl<'c> VocabKernel<'c> {
                 let (coef, _, entry) = Self::saved_coefs(&saved, 1.0, &terms, false);
                 (coef, entry)
             }
+            ResidentVocab::JsdBackwardSaved { teacher } => {
+                let (mut jsd, mut saved) = (vec![0f32; rows], vec![JsdState::EMPTY; rows]);
+                grpo_core::vocab::jsd_rows_saved(
+                    logits, teacher, vocab, 0.5, 1.0, &mut jsd, &mut saved,
+                )?;
+                (
+                    Self::jsd_saved_coefs(&saved, &halves, 1.0),
+                    "jsd_backward_saved",
+                )
+            }
             _ => ((0..rows).flat_map(|_| [1.0f32, 0.5]).collect(), ""),
         };
         let mut args = vec![
@@ -478,12 +510,16 @@ impl<'c> VocabKernel<'c> {
                 args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
                 "kl"
             }
-            ResidentVocab::BackwardSaved | ResidentVocab::BackwardKlSaved { .. } => {
+            ResidentVocab::BackwardSaved
+            | ResidentVocab::BackwardKlSaved { .. }
+            | ResidentVocab::JsdBackwardSaved { .. } => {
                 // As `backward_saved`: the coefficients in binding 7 (stats and status stay,
                 // unused).
                 args.push((6, Arg::Out((rows * vocab * 4) as u64)));
                 args.push((7, Arg::In(bytemuck::cast_slice(&upstream))));
-                if let ResidentVocab::BackwardKlSaved { teacher } = what {
+                if let ResidentVocab::BackwardKlSaved { teacher }
+                | ResidentVocab::JsdBackwardSaved { teacher } = what
+                {
                     args.push((5, Arg::In(bytemuck::cast_slice(teacher))));
                 }
                 saved_entry
@@ -1205,7 +1241,16 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: &mut [f32],
     ) -> Result<()> {
-        let f = self.jsd_with(student, teacher, vocab, beta, temperature, out, Wait::Block);
+        let f = self.jsd_with(
+            student,
+            teacher,
+            vocab,
+            beta,
+            temperature,
+            out,
+            None,
+            Wait::Block,
+        );
         pollster::block_on(f)
     }
 
@@ -1238,10 +1283,82 @@ impl<'c> VocabKernel<'c> {
         temperature: f32,
         out: &mut [f32],
     ) -> Result<()> {
-        self.jsd_with(student, teacher, vocab, beta, temperature, out, Wait::Await)
+        let (t, none) = (temperature, None);
+        self.jsd_with(student, teacher, vocab, beta, t, out, none, Wait::Await)
             .await
     }
 
+    /// [`VocabKernel::jsd`] that also saves each row pair's [`JsdState`] for
+    /// [`VocabKernel::jsd_backward_saved`] (or grpo-core's and grpo-cpu's
+    /// `jsd_backward_rows_saved`) \[ours; grpo-core's `vocab::jsd_rows_saved`\]: both rows' raw
+    /// maxima and `−ln Σ` (the log-softmax constants, from the row statistics), β, and
+    /// `K = KL(p‖m)`, a second sum beside the JSD's in the same pass. The JSD values are
+    /// [`VocabKernel::jsd`]'s, bit for bit; the states are grpo-core's within the tolerance of
+    /// the row statistics (the maxima exactly), so the gradient from them is within the JSD
+    /// gradient's tolerance of grpo-core's. Rows the shader flags are computed by grpo-core on
+    /// the host, as in [`VocabKernel::jsd`], their states included.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // p = [½, ½], q = [1, 0] (the teacher's second entry masked), β = ½: m = [¾, ¼],
+    /// // K = KL(p‖m) = ½ ln(4/3).
+    /// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
+    /// let (mut jsd, mut saved) = ([0.0f32], [JsdState::EMPTY]);
+    /// k.jsd_saved(&z, &w, 2, 0.5, 1.0, &mut jsd, &mut saved)?;
+    /// assert!((saved[0].kl_pm - 0.5 * (4.0f32 / 3.0).ln()).abs() < 1e-6);
+    /// assert_eq!((saved[0].student.max, saved[0].beta), (0.0, 0.5));
+    /// // Its gradient from the saved state, against grpo-core's recomputing one.
+    /// let (mut grad, mut want) = ([0.0f32; 2], [0.0f32; 2]);
+    /// k.jsd_backward_saved(&z, &w, 2, 1.0, &saved, &[1.0], &mut grad)?;
+    /// grpo_core::vocab::jsd_backward_rows(&z, &w, 2, 0.5, 1.0, &[1.0], &mut want)?;
+    /// assert!(grad.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd`], plus `LengthMismatch { what: "saved_out" }` after the rows'
+    /// lengths (grpo-core's order). On `Err` nothing is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn jsd_saved<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+        saved: &mut [JsdState],
+    ) -> Result<()> {
+        let (t, s) = (temperature, Some(saved));
+        pollster::block_on(self.jsd_with(student, teacher, vocab, beta, t, out, s, Wait::Block))
+    }
+
+    /// Async [`VocabKernel::jsd_saved`]: awaits the readbacks instead of blocking (same
+    /// results, same errors; nothing written on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_saved`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn jsd_saved_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        beta: f32,
+        temperature: f32,
+        out: &mut [f32],
+        saved: &mut [JsdState],
+    ) -> Result<()> {
+        let (t, s) = (temperature, Some(saved));
+        self.jsd_with(student, teacher, vocab, beta, t, out, s, Wait::Await)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn jsd_with<L: LogitStorage>(
         &self,
         student: &[L],
@@ -1250,6 +1367,7 @@ impl<'c> VocabKernel<'c> {
         beta: f32,
         temperature: f32,
         out: &mut [f32],
+        saved: Option<&mut [JsdState]>,
         wait: Wait,
     ) -> Result<()> {
         let rows = out.len();
@@ -1258,27 +1376,59 @@ impl<'c> VocabKernel<'c> {
         // else.
         grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
         let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
+        if let Some(s) = &saved {
+            check_len("saved_out", rows, s.len())?;
+        }
         let params = VocabParams::new(0, vocab, 0, tau).with_beta(beta);
+        let (entry, out_kind) = match saved {
+            Some(_) => ("jsd_saved", PairOut::Saved(JSD_STATE)),
+            None => ("jsd", PairOut::Stats),
+        };
         let vals = self
             .pair_rows(
-                "jsd",
+                entry,
                 student,
                 teacher,
                 vocab,
                 rows,
                 params,
-                PairOut::Stats,
+                out_kind,
                 wait,
                 Kept::NONE,
-                |row, w, st, _| {
+                |row, w, st, sv| {
+                    // A flagged row is grpo-core's error, or has an anomaly grpo-core accepts (a
+                    // logit whose z/T overflows to −∞: probability 0, and left out of the row's
+                    // raw maximum, as it is there).
                     if w[0] != NO_INDEX || w[2] != NO_INDEX || w[1] & JSD_FLAGGED != 0 {
                         Self::check_pair(student, teacher, vocab, row, tau)?;
                     }
-                    Ok(st[3])
+                    let state = match sv {
+                        &[zmax, z_nls, wmax, w_nls, kl_pm] => JsdState {
+                            student: LogSoftmax {
+                                max: zmax,
+                                neg_ln_sum: z_nls,
+                            },
+                            teacher: LogSoftmax {
+                                max: wmax,
+                                neg_ln_sum: w_nls,
+                            },
+                            beta,
+                            kl_pm,
+                        },
+                        _ => JsdState::EMPTY,
+                    };
+                    Ok((st[3], state))
                 },
             )
             .await?;
-        out.copy_from_slice(&vals);
+        for (o, (value, _)) in out.iter_mut().zip(&vals) {
+            *o = *value;
+        }
+        if let Some(saved) = saved {
+            for (s, (_, state)) in saved.iter_mut().zip(vals) {
+                *s = state;
+            }
+        }
         Ok(())
     }
 
@@ -1535,6 +1685,194 @@ impl<'c> VocabKernel<'c> {
         .await?;
         grad.copy_from_slice(&staged);
         Ok(())
+    }
+
+    /// The JSD's gradient from the states [`VocabKernel::jsd_saved`] (or grpo-core's or
+    /// grpo-cpu's `jsd_rows_saved`) saved, grpo-core's `vocab::jsd_backward_rows_saved` on the
+    /// GPU \[ours\]: `grad[r, v] = g[r]·(1 − β)·p_v·(log p_v − log m_v − K)/T` with β and
+    /// `K = KL(p‖m)` from `saved[r]`. One dispatch per chunk of rows, one read of each row pair
+    /// and one write, where [`VocabKernel::jsd_backward`] reads each row pair three times; the
+    /// log-ratio is taken relative to `max(log p_v, log q_v)` as there, so the gradient is
+    /// within the same tolerance of grpo-core's.
+    ///
+    /// **The logits are not validated** (grpo-core's precondition): they must be the ones the
+    /// states were saved from and `temperature` the forward's; other logits give a
+    /// meaningless gradient, never a panic.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// // States from grpo-core's saving forward serve the GPU's backward too.
+    /// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
+    /// let (mut jsd, mut saved) = ([0.0f32], [JsdState::EMPTY]);
+    /// grpo_core::vocab::jsd_rows_saved(&z, &w, 3, 0.3, 0.7, &mut jsd, &mut saved)?;
+    /// let (mut grad, mut want) = ([0.0f32; 3], [0.0f32; 3]);
+    /// k.jsd_backward_saved(&z, &w, 3, 0.7, &saved, &[2.0], &mut grad)?;
+    /// grpo_core::vocab::jsd_backward_rows_saved(&z, &w, 3, 0.7, &saved, &[2.0], &mut want)?;
+    /// assert!(grad.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-6));
+    /// // A state no forward saved is grpo-core's error; `grad` is untouched.
+    /// let before = grad;
+    /// assert!(k.jsd_backward_saved(&z, &w, 3, 0.7, &[JsdState::EMPTY], &[2.0], &mut grad).is_err());
+    /// assert_eq!(grad, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// grpo-core's ([`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved)),
+    /// in its order, with its names (`out` is `grad` here, `grad_jsd` is `g`): the
+    /// temperature (`T ≥ 1e-6`), `vocab`, the lengths of `student`, `teacher`, `out`, `saved`
+    /// and `grad_jsd`, the weights, then row by row the state. Then this backend's
+    /// [`GpuError::TooLarge`] and, for f16, [`GpuError::MissingFeature`]. On `Err`, `grad` is
+    /// untouched.
+    #[allow(clippy::too_many_arguments)]
+    pub fn jsd_backward_saved<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        g: &[f32],
+        grad: &mut [f32],
+    ) -> Result<()> {
+        let (t, out) = (temperature, Some(grad.len()));
+        let f =
+            self.jsd_backward_saved_with(student, teacher, vocab, t, saved, g, out, Wait::Block);
+        write_bytes(grad, &pollster::block_on(f)?);
+        Ok(())
+    }
+
+    /// Async [`VocabKernel::jsd_backward_saved`]: awaits the readbacks instead of blocking
+    /// (same bits, same errors; `grad` untouched on `Err`).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward_saved`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn jsd_backward_saved_async<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        g: &[f32],
+        grad: &mut [f32],
+    ) -> Result<()> {
+        let (t, out) = (temperature, Some(grad.len()));
+        let f =
+            self.jsd_backward_saved_with(student, teacher, vocab, t, saved, g, out, Wait::Await);
+        write_bytes(grad, &f.await?);
+        Ok(())
+    }
+
+    /// [`VocabKernel::jsd_backward_saved`] writing the gradient over the student logits in
+    /// their storage type, grpo-core's `vocab::jsd_backward_rows_in_place_saved` on the GPU:
+    /// the shader rounds each element's f32 gradient as `half`'s `from_f32` does (ties to even)
+    /// and packs it, so the result is [`VocabKernel::jsd_backward_saved`]'s rounded, bit for
+    /// bit, and only the storage type's bytes are read back.
+    ///
+    /// ```
+    /// use grpo_core::vocab::JsdState;
+    /// use grpo_wgpu::{GpuContext, VocabKernel};
+    /// // Without an adapter there is nothing to run on.
+    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// let k = VocabKernel::new(&ctx);
+    /// let w = [1.0f32, 0.0, -0.5].map(half::bf16::from_f32);
+    /// let z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
+    /// let (mut jsd, mut saved) = ([0.0f32], [JsdState::EMPTY]);
+    /// k.jsd_saved(&z, &w, 3, 0.3, 0.7, &mut jsd, &mut saved)?;
+    /// let mut grad = [0.0f32; 3];
+    /// k.jsd_backward_saved(&z, &w, 3, 0.7, &saved, &[2.0], &mut grad)?;
+    /// let mut over = z;
+    /// k.jsd_backward_saved_in_place(&mut over, &w, 3, 0.7, &saved, &[2.0])?;
+    /// assert_eq!(over, grad.map(half::bf16::from_f32));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward_saved`] (without `out`); on `Err` the logits are
+    /// untouched.
+    pub fn jsd_backward_saved_in_place<L: LogitStorage>(
+        &self,
+        student: &mut [L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        g: &[f32],
+    ) -> Result<()> {
+        let t = temperature;
+        let f =
+            self.jsd_backward_saved_with(&*student, teacher, vocab, t, saved, g, None, Wait::Block);
+        let bytes = pollster::block_on(f)?;
+        write_bytes(student, &bytes);
+        Ok(())
+    }
+
+    /// Async [`VocabKernel::jsd_backward_saved_in_place`] (same bits, same errors).
+    ///
+    /// # Errors
+    /// As [`VocabKernel::jsd_backward_saved_in_place`].
+    pub async fn jsd_backward_saved_in_place_async<L: LogitStorage>(
+        &self,
+        student: &mut [L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        g: &[f32],
+    ) -> Result<()> {
+        let t = temperature;
+        let f =
+            self.jsd_backward_saved_with(&*student, teacher, vocab, t, saved, g, None, Wait::Await);
+        let bytes = f.await?;
+        write_bytes(student, &bytes);
+        Ok(())
+    }
+
+    /// The JSD gradient's bytes from saved states: f32 for `out = Some(len)`, the storage type
+    /// for `out = None` (in place). Validates everything first.
+    #[allow(clippy::too_many_arguments)]
+    async fn jsd_backward_saved_with<L: LogitStorage>(
+        &self,
+        student: &[L],
+        teacher: &[L],
+        vocab: usize,
+        temperature: f32,
+        saved: &[JsdState],
+        g: &[f32],
+        out: Option<usize>,
+        wait: Wait,
+    ) -> Result<Vec<u8>> {
+        let (n, m) = (student.len(), teacher.len());
+        let (tau, rows) = grpo_core::vocab::validate::jsd_backward_saved(
+            n,
+            m,
+            vocab,
+            temperature,
+            saved,
+            g,
+            out.unwrap_or(n),
+        )?;
+        self.check_limits::<L>(vocab)?;
+        let coef = Self::jsd_saved_coefs(saved, g, tau);
+        let in_place = out.is_none();
+        let pass = SavedPass {
+            entry: if in_place {
+                "jsd_backward_saved_in_place"
+            } else {
+                "jsd_backward_saved"
+            },
+            coef: &coef,
+            targets: &vec![NO_INDEX; rows],
+            in_place,
+        };
+        let w = Some(teacher);
+        self.saved_pass(student, w, vocab, tau, rows, &pass, wait, Kept::NONE)
+            .await
     }
 
     /// One dispatch of a per-row entry point (`forward`, `backward`) over chunk `c`: the
@@ -1948,9 +2286,35 @@ impl<'c> VocabKernel<'c> {
         self.check_limits::<L>(vocab)?;
         let in_place = out.is_none();
         let (coef, targets, entry) = Self::saved_coefs(saved, tau, terms, in_place);
-        // The gradient's binding and bytes per element: f32 in `grad`, or the storage type
-        // packed in `grad_words`.
-        let (binding, elem) = if in_place {
+        let teacher = terms.kl.as_ref().map(|k| k.teacher);
+        let pass = SavedPass {
+            entry,
+            coef: &coef,
+            targets: &targets,
+            in_place,
+        };
+        self.saved_pass(logits, teacher, vocab, tau, rows, &pass, wait, kept)
+            .await
+    }
+
+    /// One pass of a backward from saved states (`backward_saved*`, `jsd_backward_saved*`)
+    /// over every row, one dispatch per chunk: the logits in binding 0, the targets in 1, the
+    /// rows' coefficients in 7 and, with a teacher, its rows in 5; returns the gradient's
+    /// bytes, f32 out of binding 6 or, `in_place`, the storage type packed in binding 8
+    /// (`grad_words`).
+    #[allow(clippy::too_many_arguments)]
+    async fn saved_pass<L: LogitStorage>(
+        &self,
+        logits: &[L],
+        teacher: Option<&[L]>,
+        vocab: usize,
+        tau: f32,
+        rows: usize,
+        pass: &SavedPass<'_>,
+        wait: Wait,
+        kept: Kept<'_>,
+    ) -> Result<Vec<u8>> {
+        let (binding, elem) = if pass.in_place {
             (8, L::DTYPE.size())
         } else {
             (6, 4)
@@ -1959,25 +2323,23 @@ impl<'c> VocabKernel<'c> {
         for c in self.chunks(rows, vocab, L::DTYPE.size(), 4)? {
             let (z, base) = Self::upload(logits, &c, vocab);
             let params = VocabParams::new(c.rows, vocab, base, tau);
-            let coef = &coef[c.first * SAVED_COEF..(c.first + c.rows) * SAVED_COEF];
+            let coef = &pass.coef[c.first * SAVED_COEF..(c.first + c.rows) * SAVED_COEF];
             let chunk = c.first * vocab * elem..(c.first + c.rows) * vocab * elem;
+            let targets = &pass.targets[c.first..c.first + c.rows];
             let mut args = vec![
                 (0, kept.arg(z)),
-                (
-                    1,
-                    Arg::In(bytemuck::cast_slice(&targets[c.first..c.first + c.rows])),
-                ),
+                (1, Arg::In(bytemuck::cast_slice(targets))),
                 (4, Arg::Uniform(bytemuck::bytes_of(&params))),
                 (binding, Arg::Out(chunk.len().next_multiple_of(4) as u64)),
                 (7, Arg::In(bytemuck::cast_slice(coef))),
             ];
-            if let Some(k) = &terms.kl {
-                args.push((5, kept.arg(Self::upload(k.teacher, &c, vocab).0)));
+            if let Some(w) = teacher {
+                args.push((5, kept.arg(Self::upload(w, &c, vocab).0)));
             }
             let rb = self.ctx.submit(
                 ShaderId::Vocab(L::DTYPE),
                 &args,
-                &[(entry, [c.rows as u32, 1, 1])],
+                &[(pass.entry, [c.rows as u32, 1, 1])],
             )?;
             let res = wait.readback(rb).await?;
             let len = chunk.len();
@@ -2305,6 +2667,32 @@ impl<'c> VocabKernel<'c> {
             bytes[elems.start * elem..elems.end * elem].copy_from_slice(&grad);
         }
         Ok(bytes)
+    }
+
+    /// The coefficients of the `jsd_backward_saved*` entry points (the shader's `SavedCoef` of
+    /// its KL_JSD term) from validated states and weights: the log-softmaxes, K in the KL's
+    /// slot, `c = (g·(1 − β))·τ` in g_KL's, then β, 1 − β and −ln(1 − β) (as
+    /// `VocabParams::with_beta` computes it).
+    fn jsd_saved_coefs(saved: &[JsdState], g: &[f32], tau: f32) -> Vec<f32> {
+        let mut coef = Vec::with_capacity(saved.len() * SAVED_COEF);
+        for (st, &g) in saved.iter().zip(g) {
+            let (j, k, c) = st.grad_params(tau, g);
+            coef.extend_from_slice(&[
+                j.lz.max,
+                j.lz.neg_ln_sum,
+                0.0,
+                0.0,
+                0.0,
+                c,
+                j.lw.max,
+                j.lw.neg_ln_sum,
+                k,
+                j.beta,
+                j.omb,
+                -j.omb.ln(),
+            ]);
+        }
+        coef
     }
 
     /// The input of a `backward_saved*` entry point: each row's coefficients (the shader's

@@ -3,7 +3,7 @@
 //! Skips (with a message) without an adapter unless `GRPO_REQUIRE_GPU=1`.
 
 use grpo_core::Error;
-use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, LseState, PairState};
+use grpo_core::vocab::{GradTerms, JsdState, KlDirection, KlTerm, LseState, PairState};
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
 use grpo_tests::{gpu, log_softmax};
 use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, ResidentVocab, VocabKernel};
@@ -1108,10 +1108,76 @@ fn check_jsd_grad<L: LogitStorage + grpo_core::vocab::Logit>(
         prop_assert_eq!(gpu, Err(GpuError::Core(e)));
         prop_assert!(got.iter().all(|&x| x == 7.0));
         prop_assert_eq!(bits(&over), bits(&s));
+        // The saving forward's error is the JSD's, nothing written; the gradient from its
+        // (`EMPTY`) states is grpo-core's error too, `grad` and the logits untouched.
+        let (mut js, mut st) = (vec![7f32; c.rows], vec![JsdState::EMPTY; c.rows]);
+        let fwd = k.jsd_saved(&s, &t, c.vocab, c.beta, c.temp, &mut js, &mut st);
+        let mut j0 = vec![7f32; c.rows];
+        let fwd0 = grpo_core::vocab::jsd_rows(&s, &t, c.vocab, c.beta, c.temp, &mut j0);
+        prop_assert_eq!(fwd, fwd0.map_err(GpuError::Core));
+        if fwd0.is_err() {
+            prop_assert!(js.iter().all(|&x| x == 7.0) && st.iter().all(|x| *x == JsdState::EMPTY));
+        }
+        let mut gs = vec![7f32; n];
+        let want_err =
+            grpo_core::vocab::jsd_backward_rows_saved(&s, &t, c.vocab, c.temp, &st, g, &mut gs);
+        let mut gs = vec![7f32; n];
+        let got_err = k.jsd_backward_saved(&s, &t, c.vocab, c.temp, &st, g, &mut gs);
+        prop_assert_eq!(got_err, want_err.map_err(GpuError::Core));
+        if want_err.is_err() {
+            prop_assert!(gs.iter().all(|&x| x == 7.0));
+            let mut over = s.clone();
+            let r = k.jsd_backward_saved_in_place(&mut over, &t, c.vocab, c.temp, &st, g);
+            prop_assert_eq!(r, want_err.map_err(GpuError::Core));
+            prop_assert_eq!(bits(&over), bits(&s));
+        }
         return Ok(());
     }
     gpu.map_err(|e| TestCaseError::fail(e.to_string()))?;
     let rounded: Vec<L> = got.iter().map(|&x| L::from_f32(x)).collect();
+    prop_assert_eq!(bits(&over), bits(&rounded));
+    // The gradient from saved states: the GPU's own (whose JSD is `jsd`'s, bit for bit, and
+    // whose states are grpo-core's within the row statistics' tolerance) and grpo-core's, each
+    // within the same allowance of grpo-core's recomputing gradient; in place, rounded.
+    let (mut js, mut st) = (vec![7f32; c.rows], vec![JsdState::EMPTY; c.rows]);
+    k.jsd_saved(&s, &t, c.vocab, c.beta, c.temp, &mut js, &mut st)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut j = vec![7f32; c.rows];
+    k.jsd(&s, &t, c.vocab, c.beta, c.temp, &mut j)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(f32_bits(&js), f32_bits(&j));
+    let (mut j0, mut st0) = (vec![7f32; c.rows], vec![JsdState::EMPTY; c.rows]);
+    grpo_core::vocab::jsd_rows_saved(&s, &t, c.vocab, c.beta, c.temp, &mut j0, &mut st0)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (lse, jsd_tol) = (tolerance(Op::Lse, dtype), tolerance(Op::Jsd, dtype));
+    // The states' references may differ (grpo-core's may lie below the row maximum), the
+    // log-sum-exps they imply may not: lse = r·τ − (−ln s).
+    let tau = 1.0 / c.temp as f64;
+    let lse_of = |l: &grpo_core::vocab::canon::LogSoftmax| l.max as f64 * tau - l.neg_ln_sum as f64;
+    for (a, b) in st.iter().zip(&st0) {
+        prop_assert_eq!(a.beta, b.beta);
+        for (x, y) in [(&a.student, &b.student), (&a.teacher, &b.teacher)] {
+            let (got, want) = (lse_of(x), lse_of(y));
+            prop_assert!(lse.accepts(got as f32, want), "{a:?} {b:?}");
+        }
+        // K sums p_v·(log p_v − log m_v), log-ratios up to −ln(1 − β) (16.6 for β = 1 − 2⁻²⁴)
+        // in size: the JSD's absolute allowance times 1 + K.
+        let k_err = (a.kl_pm as f64 - b.kl_pm as f64).abs();
+        prop_assert!(
+            k_err <= jsd_tol.abs * (1.0 + b.kl_pm.abs() as f64),
+            "{a:?} {b:?}"
+        );
+    }
+    let mut from_gpu = vec![7f32; n];
+    k.jsd_backward_saved(&s, &t, c.vocab, c.temp, &st, g, &mut from_gpu)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut from_core = vec![7f32; n];
+    k.jsd_backward_saved(&s, &t, c.vocab, c.temp, &st0, g, &mut from_core)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let mut over = s.clone();
+    k.jsd_backward_saved_in_place(&mut over, &t, c.vocab, c.temp, &st, g)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let rounded: Vec<L> = from_gpu.iter().map(|&x| L::from_f32(x)).collect();
     prop_assert_eq!(bits(&over), bits(&rounded));
     let mut e = err.borrow_mut();
     for r in 0..c.rows {
@@ -1127,16 +1193,22 @@ fn check_jsd_grad<L: LogitStorage + grpo_core::vocab::Logit>(
         );
         for v in 0..c.vocab {
             let i = r * c.vocab + v;
-            let d = (got[i] as f64 - want[i] as f64).abs();
-            e.share = e.share.max(d / allowed[v].max(f64::MIN_POSITIVE));
-            e.elems += 1;
-            prop_assert!(
-                d <= allowed[v],
-                "row {r} v {v}: gpu {} vs grpo-core {} (allowed {:e}); {c:?}",
-                got[i],
-                want[i],
-                allowed[v]
-            );
+            for (what, got) in [
+                ("recomputing", &got),
+                ("from its states", &from_gpu),
+                ("from grpo-core's states", &from_core),
+            ] {
+                let d = (got[i] as f64 - want[i] as f64).abs();
+                e.share = e.share.max(d / allowed[v].max(f64::MIN_POSITIVE));
+                e.elems += 1;
+                prop_assert!(
+                    d <= allowed[v],
+                    "{what}: row {r} v {v}: gpu {} vs grpo-core {} (allowed {:e}); {c:?}",
+                    got[i],
+                    want[i],
+                    allowed[v]
+                );
+            }
         }
     }
     Ok(())
@@ -1351,19 +1423,28 @@ fn jsd_gradient_errors_and_long_rows_match_grpo_core() {
     grpo_core::vocab::jsd_backward_rows(&s, &t, vocab, 0.3, 0.9, &[2.0], &mut want).unwrap();
     k.jsd_backward(&s, &t, vocab, 0.3, 0.9, &[2.0], &mut got)
         .unwrap();
+    // And from the states the GPU's saving forward saved.
+    let (mut j, mut st) = ([0f32], [JsdState::EMPTY]);
+    k.jsd_saved(&s, &t, vocab, 0.3, 0.9, &mut j, &mut st)
+        .unwrap();
+    let mut from_states = vec![0f32; vocab];
+    k.jsd_backward_saved(&s, &t, vocab, 0.9, &st, &[2.0], &mut from_states)
+        .unwrap();
     let wide = |x: &[f32]| x.iter().map(|&z| z as f64).collect::<Vec<_>>();
     let allowed = jsd_grad_allowed(Dtype::F32, (&wide(&s), &wide(&t)), (0.3, 0.9, 2.0), &want);
-    assert_eq!(got[17], 0.0);
+    assert_eq!((got[17], from_states[17]), (0.0, 0.0));
     let mut share = 0.0f64;
     for i in 0..vocab {
-        let d = (got[i] as f64 - want[i] as f64).abs();
-        share = share.max(d / allowed[i].max(f64::MIN_POSITIVE));
-        assert!(
-            d <= allowed[i],
-            "v {i}: gpu {} vs grpo-core {}",
-            got[i],
-            want[i]
-        );
+        for got in [&got, &from_states] {
+            let d = (got[i] as f64 - want[i] as f64).abs();
+            share = share.max(d / allowed[i].max(f64::MIN_POSITIVE));
+            assert!(
+                d <= allowed[i],
+                "v {i}: gpu {} vs grpo-core {}",
+                got[i],
+                want[i]
+            );
+        }
     }
     eprintln!("JSD gradient at V = {vocab}: max |gpu − grpo-core| / tolerance = {share:.3}");
 }
@@ -2141,6 +2222,32 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
     block_on(k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut b)).unwrap();
     assert_eq!(f32_bits(&a), f32_bits(&b));
     assert!(a.iter().all(|&x| x > 0.0 && x.is_finite()), "{a:?}");
+    // The JSD's saving forward and the gradient from its states, out of place and in place.
+    let (mut sa, mut sb) = (vec![JsdState::EMPTY; rows], vec![JsdState::EMPTY; rows]);
+    k.jsd_saved(&logits, &teacher, vocab, 0.3, temp, &mut a, &mut sa)
+        .unwrap();
+    block_on(k.jsd_saved_async(&logits, &teacher, vocab, 0.3, temp, &mut b, &mut sb)).unwrap();
+    assert_eq!((f32_bits(&a), &sa), (f32_bits(&b), &sb));
+    let g = vec![0.5f32; rows];
+    let (mut ga, mut gb) = (vec![7f32; rows * vocab], vec![7f32; rows * vocab]);
+    k.jsd_backward_saved(&logits, &teacher, vocab, temp, &sa, &g, &mut ga)
+        .unwrap();
+    block_on(k.jsd_backward_saved_async(&logits, &teacher, vocab, temp, &sa, &g, &mut gb)).unwrap();
+    assert_eq!(f32_bits(&ga), f32_bits(&gb));
+    let (mut za, mut zb) = (logits.clone(), logits.clone());
+    k.jsd_backward_saved_in_place(&mut za, &teacher, vocab, temp, &sa, &g)
+        .unwrap();
+    let f = k.jsd_backward_saved_in_place_async(&mut zb, &teacher, vocab, temp, &sa, &g);
+    block_on(f).unwrap();
+    let wide = |x: &[L]| x.iter().map(|v| v.widen().to_bits()).collect::<Vec<_>>();
+    assert_eq!(wide(&za), wide(&zb));
+    let mut bad_states = sa.clone();
+    bad_states[1].kl_pm = f32::NAN;
+    let want = k.jsd_backward_saved(&logits, &teacher, vocab, temp, &bad_states, &g, &mut ga);
+    assert!(want.is_err());
+    let f = k.jsd_backward_saved_async(&logits, &teacher, vocab, temp, &bad_states, &g, &mut gb);
+    assert_eq!(block_on(f), want);
+    assert_eq!(f32_bits(&ga), f32_bits(&gb));
 
     // Two operations in flight at once on the same context.
     let (mut kl, mut js) = (vec![7f32; rows], vec![7f32; rows]);
@@ -2367,6 +2474,19 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
         n,
     );
     assert_eq!(got, bits(&grad), "{:?} jsd_backward", L::DTYPE);
+    // And from grpo-core's saved states.
+    let (mut jsd, mut states) = (vec![0f32; rows], vec![JsdState::EMPTY; rows]);
+    grpo_core::vocab::jsd_rows_saved(&logits, &teacher, vocab, 0.5, 1.0, &mut jsd, &mut states)
+        .unwrap();
+    k.jsd_backward_saved(&logits, &teacher, vocab, 1.0, &states, &halves, &mut grad)
+        .unwrap();
+    let got = floats(
+        resident(ResidentVocab::JsdBackwardSaved { teacher: &teacher })
+            .read(6)
+            .unwrap(),
+        n,
+    );
+    assert_eq!(got, bits(&grad), "{:?} jsd_backward_saved", L::DTYPE);
 
     // A binding the shader does not have is an error, not a panic.
     assert_eq!(

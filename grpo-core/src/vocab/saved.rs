@@ -361,7 +361,9 @@ pub fn backward_rows_in_place_saved<
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct JsdState {
-    /// The student row's log-softmax constants (its raw maximum and `−ln s`).
+    /// The student row's log-softmax constants: its reference `r` ([`LseState::max`]: the
+    /// row's raw maximum, or up to [`OFFSET_SLACK`](canon::OFFSET_SLACK)`/τ` below it) and
+    /// `−ln s`, `s = Σ_v e^{(z_v − r)/T}`, so that `log p_v = (z_v − r)/T − ln s`.
     pub student: LogSoftmax,
     /// The teacher row's.
     pub teacher: LogSoftmax,
@@ -431,24 +433,25 @@ impl JsdState {
     }
 }
 
-/// The bounds of a forward's `−ln s` (`s ≥ 1`, the sum of a row's exponentials relative to its
-/// maximum, up to rounding, and `s ≤ V < 2^64`): `[−45, ln 2]`, as loose as
-/// [`validate::saved`](saved)'s `s ≥ ½`.
-const NEG_LN_SUM_RANGE: (f32, f32) = (-45.0, core::f32::consts::LN_2);
+/// The bounds of a forward's `−ln s`: `s = Σ_v e^{(z_v − r)/T}` relative to the row's
+/// reference `r` is at least 1 (the maximum's term, up to rounding) and at most
+/// `V·e^{OFFSET_SLACK}` (`r` lies at most `OFFSET_SLACK/τ` below the maximum, and `V < 2^64`):
+/// `[−53, ln 2]`, as loose as [`validate::saved`](saved)'s `s ≥ ½`.
+const NEG_LN_SUM_RANGE: (f32, f32) = (-53.0, core::f32::consts::LN_2);
 
 /// Validates the saved [`JsdState`] of row pair `index` for a backward at `τ` = `tau`: the
 /// checks that keep the gradient it implies finite (as [`jsd_backward_rows`]'s; see
 /// [`MAX_GRAD_WEIGHT`]: with `|K| ≤ 133`, `|log p_v − log m_v| ≤ 88 + 104` and `c ≤ 10^15`
 /// every element is below 4·10^17) and reject what no forward saves.
 ///
-/// A forward's state has each row's `−ln s` in `[−ln V, 0]` and `0 ≤ K ≤ −ln(1 − β)` up to
+/// A forward's state has each row's `−ln s` in `[−ln V − 8, 0]` and `0 ≤ K ≤ −ln(1 − β)` up to
 /// rounding (`m_v ≥ (1 − β)p_v`), at most 16.7 for an f32 β below 1: the bounds below are
 /// loose by far.
 ///
 /// # Errors
 /// In this order: for the student's constants, then the teacher's, `NonFinite{what: "saved",
 /// index}` when `max`, `max·τ` or `neg_ln_sum` is not finite and `InvalidParam{name:
-/// "saved"}` when `neg_ln_sum` is outside `[−45, ln 2]`; then `InvalidParam{name: "saved"}`
+/// "saved"}` when `neg_ln_sum` is outside `[−53, ln 2]`; then `InvalidParam{name: "saved"}`
 /// unless `0 < β < 1`, `NonFinite{what: "saved", index}` for a `K` that is not finite and
 /// `InvalidParam{name: "saved"}` for `|K| >` [`MAX_SAVED_ENTROPY`] (133).
 ///
@@ -474,7 +477,7 @@ pub fn jsd_saved(st: &JsdState, tau: f32, index: usize) -> Result<()> {
         crate::error::ensure(
             (lo..=hi).contains(&ls.neg_ln_sum),
             "saved",
-            "not a JSD forward's state: −ln s outside [−45, ln 2]",
+            "not a JSD forward's state: −ln s outside [−53, ln 2]",
         )?;
     }
     crate::error::ensure(

@@ -2177,7 +2177,19 @@ fn jsd_saved_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     assert_eq!(name(run(&z, &w, 4, 1.0, &both, &g, 8)), "saved");
     let ok_sum = with(0, &|x| x.student.neg_ln_sum = core::f32::consts::LN_2);
     assert!(run(&z, &w, 4, 1.0, &ok_sum, &g, 8).is_ok());
-    let big_sum = with(0, &|x| x.teacher.neg_ln_sum = -45.5);
+    let big_sum = with(0, &|x| x.teacher.neg_ln_sum = -53.5);
+    assert!(
+        run(
+            &z,
+            &w,
+            4,
+            1.0,
+            &with(0, &|x| x.teacher.neg_ln_sum = -53.0),
+            &g,
+            8
+        )
+        .is_ok()
+    );
     assert_eq!(name(run(&z, &w, 4, 1.0, &big_sum, &g, 8)), "saved");
     let teacher_nan = with(1, &|x| x.teacher.max = f32::NAN);
     assert_eq!(run(&z, &w, 4, 1.0, &teacher_nan, &g, 8), saved_nan(1));
