@@ -162,7 +162,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
     for &kernel in c.kernels {
         // Bytes the kernel must move: its inputs once, its gradient output once.
         let (read, write) = match kernel {
-            // `kl_saved` and `jsd_saved` also write their states (eight and ten f32 per row):
+            // `kl_saved` and `jsd_saved` also write their states (eight and six f32 per row):
             // not counted.
             "kl" | "kl_saved" | "jsd" | "jsd_saved" => (2 * n * size, 0),
             // `backward_saved` reads the logits once, `backward` twice (its forward pass): the

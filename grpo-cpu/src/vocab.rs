@@ -762,10 +762,14 @@ impl Cpu {
     /// [`jsd_rows_saved`](Cpu::jsd_rows_saved) saved (β and `K = KL(p‖m)` from the state) —
     /// one pass over each row pair, where [`jsd_backward_rows`](Cpu::jsd_backward_rows) makes
     /// three (streaming stores on AVX-512) \[ours\]. For states saved from these rows at this
-    /// temperature, the bits of `jsd_backward_rows`; the same bits as grpo-core and the same
-    /// errors for any input (the arguments and states are checked by
-    /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved); the
-    /// logits are not validated, as in grpo-core). On `Err`, `out` is untouched.
+    /// temperature, the bits of `jsd_backward_rows`. The same errors as grpo-core (the
+    /// arguments and states, checked by
+    /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved)) and
+    /// its bits; the logits are not validated, as in grpo-core, and other logits than the
+    /// states' give grpo-core's (meaningless) bits too — NaN where a logit is NaN — as long as
+    /// no log-probability reaches 88 (a logit more than 88·T above its row's reference, or
+    /// +∞), where the exponential's domain ends and this result is only non-finite like
+    /// grpo-core's. On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::JsdState;

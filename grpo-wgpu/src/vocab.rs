@@ -1293,10 +1293,14 @@ impl<'c> VocabKernel<'c> {
     /// `jsd_backward_rows_saved`) \[ours; grpo-core's `vocab::jsd_rows_saved`\]: both rows' raw
     /// maxima and `−ln Σ` (the log-softmax constants, from the row statistics), β, and
     /// `K = KL(p‖m)`, a second sum beside the JSD's in the same pass. The JSD values are
-    /// [`VocabKernel::jsd`]'s, bit for bit; the states are grpo-core's within the tolerance of
-    /// the row statistics (the maxima exactly), so the gradient from them is within the JSD
-    /// gradient's tolerance of grpo-core's. Rows the shader flags are computed by grpo-core on
-    /// the host, as in [`VocabKernel::jsd`], their states included.
+    /// [`VocabKernel::jsd`]'s, bit for bit. A state's reference is the row's raw maximum, where
+    /// grpo-core's may lie below it (`LseState::max`), so `−ln Σ` differs by the same shift;
+    /// the log-sum-exp the two imply (`max/T − (−ln Σ)`) is grpo-core's within the row
+    /// statistics' tolerance, and `K` within the JSD's (times `1 + K`), so the gradient from
+    /// either state is within the JSD gradient's tolerance of grpo-core's. Rows the shader
+    /// flags go through grpo-core's row checks on the host, as in [`VocabKernel::jsd`]: its
+    /// error, or an anomaly it accepts (a logit whose z/T overflows to −∞, left out of the
+    /// row as there).
     ///
     /// ```
     /// use grpo_core::vocab::JsdState;

@@ -920,6 +920,57 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
     }
 }
 
+/// The JSD's gradient from saved states does not validate the logits (grpo-core's
+/// precondition: those the states were saved from). Given others — NaN, −∞, a logit above its
+/// row's saved reference (a log-probability of about 34, inside the exponential's domain,
+/// `x < 88`), one far below it — every backend still gives grpo-core's result (NaN as NaN),
+/// out of place and in place: a block whose values leave the fast form's domain takes the
+/// reference's form. (+∞, or a logit more than 88·T above the reference, leaves the
+/// exponential's domain: NaN in grpo-core, possibly another non-finite value elsewhere.)
+#[test]
+fn jsd_gradient_from_states_of_other_logits_matches_core() {
+    let vocab = 2 * 2048 + 40;
+    let (z, w) = (logits(31, 2 * vocab, 6.0, 0), logits(32, 2 * vocab, 6.0, 0));
+    let mut st = vec![JsdState::EMPTY; 2];
+    grpo_core::vocab::jsd_rows_saved(&z, &w, vocab, 0.4, 0.8, &mut [0.0; 2], &mut st).unwrap();
+    let g = [1.5f32, -0.5];
+    let cases: [(&str, usize, f32, bool); 7] = [
+        ("teacher NaN", 40, f32::NAN, false),
+        ("teacher -inf", 7, f32::NEG_INFINITY, false),
+        ("student -inf", 3000, f32::NEG_INFINITY, true),
+        ("student NaN", vocab + 100, f32::NAN, true),
+        ("student above its reference", 2100, 40.0, true),
+        ("teacher above its reference", vocab + 5, 40.0, false),
+        ("student far below", vocab + 4000, -1.0e30, true),
+    ];
+    for (what, i, x, student) in cases {
+        let (mut zz, mut ww) = (z.clone(), w.clone());
+        if student {
+            zz[i] = x;
+        } else {
+            ww[i] = x;
+        }
+        let mut want = vec![0f32; z.len()];
+        grpo_core::vocab::jsd_backward_rows_saved(&zz, &ww, vocab, 0.8, &st, &g, &mut want)
+            .unwrap();
+        let zb: Vec<half::bf16> = zz.iter().map(|&v| half::bf16::from_f32(v)).collect();
+        let mut want_b = zb.clone();
+        grpo_core::vocab::jsd_backward_rows_in_place_saved(&mut want_b, &ww, vocab, 0.8, &st, &g)
+            .unwrap();
+        for cpu in cpus() {
+            let tag = format!("{what} {:?} threads={}", cpu.backend(), cpu.threads());
+            let mut got = vec![SENTINEL; z.len()];
+            cpu.jsd_backward_rows_saved(&zz, &ww, vocab, 0.8, &st, &g, &mut got)
+                .unwrap();
+            assert_eq!(bits(&got), bits(&want), "{tag}");
+            let mut got_b = zb.clone();
+            cpu.jsd_backward_rows_in_place_saved(&mut got_b, &ww, vocab, 0.8, &st, &g)
+                .unwrap();
+            assert_eq!(bits_s(&got_b), bits_s(&want_b), "{tag} in place, bf16");
+        }
+    }
+}
+
 /// Student and teacher stored as different types (a bf16 policy against an f32 teacher, an f32
 /// student against an f16 teacher): the pair operations and the KL backward equal grpo-core.
 #[test]

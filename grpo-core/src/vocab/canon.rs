@@ -970,6 +970,27 @@ pub fn jsd_student_step(z: f32, w: f32, j: &JsdParams) -> f32 {
     p * (lp - lm)
 }
 
+/// [`jsd_step`] and [`jsd_student_step`] of one element pair from one evaluation of their
+/// shared quantities (the same bits as the two calls): the saving JSD sums both.
+///
+/// ```
+/// use grpo_core::vocab::canon::{jsd_step, jsd_student_step, jsd_steps, JsdParams, LogSoftmax};
+/// let j = JsdParams {
+///     tau: 1.0,
+///     lz: LogSoftmax { max: 0.0, neg_ln_sum: -core::f32::consts::LN_2 },
+///     lw: LogSoftmax { max: 0.0, neg_ln_sum: 0.0 },
+///     beta: 0.3,
+///     omb: 0.7,
+/// };
+/// assert_eq!(jsd_steps(0.0, 0.0, &j), (jsd_step(0.0, 0.0, &j), jsd_student_step(0.0, 0.0, &j)));
+/// ```
+#[inline(always)]
+pub fn jsd_steps(z: f32, w: f32, j: &JsdParams) -> (f32, f32) {
+    let (lp, lq, p, q, lm) = jsd_parts(z, w, j);
+    let term = fma(j.beta * q, lq - lm, (j.omb * p) * (lp - lm));
+    (term, p * (lp - lm))
+}
+
 /// One element of the JSD's gradient with respect to the student logits: with `K` the row's
 /// `KL(p‖m)` (the [`canonical_sum`] of [`jsd_student_step`]) and `c = (g·omb)·τ` (the row's
 /// weight `g = ∂loss/∂JSD`, two roundings),

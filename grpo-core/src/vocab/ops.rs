@@ -894,10 +894,23 @@ fn jsd_rows_to<S: super::Logit, U: super::Logit>(
     for (r, o) in out.iter_mut().enumerate() {
         let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);
-        *o = jsd_of(z, w, &j);
-        if let Some(saved) = saved_out.as_deref_mut() {
-            saved[r] = JsdState::of(&j, jsd_kl_pm(z, w, &j));
+        let Some(saved) = saved_out.as_deref_mut() else {
+            *o = jsd_of(z, w, &j);
+            continue;
+        };
+        // Both canonical sums in one pass over the pair (the bits of `jsd_of` and
+        // `jsd_kl_pm`).
+        let (mut jsd, mut kl_pm) = (
+            canon::CanonicalSum::new(z.len()),
+            canon::CanonicalSum::new(z.len()),
+        );
+        for (i, (a, b)) in z.iter().zip(w).enumerate() {
+            let (term, student) = canon::jsd_steps(a.to_f32(), b.to_f32(), &j);
+            jsd.push(i, term);
+            kl_pm.push(i, student);
         }
+        *o = max_r(0.0, jsd.finish());
+        saved[r] = JsdState::of(&j, kl_pm.finish());
     }
     Ok(())
 }

@@ -2122,7 +2122,7 @@ fn jsd_saved_grad1<V: F32x16>(z: f32, w: f32, p: &JsdParams, (k, c): (f32, f32))
 }
 
 /// The saved-state JSD gradient's whole chunks into `d`, from the teacher's chunks `wc` (as
-/// many): by blocks, each in [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows
+/// many): by blocks, each in [`jsd_parts`]' `NORMAL` form where [`jsd_saved_normal`] allows
 /// it, two chunk pairs per iteration.
 #[inline(always)]
 fn jsd_saved_grad_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
@@ -2136,12 +2136,56 @@ fn jsd_saved_grad_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
     for start in (0..n).step_by(BLOCK / 16) {
         let end = (start + BLOCK / 16).min(n);
         let (zb, wb) = (&d.logits()[start..end], &wc[start..end]);
-        if jsd_chunks_normal::<V, S, U>(zb, wb, p) {
+        if jsd_saved_normal::<V, S, U>(zb, wb, p) {
             jsd_saved_grad_range::<V, S, U, D, true>(d, wc, start..end, p, kc);
         } else {
             jsd_saved_grad_range::<V, S, U, D, false>(d, wc, start..end, p, kc);
         }
     }
+}
+
+/// Whether [`jsd_parts`]' `NORMAL` form gives the reference's bits on these chunk pairs of rows
+/// that were *not* validated (the backward from saved states takes the logits as they come):
+/// every value finite ([`finite_extrema`]; a NaN or ±∞ goes to the reference's form, which
+/// propagates it as grpo-core does) and every log-probability in `[EXP_NORMAL_MIN, 1]`, which
+/// the rows' smallest and largest logits bound (rounding is monotone and τ > 0). On `[1, 88)`
+/// too the `NORMAL` exponential equals the reference's, and the mixture of two probabilities
+/// below e stays a normal float; a logit above its row's reference by more (not the rows the
+/// state was saved from) takes the reference's form.
+#[inline(always)]
+fn jsd_saved_normal<V: F32x16, S: Load, U: Load>(
+    zc: &[[S; 16]],
+    wc: &[[U; 16]],
+    p: &JsdParams,
+) -> bool {
+    if const { !V::SPECIALIZED_LOOPS } {
+        return false;
+    }
+    let (Some((zmax, zlow)), Some((wmax, wlow))) =
+        (finite_extrema::<V, S>(zc), finite_extrema::<V, U>(wc))
+    else {
+        return false;
+    };
+    let lp = fma1::<V>(zmax - p.lz.max, p.tau, p.lz.neg_ln_sum);
+    let lq = fma1::<V>(wmax - p.lw.max, p.tau, p.lw.neg_ln_sum);
+    jsd_normal_domain::<V>(zlow, wlow, p) && lp <= 1.0 && lq <= 1.0
+}
+
+/// The largest and smallest value of whole chunks if every value is finite (`x·0 = 0` for all
+/// of them: NaN and ±∞ give NaN), else `None`; `None` for no chunk.
+#[inline(always)]
+fn finite_extrema<V: F32x16, S: Load>(chunks: &[[S; 16]]) -> Option<(f32, f32)> {
+    let zero = V::splat(0.0);
+    let (mut top, mut low, mut probe) =
+        (V::splat(f32::NEG_INFINITY), V::splat(f32::INFINITY), zero);
+    for c in chunks {
+        let x = S::load::<V>(c);
+        top = top.max(x);
+        low = low.min(x);
+        probe = probe.add(x.mul(zero));
+    }
+    let finite = !chunks.is_empty() && probe.to_array().iter().all(|&v| v == 0.0);
+    finite.then(|| (top.reduce_max(), low.reduce_min()))
 }
 
 /// [`jsd_saved_grad_chunks`] over chunks `range`, two at a time.
