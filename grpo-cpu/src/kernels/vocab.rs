@@ -957,11 +957,11 @@ fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
 }
 
 /// The JSD terms of whole chunk pairs summed into the first accumulator (16 lanes, index
-/// order), and with `K` the student terms ([`jsd_student_terms_of`]) into the second, two
-/// chunks per iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]'
-/// `NORMAL` form or the reference's.
+/// order), and the student terms ([`jsd_student_terms_of`]) into the second, two chunks per
+/// iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]' `NORMAL` form
+/// or the reference's.
 #[inline(always)]
-fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const K: bool>(
+fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     zc: &[[S; 16]],
     wc: &[[U; 16]],
     p: &JsdParams,
@@ -981,31 +981,27 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool, const K: bool>(
         );
         let t = jsd_terms_of(&l, &e, &lm, p);
         acc[0] = acc[0].add(t[0]).add(t[1]);
-        if K {
-            let t = jsd_student_terms_of(&l, &e, &lm);
-            acc[1] = acc[1].add(t[0]).add(t[1]);
-        }
+        let t = jsd_student_terms_of(&l, &e, &lm);
+        acc[1] = acc[1].add(t[0]).add(t[1]);
     }
     for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
         let (l, e, lm) = jsd_parts::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p);
         acc[0] = acc[0].add(jsd_terms_of(&l, &e, &lm, p)[0]);
-        if K {
-            acc[1] = acc[1].add(jsd_student_terms_of(&l, &e, &lm)[0]);
-        }
+        acc[1] = acc[1].add(jsd_student_terms_of(&l, &e, &lm)[0]);
     }
     acc
 }
 
-/// The canonical sums of a row pair's JSD terms and, with `K`, of its student terms (`K =
-/// KL(p‖m)`, grpo-core's `jsd_rows_saved`; otherwise the second sum is 0) by blocks.
-struct JsdBlocks<'a, V, S, U, const K: bool> {
+/// The canonical sums of a row pair's JSD terms and of its student terms (`K = KL(p‖m)`,
+/// grpo-core's `jsd_rows_saved`) by blocks.
+struct JsdBlocks<'a, V, S, U> {
     z: &'a [S],
     w: &'a [U],
     p: JsdParams,
     lanes: PhantomData<V>,
 }
 
-impl<V: F32x16, S: Load, U: Load, const K: bool> Blocks for JsdBlocks<'_, V, S, U, K> {
+impl<V: F32x16, S: Load, U: Load> Blocks for JsdBlocks<'_, V, S, U> {
     type St = [f32; 2];
     /// 16 lanes, tree, tail on lane 0 (grpo-core's `canonical_sum`), per sum. The whole
     /// chunks take [`jsd_parts`]' `NORMAL` form where [`jsd_chunks_normal`] allows it.
@@ -1014,9 +1010,9 @@ impl<V: F32x16, S: Load, U: Load, const K: bool> Blocks for JsdBlocks<'_, V, S, 
         let (zc, zt) = self.z[start..end].as_chunks::<16>();
         let (wc, wt) = self.w[start..end].as_chunks::<16>();
         let acc = if jsd_chunks_normal::<V, S, U>(zc, wc, &self.p) {
-            jsd_chunks::<V, S, U, true, K>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, true>(zc, wc, &self.p)
         } else {
-            jsd_chunks::<V, S, U, false, K>(zc, wc, &self.p)
+            jsd_chunks::<V, S, U, false>(zc, wc, &self.p)
         };
         let mut s = acc.map(|a| {
             let mut lanes = a.to_array();
@@ -1027,9 +1023,7 @@ impl<V: F32x16, S: Load, U: Load, const K: bool> Blocks for JsdBlocks<'_, V, S, 
             let (a, b) = (V::splat(a.to_f32()), V::splat(b.to_f32()));
             let (l, e, lm) = jsd_parts::<V, 1, 2, false>([a], [b], &self.p);
             s[0] += jsd_terms_of(&l, &e, &lm, &self.p)[0].to_array()[0];
-            if K {
-                s[1] += jsd_student_terms_of(&l, &e, &lm)[0].to_array()[0];
-            }
+            s[1] += jsd_student_terms_of(&l, &e, &lm)[0].to_array()[0];
         }
         s
     }
@@ -1785,15 +1779,11 @@ fn grad_in_place<V: F32x16, S: Load, U: Load>(
 }
 
 /// Canonical sum of the JSD terms of one validated row pair (`jsd_row` of grpo-core: 16 lanes,
-/// tree, tail per block; blocks merged pairwise by addition), floored at 0, and with `K` the
-/// canonical sum of its student terms, `K = KL(p‖m)` (unclamped; otherwise 0).
+/// tree, tail per block; blocks merged pairwise by addition), floored at 0, and the canonical
+/// sum of its student terms, `K = KL(p‖m)` (unclamped).
 #[inline(always)]
-fn jsd_sum<V: F32x16, S: Load, U: Load, const K: bool>(
-    z: &[S],
-    w: &[U],
-    p: &JsdParams,
-) -> (f32, f32) {
-    let mut b = JsdBlocks::<V, S, U, K> {
+fn jsd_sum<V: F32x16, S: Load, U: Load>(z: &[S], w: &[U], p: &JsdParams) -> (f32, f32) {
+    let mut b = JsdBlocks::<V, S, U> {
         z,
         w,
         p: *p,
@@ -2369,9 +2359,12 @@ impl<S: Load, U: Load> Kernel for GradRowsInPlace<'_, S, U> {
 }
 
 /// JSD_β of a batch of row pairs, with each row's validation flags and its [`JsdState`]
-/// (grpo-core's `jsd_rows_saved`; its `K` only with `SAVE`, otherwise 0). Rows whose flags or
-/// maxima are invalid get `NaN` (the caller then defers to grpo-core for the error).
-pub(crate) struct JsdRows<'a, S, U, const SAVE: bool> {
+/// (grpo-core's `jsd_rows_saved`). `jsd_rows` computes the states too and drops them: `K`
+/// costs a multiply and an add per element pair of the ~65 vector operations, where a second
+/// instantiation of the kernel without it would cost build time in every backend, storage
+/// pair and prefetch setting. Rows whose flags or maxima are invalid get `NaN` (the caller
+/// then defers to grpo-core for the error).
+pub(crate) struct JsdRows<'a, S, U> {
     pub(crate) z: &'a [S],
     pub(crate) w: &'a [U],
     pub(crate) vocab: usize,
@@ -2380,7 +2373,7 @@ pub(crate) struct JsdRows<'a, S, U, const SAVE: bool> {
     pub(crate) out: &'a mut [(f32, PairFlags, JsdState)],
 }
 
-impl<S: Load, U: Load, const SAVE: bool> Kernel for JsdRows<'_, S, U, SAVE> {
+impl<S: Load, U: Load> Kernel for JsdRows<'_, S, U> {
     type Output = ();
     #[inline(always)]
     fn run<V: F32x16>(self) {
@@ -2391,7 +2384,7 @@ impl<S: Load, U: Load, const SAVE: bool> Kernel for JsdRows<'_, S, U, SAVE> {
             let (pair, flags) = pair_row::<V, S, U, { PairNeed::Jsd.sums() }>(z, w, self.tau);
             *o = if pair_ok(&pair, self.tau) {
                 let p = JsdParams::of(&pair, self.tau, self.beta);
-                let (value, kl_pm) = jsd_sum::<V, S, U, SAVE>(z, w, &p);
+                let (value, kl_pm) = jsd_sum::<V, S, U>(z, w, &p);
                 (value, flags, JsdState::of(&p, kl_pm))
             } else {
                 (f32::NAN, flags, JsdState::EMPTY)
