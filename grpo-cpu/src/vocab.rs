@@ -54,6 +54,12 @@ fn shape_ok(len: usize, vocab: usize, rows: usize) -> bool {
     vocab > 0 && rows.checked_mul(vocab) == Some(len)
 }
 
+/// The shapes of a row-pair forward: both rows hold `rows · vocab` elements (as [`shape_ok`])
+/// and `saved_out`, when the forward saves states (`saved_len`), one per row.
+fn pair_shapes_ok(n: usize, m: usize, vocab: usize, rows: usize, saved_len: Option<usize>) -> bool {
+    shape_ok(n, vocab, rows) && shape_ok(m, vocab, rows) && saved_len.is_none_or(|s| s == rows)
+}
+
 /// grpo-core's weight check: finite and |g| ≤ MAX_GRAD_WEIGHT.
 fn weights_ok(g: &[f32], rows: usize) -> bool {
     g.len() == rows && g.iter().all(|x| x.abs() <= MAX_GRAD_WEIGHT)
@@ -459,10 +465,8 @@ impl Cpu {
         let Some(tau) = tau_of(temperature) else {
             return fallback(core)(out, saved_out);
         };
-        let shapes = shape_ok(student.len(), vocab, rows)
-            && shape_ok(teacher.len(), vocab, rows)
-            && saved_out.as_deref().is_none_or(|st| st.len() == rows);
-        if !shapes {
+        let saved_len = saved_out.as_deref().map(<[_]>::len);
+        if !pair_shapes_ok(student.len(), teacher.len(), vocab, rows, saved_len) {
             return fallback(core)(out, saved_out);
         }
         let need = match (direction, saved_out.is_some()) {
@@ -577,12 +581,9 @@ impl Cpu {
         let Some(tau) = tau_of(temperature) else {
             return fallback(core)(out, saved_out);
         };
-        let shapes = beta > 0.0
-            && beta < 1.0
-            && shape_ok(student.len(), vocab, rows)
-            && shape_ok(teacher.len(), vocab, rows)
-            && saved_out.as_deref().is_none_or(|st| st.len() == rows);
-        if !shapes {
+        let saved_len = saved_out.as_deref().map(<[_]>::len);
+        let beta_ok = beta > 0.0 && beta < 1.0;
+        if !(beta_ok && pair_shapes_ok(student.len(), teacher.len(), vocab, rows, saved_len)) {
             return fallback(core)(out, saved_out);
         }
         let mut res = vec![(f32::NAN, PairFlags::default(), JsdState::EMPTY); rows];
@@ -1123,9 +1124,11 @@ impl Cpu {
     ///
     /// **The logits are not validated** (only the targets' are read before the gradient is
     /// written): they (and the teacher's) must be those the states were saved from, and
-    /// `temperature` the forward's; otherwise the result is meaningless (NaN or infinite where
-    /// a logit is NaN or +∞), never a panic. Same bits and errors as grpo-core; on `Err`, `out`
-    /// is untouched.
+    /// `temperature` the forward's; otherwise the result is meaningless, never a panic. Same
+    /// errors as grpo-core, and its bits — for other logits too (NaN where a logit is NaN), as
+    /// long as no log-probability reaches 88 (a logit more than 88·T above its row's
+    /// reference, or +∞): there the exponential's domain ends, grpo-core's scaling wraps and
+    /// AVX-512's saturates, and the results differ. On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::{GradTerms, LseState};

@@ -428,7 +428,7 @@ impl<'c> VocabKernel<'c> {
             | ResidentVocab::BackwardKlSaved { teacher }
             | ResidentVocab::JsdBackward { teacher }
             | ResidentVocab::JsdBackwardSaved { teacher } => {
-                self.validate_pair(logits, teacher, vocab, rows, 1.0)?
+                self.validate_pair(logits, teacher, vocab, rows, 1.0, None)?
             }
             _ => self.validate(logits, vocab, rows, 1.0)?,
         };
@@ -1073,10 +1073,8 @@ impl<'c> VocabKernel<'c> {
         kept: Kept<'_>,
     ) -> Result<()> {
         let rows = out.len();
-        let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
-        if let Some(s) = &saved {
-            check_len("saved_out", rows, s.len())?;
-        }
+        let saved_len = saved.as_deref().map(<[_]>::len);
+        let tau = self.validate_pair(student, teacher, vocab, rows, temperature, saved_len)?;
         let params = VocabParams::new(0, vocab, 0, tau);
         let mut flagged = FLAG_EMPTY_ROW | FLAG_SCALE_OVERFLOW;
         let host = |row| Self::kl_on_host(student, teacher, vocab, row, temperature, direction);
@@ -1379,10 +1377,8 @@ impl<'c> VocabKernel<'c> {
         // on an empty batch validates exactly those (and a vocab of 1 with no rows) and nothing
         // else.
         grpo_core::vocab::jsd_rows::<f32, f32>(&[], &[], 1, beta, temperature, &mut [])?;
-        let tau = self.validate_pair(student, teacher, vocab, rows, temperature)?;
-        if let Some(s) = &saved {
-            check_len("saved_out", rows, s.len())?;
-        }
+        let saved_len = saved.as_deref().map(<[_]>::len);
+        let tau = self.validate_pair(student, teacher, vocab, rows, temperature, saved_len)?;
         let params = VocabParams::new(0, vocab, 0, tau).with_beta(beta);
         let (entry, out_kind) = match saved {
             Some(_) => ("jsd_saved", PairOut::Saved(JSD_STATE)),
@@ -1920,8 +1916,9 @@ impl<'c> VocabKernel<'c> {
         Ok(res)
     }
 
-    /// The host checks of a row-pair call (grpo-core's order): T, both shapes, this backend's
-    /// limits. Returns τ.
+    /// The host checks of a row-pair call (grpo-core's order): T, both shapes, the length of
+    /// `saved_out` (`saved_len`, for a forward that saves states), then this backend's limits.
+    /// Returns τ.
     fn validate_pair<L: LogitStorage>(
         &self,
         student: &[L],
@@ -1929,10 +1926,14 @@ impl<'c> VocabKernel<'c> {
         vocab: usize,
         rows: usize,
         temperature: f32,
+        saved_len: Option<usize>,
     ) -> Result<f32> {
         let tau = grpo_core::vocab::validate::inverse_temperature(temperature)?;
         Self::check_shape("student", student.len(), vocab, rows)?;
         Self::check_shape("teacher", teacher.len(), vocab, rows)?;
+        if let Some(n) = saved_len {
+            check_len("saved_out", rows, n)?;
+        }
         self.check_limits::<L>(vocab)?;
         Ok(tau)
     }

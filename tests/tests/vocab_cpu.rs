@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 
 use grpo_core::vocab::exp_ln;
-use grpo_core::vocab::{GradTerms, JsdState, KlDirection, KlTerm, Logit, LseState, PairState};
+use grpo_core::vocab::{
+    GradTerms, JsdState, KlDirection, KlTerm, Logit, LseState, PairState, SavedState,
+};
 use grpo_cpu::{Backend, Cpu, Storage, math};
 use proptest::prelude::*;
 
@@ -920,21 +922,66 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
     }
 }
 
-/// The JSD's gradient from saved states does not validate the logits (grpo-core's
-/// precondition: those the states were saved from). Given others — NaN, −∞, a logit above its
-/// row's saved reference (a log-probability of about 34, inside the exponential's domain,
-/// `x < 88`), one far below it — every backend still gives grpo-core's result (NaN as NaN),
-/// out of place and in place: a block whose values leave the fast form's domain takes the
-/// reference's form. (+∞, or a logit more than 88·T above the reference, leaves the
-/// exponential's domain: NaN in grpo-core, possibly another non-finite value elsewhere.)
+/// The gradients from saved states do not validate the logits (grpo-core's precondition:
+/// those the states were saved from). Given others — NaN, −∞, a logit above its row's saved
+/// reference (a log-probability of about 34, inside the exponential's domain, `x < 88`), one
+/// far below it — every backend still gives grpo-core's result (NaN as NaN), out of place and
+/// in place, for the JSD's states and for `backward_rows_saved`'s log-softmax states and pair
+/// states (both KL directions, with log-probability and entropy terms): a block whose values
+/// leave a fast form's domain takes the reference's form. (+∞, or a logit more than 88·T
+/// above the reference, leaves the exponential's domain: there grpo-core's scaling wraps and
+/// AVX-512's saturates, so the results differ, both meaningless.)
 #[test]
-fn jsd_gradient_from_states_of_other_logits_matches_core() {
+fn gradients_from_states_of_other_logits_match_core() {
+    type Out<'a> =
+        &'a dyn Fn(Option<&Cpu>, &[f32], &[f32], &mut [f32]) -> Result<(), grpo_core::Error>;
+    type Over<'a> =
+        &'a dyn Fn(Option<&Cpu>, &mut [half::bf16], &[f32]) -> Result<(), grpo_core::Error>;
     let vocab = 2 * 2048 + 40;
     let (z, w) = (logits(31, 2 * vocab, 6.0, 0), logits(32, 2 * vocab, 6.0, 0));
-    let mut st = vec![JsdState::EMPTY; 2];
-    grpo_core::vocab::jsd_rows_saved(&z, &w, vocab, 0.4, 0.8, &mut [0.0; 2], &mut st).unwrap();
-    let g = [1.5f32, -0.5];
-    let cases: [(&str, usize, f32, bool); 7] = [
+    let (t, ys) = (0.8, [5u32, vocab as u32 - 3]);
+    let (g_lp, g_h, g_kl) = ([1.5f32, -0.5], [-0.01f32, 0.3], [0.7f32, -1.1]);
+    let mut jsd_st = vec![JsdState::EMPTY; 2];
+    grpo_core::vocab::jsd_rows_saved(&z, &w, vocab, 0.4, t, &mut [0.0; 2], &mut jsd_st).unwrap();
+    let mut lse_st = vec![LseState::EMPTY; 2];
+    let (mut lp, mut h) = ([0.0; 2], [0.0; 2]);
+    grpo_core::vocab::logprob_entropy_rows_saved(
+        &z,
+        vocab,
+        &ys,
+        t,
+        &mut lp,
+        Some(&mut h),
+        &mut lse_st,
+    )
+    .unwrap();
+    let mut pair_st = [vec![PairState::EMPTY; 2], vec![PairState::EMPTY; 2]];
+    let dirs = [KlDirection::Forward, KlDirection::Reverse];
+    for (st, dir) in pair_st.iter_mut().zip(dirs) {
+        grpo_core::vocab::kl_rows_saved(&z, &w, vocab, t, dir, &mut [0.0; 2], st).unwrap();
+    }
+    let (ys, g_kl) = (&ys[..], &g_kl[..]);
+    let g = [&g_lp[..], &g_h[..], g_kl];
+    let jsd: Out<'_> = &|cpu, zz, ww, out| match cpu {
+        None => grpo_core::vocab::jsd_backward_rows_saved(zz, ww, vocab, t, &jsd_st, g_kl, out),
+        Some(cpu) => cpu.jsd_backward_rows_saved(zz, ww, vocab, t, &jsd_st, g_kl, out),
+    };
+    let jsd_over: Over<'_> = &|cpu, zz, ww| match cpu {
+        None => grpo_core::vocab::jsd_backward_rows_in_place_saved(zz, ww, vocab, t, &jsd_st, g_kl),
+        Some(cpu) => cpu.jsd_backward_rows_in_place_saved(zz, ww, vocab, t, &jsd_st, g_kl),
+    };
+    let (lse, lse_over) = from_states(&lse_st, g, ys, vocab, t, None);
+    let (fwd, fwd_over) = from_states(&pair_st[0], g, ys, vocab, t, Some(dirs[0]));
+    let (rev, rev_over) = from_states(&pair_st[1], g, ys, vocab, t, Some(dirs[1]));
+    // (name, out of place, in place, whether it reads the teacher)
+    let ops: [(&str, Out<'_>, Over<'_>, bool); 4] = [
+        ("jsd", jsd, jsd_over, true),
+        ("log-softmax states", &lse, &lse_over, false),
+        ("pair states, forward KL", &fwd, &fwd_over, true),
+        ("pair states, reverse KL", &rev, &rev_over, true),
+    ];
+
+    let cases: [(&str, usize, f32, bool); 8] = [
         ("teacher NaN", 40, f32::NAN, false),
         ("teacher -inf", 7, f32::NEG_INFINITY, false),
         ("student -inf", 3000, f32::NEG_INFINITY, true),
@@ -942,6 +989,7 @@ fn jsd_gradient_from_states_of_other_logits_matches_core() {
         ("student above its reference", 2100, 40.0, true),
         ("teacher above its reference", vocab + 5, 40.0, false),
         ("student far below", vocab + 4000, -1.0e30, true),
+        ("teacher far below", 4000, -1.0e30, false),
     ];
     for (what, i, x, student) in cases {
         let (mut zz, mut ww) = (z.clone(), w.clone());
@@ -950,25 +998,76 @@ fn jsd_gradient_from_states_of_other_logits_matches_core() {
         } else {
             ww[i] = x;
         }
-        let mut want = vec![0f32; z.len()];
-        grpo_core::vocab::jsd_backward_rows_saved(&zz, &ww, vocab, 0.8, &st, &g, &mut want)
-            .unwrap();
         let zb: Vec<half::bf16> = zz.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        let mut want_b = zb.clone();
-        grpo_core::vocab::jsd_backward_rows_in_place_saved(&mut want_b, &ww, vocab, 0.8, &st, &g)
-            .unwrap();
-        for cpu in cpus() {
-            let tag = format!("{what} {:?} threads={}", cpu.backend(), cpu.threads());
-            let mut got = vec![SENTINEL; z.len()];
-            cpu.jsd_backward_rows_saved(&zz, &ww, vocab, 0.8, &st, &g, &mut got)
-                .unwrap();
-            assert_eq!(bits(&got), bits(&want), "{tag}");
-            let mut got_b = zb.clone();
-            cpu.jsd_backward_rows_in_place_saved(&mut got_b, &ww, vocab, 0.8, &st, &g)
-                .unwrap();
-            assert_eq!(bits_s(&got_b), bits_s(&want_b), "{tag} in place, bf16");
+        for (op, out_of_place, in_place, reads_teacher) in ops {
+            if !student && !reads_teacher {
+                continue;
+            }
+            let mut want = vec![0f32; z.len()];
+            out_of_place(None, &zz, &ww, &mut want).unwrap();
+            let mut want_b = zb.clone();
+            in_place(None, &mut want_b, &ww).unwrap();
+            for cpu in cpus() {
+                let tag = format!(
+                    "{what}, {op}: {:?} threads={}",
+                    cpu.backend(),
+                    cpu.threads()
+                );
+                let mut got = vec![SENTINEL; z.len()];
+                out_of_place(Some(cpu), &zz, &ww, &mut got).unwrap();
+                assert_eq!(bits(&got), bits(&want), "{tag}");
+                let mut got_b = zb.clone();
+                in_place(Some(cpu), &mut got_b, &ww).unwrap();
+                assert_eq!(bits_s(&got_b), bits_s(&want_b), "{tag} in place, bf16");
+            }
         }
     }
+}
+
+/// `backward_rows_saved` (out of place) and `backward_rows_in_place_saved` (bf16) from the
+/// states `st`, with log-probability and entropy terms and a KL term towards the teacher
+/// logits in direction `dir`: grpo-core's for `None`, else the given `Cpu`'s.
+#[allow(clippy::type_complexity)]
+fn from_states<'a, St: SavedState + Sync>(
+    st: &'a [St],
+    g: [&'a [f32]; 3],
+    ys: &'a [u32],
+    vocab: usize,
+    t: f32,
+    dir: Option<KlDirection>,
+) -> (
+    impl Fn(Option<&Cpu>, &[f32], &[f32], &mut [f32]) -> Result<(), grpo_core::Error> + 'a,
+    impl Fn(Option<&Cpu>, &mut [half::bf16], &[f32]) -> Result<(), grpo_core::Error> + 'a,
+) {
+    // Lifetimes a closure cannot name: the terms borrow `w`, the call's argument.
+    fn terms<'b>(
+        g: [&'b [f32]; 3],
+        ys: &'b [u32],
+        w: &'b [f32],
+        dir: Option<KlDirection>,
+    ) -> GradTerms<'b, u32> {
+        let kl = dir.map(|direction| KlTerm {
+            teacher: w,
+            grad: g[2],
+            direction,
+        });
+        GradTerms {
+            logp: Some((ys, g[0])),
+            entropy: Some(g[1]),
+            kl,
+        }
+    }
+    let out_of_place = move |cpu: Option<&Cpu>, z: &[f32], w: &[f32], out: &mut [f32]| match cpu {
+        None => grpo_core::vocab::backward_rows_saved(z, vocab, t, st, &terms(g, ys, w, dir), out),
+        Some(cpu) => cpu.backward_rows_saved(z, vocab, t, st, &terms(g, ys, w, dir), out),
+    };
+    let in_place = move |cpu: Option<&Cpu>, z: &mut [half::bf16], w: &[f32]| match cpu {
+        None => {
+            grpo_core::vocab::backward_rows_in_place_saved(z, vocab, t, st, &terms(g, ys, w, dir))
+        }
+        Some(cpu) => cpu.backward_rows_in_place_saved(z, vocab, t, st, &terms(g, ys, w, dir)),
+    };
+    (out_of_place, in_place)
 }
 
 /// Student and teacher stored as different types (a bf16 policy against an f32 teacher, an f32

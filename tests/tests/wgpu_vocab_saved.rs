@@ -10,7 +10,7 @@
 
 use grpo_core::Error;
 use grpo_core::vocab::canon::{finish_kl, finish_lse};
-use grpo_core::vocab::{self, GradTerms, KlDirection, KlTerm, LseState, PairState};
+use grpo_core::vocab::{self, GradTerms, JsdState, KlDirection, KlTerm, LseState, PairState};
 use grpo_tests::tolerance::{Dtype, Op, tolerance};
 use grpo_tests::{gpu, log_softmax};
 use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
@@ -775,6 +775,34 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
     );
     assert_eq!(got, Err(GpuError::Core(mismatch)));
     assert_eq!((kl, pairs), ([sentinel; 2], [PairState::EMPTY]));
+
+    // The states' length comes before this backend's own limit (a vocabulary too large for
+    // one binding), as grpo-core has no such limit: no rows, one state.
+    let (none, huge) = ([0f32; 0], u32::MAX as usize / 2 + 1);
+    let fwd = KlDirection::Forward;
+    let one_too_many = Error::LengthMismatch {
+        what: "saved_out",
+        expected: 0,
+        found: 1,
+    };
+    let mut pairs = [PairState::EMPTY; 1];
+    let got = k.kl_saved(&none, &none, huge, 1.0, fwd, &mut [], &mut pairs);
+    let want = vocab::kl_rows_saved(&none, &none, huge, 1.0, fwd, &mut [], &mut pairs);
+    assert_eq!(
+        (got, want),
+        (Err(GpuError::Core(one_too_many)), Err(one_too_many))
+    );
+    let mut states = [JsdState::EMPTY; 1];
+    let got = k.jsd_saved(&none, &none, huge, 0.5, 1.0, &mut [], &mut states);
+    let want = vocab::jsd_rows_saved(&none, &none, huge, 0.5, 1.0, &mut [], &mut states);
+    assert_eq!(
+        (got, want),
+        (Err(GpuError::Core(one_too_many)), Err(one_too_many))
+    );
+    assert!(matches!(
+        k.kl(&none, &none, huge, 1.0, fwd, &mut []),
+        Err(GpuError::TooLarge { what: "vocab", .. })
+    ));
 }
 
 #[test]

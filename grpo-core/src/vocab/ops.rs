@@ -782,15 +782,16 @@ fn kl_rows_to<S: super::Logit, U: super::Logit>(
 ) -> Result<()> {
     let rows = out.len();
     let tau = inverse_temperature(temperature)?;
-    rows_of("student", student.len(), vocab, rows)?;
-    rows_of("teacher", teacher.len(), vocab, rows)?;
-    if let Some(st) = saved_out.as_deref() {
-        check_len("saved_out", rows, st.len())?;
-    }
-    for r in 0..rows {
-        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
-        scan_pair(z, w, tau, Some(direction), r * vocab, r)?;
-    }
+    let saved_len = saved_out.as_deref().map(<[_]>::len);
+    check_pair_rows(
+        student,
+        teacher,
+        vocab,
+        rows,
+        tau,
+        Some(direction),
+        saved_len,
+    )?;
     for (r, o) in out.iter_mut().enumerate() {
         let st = canon::pair_row(row_of(student, vocab, r), row_of(teacher, vocab, r), tau);
         let (f, rev) = canon::finish_kl(&st);
@@ -801,6 +802,31 @@ fn kl_rows_to<S: super::Logit, U: super::Logit>(
         if let Some(saved) = saved_out.as_deref_mut() {
             saved[r] = st;
         }
+    }
+    Ok(())
+}
+
+/// The checks the row-pair forwards ([`kl_rows`], [`jsd_rows`] and their saving forms) make
+/// after their parameters', in order: both rows' lengths, `saved_out`'s length (`saved_len`,
+/// when the forward saves states), then every row pair ([`scan_pair`], with the KL support
+/// of `direction` if given).
+fn check_pair_rows<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    rows: usize,
+    tau: f32,
+    direction: Option<KlDirection>,
+    saved_len: Option<usize>,
+) -> Result<()> {
+    rows_of("student", student.len(), vocab, rows)?;
+    rows_of("teacher", teacher.len(), vocab, rows)?;
+    if let Some(n) = saved_len {
+        check_len("saved_out", rows, n)?;
+    }
+    for r in 0..rows {
+        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
+        scan_pair(z, w, tau, direction, r * vocab, r)?;
     }
     Ok(())
 }
@@ -882,15 +908,8 @@ fn jsd_rows_to<S: super::Logit, U: super::Logit>(
     let rows = out.len();
     let tau = inverse_temperature(temperature)?;
     let (beta, _) = beta_of(beta)?;
-    rows_of("student", student.len(), vocab, rows)?;
-    rows_of("teacher", teacher.len(), vocab, rows)?;
-    if let Some(st) = saved_out.as_deref() {
-        check_len("saved_out", rows, st.len())?;
-    }
-    for r in 0..rows {
-        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
-        scan_pair(z, w, tau, None, r * vocab, r)?;
-    }
+    let saved_len = saved_out.as_deref().map(<[_]>::len);
+    check_pair_rows(student, teacher, vocab, rows, tau, None, saved_len)?;
     for (r, o) in out.iter_mut().enumerate() {
         let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         let j = canon::JsdParams::of(&canon::pair_row(z, w, tau), tau, beta);

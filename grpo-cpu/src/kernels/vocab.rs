@@ -1966,7 +1966,14 @@ fn jsd_grad_over<V: F32x16, S: Load, U: Load>(
     let kc = jsd_ratios::<V, S, U>(z, &w[..n], p, g, lr);
     let (zc, zt) = z.as_chunks_mut::<16>();
     let (lc, lt) = lr.as_chunks::<16>();
-    jsd_grad_chunks::<V, S, _>(&mut JsdOver { z: zc, lr: lc }, p, kc);
+    jsd_grad_chunks::<V, S, _>(
+        &mut JsdOver {
+            z: GradOver(zc),
+            lr: lc,
+        },
+        p,
+        kc,
+    );
     for (x, &r) in zt.iter_mut().zip(lt) {
         *x = S::from_f32(jsd_grad1::<V>(x.to_f32(), r, p, kc));
     }
@@ -2009,23 +2016,21 @@ impl<S: Load> JsdGradDest<S> for GradInto<'_, S> {
     }
 }
 
-/// The JSD's gradients over the logits, rounded to their storage type, from the log-ratios in
-/// `lr`.
+/// The JSD's gradients over the logits ([`GradOver`]: rounded to their storage type), from
+/// the log-ratios in `lr`.
 struct JsdOver<'a, S> {
-    z: &'a mut [[S; 16]],
+    z: GradOver<'a, S>,
     lr: &'a [[f32; 16]],
 }
 
 impl<S: Load> GradDest<S> for JsdOver<'_, S> {
     #[inline(always)]
     fn logits(&self) -> &[[S; 16]] {
-        self.z
+        self.z.logits()
     }
     #[inline(always)]
     fn put<V: F32x16, const G: usize>(&mut self, i: usize, g: [V; G]) {
-        for (g, z) in g.into_iter().zip(&mut self.z[i..i + G]) {
-            S::store_grad(g, z);
-        }
+        self.z.put(i, g);
     }
 }
 
