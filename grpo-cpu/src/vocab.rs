@@ -751,9 +751,9 @@ impl Cpu {
     /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved)) and
     /// its bits; the logits are not validated, as in grpo-core, and other logits than the
     /// states' give grpo-core's (meaningless) bits too — NaN where a logit is NaN — as long as
-    /// no log-probability reaches 88 (a logit more than 88·T above its row's reference, or
-    /// +∞), where the exponential's domain ends and this result is only non-finite like
-    /// grpo-core's. On `Err`, `out` is untouched.
+    /// no log-probability reaches 88 (possible only for +∞ or a logit more than 88·T above its
+    /// row's reference), where the exponential's domain ends and the results can differ (as
+    /// in [`backward_rows_saved`](Cpu::backward_rows_saved)). On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::JsdState;
@@ -869,8 +869,7 @@ impl Cpu {
         let args = temperature >= MIN_GRAD_TEMPERATURE
             && beta > 0.0
             && beta < 1.0
-            && shape_ok(student.len(), vocab, rows)
-            && shape_ok(teacher.len(), vocab, rows)
+            && pair_shapes_ok(student.len(), teacher.len(), vocab, rows, None)
             && weights_ok(grad, rows);
         if !args {
             return None;
@@ -1126,9 +1125,12 @@ impl Cpu {
     /// written): they (and the teacher's) must be those the states were saved from, and
     /// `temperature` the forward's; otherwise the result is meaningless, never a panic. Same
     /// errors as grpo-core, and its bits — for other logits too (NaN where a logit is NaN), as
-    /// long as no log-probability reaches 88 (a logit more than 88·T above its row's
-    /// reference, or +∞): there the exponential's domain ends, grpo-core's scaling wraps and
-    /// AVX-512's saturates, and the results differ. On `Err`, `out` is untouched.
+    /// long as no log-probability reaches 88 (possible only for +∞ or a logit more than 88·T
+    /// above its row's reference). There the exponential's domain ends: grpo-core scales by a
+    /// power of two built from exponent bits (+∞, then wrapped values), AVX-512's `vscalefps`
+    /// rounds the product (+∞ on overflow), and the results can differ (measured: ±∞ on
+    /// AVX-512 against grpo-core's NaN for a +∞ logit under an entropy term). On `Err`, `out`
+    /// is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::{GradTerms, LseState};

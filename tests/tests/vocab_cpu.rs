@@ -927,10 +927,11 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
 /// reference (a log-probability of about 34, inside the exponential's domain, `x < 88`), one
 /// far below it — every backend still gives grpo-core's result (NaN as NaN), out of place and
 /// in place, for the JSD's states and for `backward_rows_saved`'s log-softmax states and pair
-/// states (both KL directions, with log-probability and entropy terms): a block whose values
-/// leave a fast form's domain takes the reference's form. (+∞, or a logit more than 88·T
-/// above the reference, leaves the exponential's domain: there grpo-core's scaling wraps and
-/// AVX-512's saturates, so the results differ, both meaningless.)
+/// states (both KL directions, with log-probability and entropy terms). The JSD's gradient
+/// has a fast form, which a block whose values leave its domain must not take; the other
+/// gradient always takes the reference's. (+∞, or a logit more than 88·T above the
+/// reference, leaves the exponential's domain, where AVX-512's `vscalefps` and grpo-core's
+/// scaling by exponent bits give different meaningless values: see `Cpu::backward_rows_saved`.)
 #[test]
 fn gradients_from_states_of_other_logits_match_core() {
     type Out<'a> =

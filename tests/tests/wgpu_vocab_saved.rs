@@ -792,6 +792,7 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         (got, want),
         (Err(GpuError::Core(one_too_many)), Err(one_too_many))
     );
+    assert_eq!(pairs, [PairState::EMPTY]);
     let mut states = [JsdState::EMPTY; 1];
     let got = k.jsd_saved(&none, &none, huge, 0.5, 1.0, &mut [], &mut states);
     let want = vocab::jsd_rows_saved(&none, &none, huge, 0.5, 1.0, &mut [], &mut states);
@@ -799,10 +800,29 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         (got, want),
         (Err(GpuError::Core(one_too_many)), Err(one_too_many))
     );
-    assert!(matches!(
-        k.kl(&none, &none, huge, 1.0, fwd, &mut []),
-        Err(GpuError::TooLarge { what: "vocab", .. })
-    ));
+    assert_eq!(states, [JsdState::EMPTY]);
+    // With the states' length right (or no states), the limit.
+    let too_large = |r| matches!(r, Err(GpuError::TooLarge { what: "vocab", .. }));
+    assert!(too_large(k.kl(&none, &none, huge, 1.0, fwd, &mut [])));
+    assert!(too_large(k.kl_saved(
+        &none,
+        &none,
+        huge,
+        1.0,
+        fwd,
+        &mut [],
+        &mut []
+    )));
+    assert!(too_large(k.jsd(&none, &none, huge, 0.5, 1.0, &mut [])));
+    assert!(too_large(k.jsd_saved(
+        &none,
+        &none,
+        huge,
+        0.5,
+        1.0,
+        &mut [],
+        &mut []
+    )));
 }
 
 #[test]

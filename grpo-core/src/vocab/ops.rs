@@ -824,6 +824,18 @@ fn check_pair_rows<S: super::Logit, U: super::Logit>(
     if let Some(n) = saved_len {
         check_len("saved_out", rows, n)?;
     }
+    scan_pairs(student, teacher, vocab, rows, tau, direction)
+}
+
+/// [`scan_pair`] of every row pair, in order (indices `r·V + v`, segment `r`).
+fn scan_pairs<S: super::Logit, U: super::Logit>(
+    student: &[S],
+    teacher: &[U],
+    vocab: usize,
+    rows: usize,
+    tau: f32,
+    direction: Option<KlDirection>,
+) -> Result<()> {
     for r in 0..rows {
         let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
         scan_pair(z, w, tau, direction, r * vocab, r)?;
@@ -1389,10 +1401,7 @@ fn check_jsd_backward<S: super::Logit, U: super::Logit>(
         grad,
         out,
     )?;
-    for r in 0..rows {
-        let (z, w) = (row_of(student, vocab, r), row_of(teacher, vocab, r));
-        scan_pair(z, w, tau, None, r * vocab, r)?;
-    }
+    scan_pairs(student, teacher, vocab, rows, tau, None)?;
     Ok((tau, rows))
 }
 
