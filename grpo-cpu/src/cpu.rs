@@ -102,7 +102,8 @@ impl Cpu {
         self.prefetch
     }
 
-    /// The compiled code the kernels of `pass` run ([`arch::run`](crate::arch::run)).
+    /// The backend and software-prefetch setting the kernels of `pass` run with
+    /// ([`arch::run`](crate::arch::run)).
     pub(crate) fn target(&self, pass: Pass) -> Target {
         Target {
             backend: self.backend,

@@ -53,11 +53,12 @@
 //! ```
 //!
 //! The same instantiations cost the calling crate compile time: the kernels of each backend
-//! and software-prefetch setting form a codegen unit of their own (five on x86-64: AVX-512 and
-//! AVX2 each with and without prefetches, and the portable path), so a build spreads them
-//! over its cores. The workspace's `tests/vocab_cpu.rs`,
-//! which calls every operation in every storage type and mixed pair, took 199 s to compile at
-//! `opt-level = 1` on two Zen 4 cores, 321 s when every backend's kernels formed one unit.
+//! form a codegen unit of their own (three on x86-64: AVX-512, AVX2 and the portable path), so
+//! a build spreads them over its cores, and each backend compiles each kernel once (software
+//! prefetching is a run-time setting, [`Cpu::with_software_prefetch`]). The workspace's
+//! `tests/vocab_cpu.rs`, which calls every operation in every storage type, took 163–181 s to
+//! compile (with grpo-cpu and the tests' library) at `opt-level = 1` on two Zen 4 cores, 283 s
+//! when every SIMD backend compiled each kernel twice, with and without prefetches.
 //!
 //! Structure (BLAKE3/memchr style): one lane trait of 16 `f32` lanes with `#[inline(always)]`
 //! operations, one implementation per ISA in `arch/` (the only place with `unsafe`), kernels

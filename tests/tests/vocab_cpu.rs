@@ -16,7 +16,7 @@ use proptest::prelude::*;
 /// Every backend of this CPU with pools of 1, 2 and 3 threads: the 1-thread pool runs each
 /// pass's default software prefetching, the 2-thread pool every pass with the opposite of the
 /// backend's default and the 3-thread pool every pass with it (`Cpu::with_software_prefetch`),
-/// so both instantiations of every pass are checked without a fourth pool.
+/// so both settings of every pass are checked without a fourth pool.
 fn cpus() -> &'static [Cpu] {
     static CPUS: OnceLock<Vec<Cpu>> = OnceLock::new();
     CPUS.get_or_init(|| {

@@ -29,33 +29,26 @@ use crate::kernels::Kernel;
 use crate::lanes::F32x16;
 
 /// 16 lanes in two 256-bit registers. Created only inside [`run`] after detection.
-/// `PREFETCH = false` makes [`F32x16::prefetch`] and [`F32x16::prefetch_l2`] no-ops.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx2<const PREFETCH: bool = true>(__m256, __m256);
+pub(crate) struct Avx2(__m256, __m256);
 
-/// Defines `$module::entry`, which runs a kernel compiled for AVX2 + FMA + F16C on lanes with
-/// `PREFETCH = $prefetch`: one module per setting, out of line, so that each setting's
-/// instantiations form a codegen unit of their own (see [`super`]).
-macro_rules! entry {
-    ($module:ident, $prefetch:literal) => {
-        mod $module {
-            use super::{Avx2, Kernel};
+/// The entry function, in a module of its own so that its instantiations form a codegen unit
+/// of their own (see [`super`]).
+mod entries {
+    use super::{Avx2, Kernel};
 
-            /// Runs `k` compiled for AVX2 + FMA + F16C.
-            ///
-            /// # Safety
-            /// The CPU must support AVX2, FMA and F16C.
-            #[target_feature(enable = "avx2,fma,f16c")]
-            #[inline(never)]
-            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-                // No fence: this backend has no streaming stores (see the module documentation).
-                k.run::<Avx2<$prefetch>>()
-            }
-        }
-    };
+    /// Runs `k` compiled for AVX2 + FMA + F16C: this backend's entry function, out of line.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(never)]
+    pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+        // No fence: this backend has no streaming stores (see the module documentation).
+        k.run::<Avx2>()
+    }
 }
-entry!(with_prefetch, true);
-entry!(without_prefetch, false);
+use entries::entry;
 
 /// Whether the CPU has what the entry functions are compiled for: AVX2, FMA and F16C (the f16
 /// loads and stores; every CPU with AVX2 and FMA has it).
@@ -65,18 +58,11 @@ pub(crate) fn detected() -> bool {
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
-/// or returns it if the CPU lacks AVX2, FMA or F16C.
-pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
+/// Runs `k` on this backend, or returns it if the CPU lacks AVX2, FMA or F16C.
+pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
     if detected() {
         // SAFETY: the features `entry` is compiled for were detected on this CPU just above.
-        Ok(unsafe {
-            if const { !K::PREFETCHES } || prefetch {
-                with_prefetch::entry(k)
-            } else {
-                without_prefetch::entry(k)
-            }
-        })
+        Ok(unsafe { entry(k) })
     } else {
         Err(k)
     }
@@ -126,7 +112,7 @@ macro_rules! cmp {
     };
 }
 
-impl<const PREFETCH: bool> F32x16 for Avx2<PREFETCH> {
+impl F32x16 for Avx2 {
     /// All-ones lanes where set.
     type Mask = (__m256, __m256);
     /// 16 ymm registers, two per value.
@@ -223,17 +209,13 @@ impl<const PREFETCH: bool> F32x16 for Avx2<PREFETCH> {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: a prefetch never dereferences architecturally and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
-        }
+        // SAFETY: a prefetch never dereferences architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: as `prefetch`.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
-        }
+        // SAFETY: as `prefetch`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
     }
 
     #[inline(always)]

@@ -11,10 +11,9 @@ use crate::lanes::{F32x16, bf16_round_bits};
 /// 16 lanes in one 512-bit register. Created only inside `entry` and `entry_bf16`, after
 /// [`run`]'s detection. `BF16` is set in `entry_bf16` only, which is also compiled for (and
 /// entered after detecting) AVX512_BF16 and AVX512DQ: its [`F32x16::store_bf16`] rounds with
-/// `vcvtneps2bf16`. `PREFETCH = false` makes [`F32x16::prefetch`] and
-/// [`F32x16::prefetch_l2`] no-ops (see [`prefetch_by_default`]).
+/// `vcvtneps2bf16`.
 #[derive(Clone, Copy)]
-pub(crate) struct Avx512<const BF16: bool = false, const PREFETCH: bool = true>(__m512);
+pub(crate) struct Avx512<const BF16: bool = false>(__m512);
 
 /// Whether the kernels should issue software prefetches on this CPU: not on AMD's AVX-512
 /// cores. Measured on an AMD EPYC Zen 4 host (family 25 model 17, 2 vCPUs, 2026-12-05): eight
@@ -51,48 +50,40 @@ pub(crate) fn prefetch_by_default() -> bool {
     })
 }
 
-/// Defines, for lanes with `PREFETCH = $prefetch`, `$module::entry`, which runs a kernel
-/// compiled for AVX-512F + FMA, and `$module::entry_bf16`, the same compiled also for
-/// AVX512_BF16 (`vcvtneps2bf16`) and AVX512DQ (`vfpclassps`, which finds subnormal lanes) for
-/// the kernels that store gradients in bf16 ([`Kernel::STORES_BF16`]; only those kernels get
-/// this second instantiation). One module per setting, out of line, so that each setting's
-/// instantiations form a codegen unit of their own (see [`super`]).
-macro_rules! entry {
-    ($module:ident, $prefetch:literal) => {
-        mod $module {
-            use super::{_mm_sfence, Avx512, Kernel};
+/// The entry functions, in a module of their own so that their instantiations form a codegen
+/// unit of their own (see [`super`]).
+mod entries {
+    use super::{_mm_sfence, Avx512, Kernel};
 
-            /// Runs `k` compiled for AVX-512F + FMA.
-            ///
-            /// # Safety
-            /// The CPU must support AVX-512F, FMA and AVX512BW (for `F32x16::load_bf16`).
-            #[target_feature(enable = "avx512f,fma")]
-            #[inline(never)]
-            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-                let out = k.run::<Avx512<false, $prefetch>>();
-                // Order the kernel's streaming stores before whatever signals completion to
-                // other threads.
-                _mm_sfence();
-                out
-            }
+    /// Runs `k` compiled for AVX-512F + FMA: this backend's entry function, out of line.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, FMA and AVX512BW (for `F32x16::load_bf16`).
+    #[target_feature(enable = "avx512f,fma")]
+    #[inline(never)]
+    pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+        let out = k.run::<Avx512>();
+        // Order the kernel's streaming stores before whatever signals completion to other threads.
+        _mm_sfence();
+        out
+    }
 
-            /// Runs `k` compiled for AVX-512F + FMA + AVX512_BF16 + AVX512DQ.
-            ///
-            /// # Safety
-            /// The CPU must support AVX-512F, FMA, AVX512BW, AVX512_BF16 and AVX512DQ.
-            #[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
-            #[inline(never)]
-            pub(super) unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
-                let out = k.run::<Avx512<true, $prefetch>>();
-                // As in `entry`.
-                _mm_sfence();
-                out
-            }
-        }
-    };
+    /// [`entry`] compiled also for AVX512_BF16 (`vcvtneps2bf16`) and AVX512DQ (`vfpclassps`, which
+    /// finds subnormal lanes), for the kernels that store gradients in bf16
+    /// ([`Kernel::STORES_BF16`]; only those kernels get this second instantiation).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F, FMA, AVX512BW, AVX512_BF16 and AVX512DQ.
+    #[target_feature(enable = "avx512f,fma,avx512bf16,avx512dq")]
+    #[inline(never)]
+    pub(super) unsafe fn entry_bf16<K: Kernel>(k: K) -> K::Output {
+        let out = k.run::<Avx512<true>>();
+        // As in `entry`.
+        _mm_sfence();
+        out
+    }
 }
-entry!(with_prefetch, true);
-entry!(without_prefetch, false);
+use entries::{entry, entry_bf16};
 
 /// Whether the CPU has what this backend needs: AVX-512F and FMA, which `entry` is
 /// compiled for, and AVX512BW, whose `vpermw` [`F32x16::load_bf16`] issues from `asm!` (every
@@ -108,9 +99,8 @@ pub(crate) fn detected() -> bool {
 /// AVX512DQ: the same bits (see [`F32x16::store_bf16`] below), measured 10 % faster for the
 /// in-place bf16 backward on an Intel host; 13–20 % less time on a Zen 4 host (2026-12-05,
 /// four runs alternated with a build that skipped `entry_bf16`: 19.1–19.9 against 23.6–24.0
-/// ms at 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936). `prefetch` picks the
-/// instantiation with or without software prefetches (same bits).
-pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
+/// ms at 2048 × 32768, 21.8–22.9 against 25.6–26.6 ms at 512 × 151936).
+pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
     if K::STORES_BF16
         && detected()
         && std::arch::is_x86_feature_detected!("avx512bf16")
@@ -118,30 +108,18 @@ pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
     {
         // SAFETY: all four features `entry_bf16` is compiled for were detected just above
         // (and AVX512BW, see `detected`).
-        return Ok(unsafe {
-            if const { !K::PREFETCHES } || prefetch {
-                with_prefetch::entry_bf16(k)
-            } else {
-                without_prefetch::entry_bf16(k)
-            }
-        });
+        return Ok(unsafe { entry_bf16(k) });
     }
-    run_without_bf16(k, prefetch)
+    run_without_bf16(k)
 }
 
 /// [`run`] from `entry` only: every kernel that does not store bf16, and in tests the
 /// integer bf16 rounding on a CPU that has AVX512_BF16.
-pub(crate) fn run_without_bf16<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
+pub(crate) fn run_without_bf16<K: Kernel>(k: K) -> Result<K::Output, K> {
     if detected() {
         // SAFETY: the features `entry` is compiled for were detected just above (and
         // AVX512BW, see `detected`).
-        Ok(unsafe {
-            if const { !K::PREFETCHES } || prefetch {
-                with_prefetch::entry(k)
-            } else {
-                without_prefetch::entry(k)
-            }
-        })
+        Ok(unsafe { entry(k) })
     } else {
         Err(k)
     }
@@ -176,7 +154,7 @@ unsafe fn widen_words(idx: __m512i, h: __m512i) -> __m512i {
 // features are present. Loads and stores go through references to 16-element arrays, so the
 // 64 (or 32) bytes they touch are in bounds; the unaligned forms are used, so no alignment is
 // assumed.
-impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
+impl<const BF16: bool> F32x16 for Avx512<BF16> {
     type Mask = __mmask16;
     /// 32 zmm registers, one per value.
     const REGISTERS: usize = 32;
@@ -297,17 +275,13 @@ impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: a prefetch never dereferences architecturally and never faults.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
-        }
+        // SAFETY: a prefetch never dereferences architecturally and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: as `prefetch`.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
-        }
+        // SAFETY: as `prefetch`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
     }
 
     #[inline(always)]
@@ -521,7 +495,7 @@ impl<const BF16: bool, const PREFETCH: bool> F32x16 for Avx512<BF16, PREFETCH> {
 }
 
 #[inline(always)]
-fn bits<const BF16: bool, const PREFETCH: bool>(v: Avx512<BF16, PREFETCH>) -> __m512i {
+fn bits<const BF16: bool>(v: Avx512<BF16>) -> __m512i {
     // SAFETY: see the impl comment (a reinterpretation, no instruction).
     unsafe { _mm512_castps_si512(v.0) }
 }

@@ -1,21 +1,28 @@
 //! One file per instruction set; [`run`] picks the one a [`Backend`] names.
 //!
 //! Every `unsafe` block of the crate lives in these files. Each ISA module exposes
-//! `run(kernel, prefetch) -> Result<Output, Kernel>`, which checks the CPU's features itself
-//! before entering code compiled for them, so a `Backend` value can never cause an illegal
-//! instruction; `prefetch` picks its lanes' instantiation with or without software prefetches.
+//! `run(kernel) -> Result<Output, Kernel>`, which checks the CPU's features itself before
+//! entering code compiled for them, so a `Backend` value can never cause an illegal
+//! instruction.
 //!
 //! Each ISA defines its entry functions (the `#[target_feature]` functions that instantiate a
-//! kernel's `#[inline(always)]` body for its lanes) once per prefetch setting, each setting in
-//! a module of its own, and marks them `#[inline(never)]`; the portable backend's entry is
-//! [`portable::entry`]. Why: rustc places every instantiation of a generic function in the
-//! codegen unit of the module that defines it, so one `entry<K, PREFETCH>` per ISA put every
-//! kernel of that ISA in one codegen unit, which LLVM then optimised alone on one core. On
-//! AArch64, where `neon` is a baseline feature, the entries were also inlined into their
-//! callers, into functions of every kernel at once. This crate's test build for AArch64 (CI's
-//! NEON step) spent most of its time on one of two cores: 486 s for its test unit (Zen 4,
-//! `cargo test --no-run --timings`), 376 s with the entries out of line, 248 s with each
-//! prefetch setting in its own unit as well.
+//! kernel's `#[inline(always)]` body for its lanes) in a module of their own (`entries`, the
+//! functions `pub(super)`) and marks them `#[inline(never)]`; the portable backend's entry is
+//! [`portable::entry`]. rustc places every instantiation of a generic function in the codegen
+//! unit of the module that defines it, so each backend's kernels form a codegen unit of their
+//! own, which a build optimises on a core of its own. On AArch64, where `neon` is a baseline
+//! feature, entries without `#[inline(never)]` were inlined into their callers, into functions
+//! of every kernel at once: this crate's test build for AArch64 (CI's NEON step) spent 486 s on
+//! its test unit (Zen 4, `cargo test --no-run --timings`), 376 s with the entries out of line,
+//! and 248 s with each software-prefetch setting (then a second instantiation of every kernel)
+//! in a unit of its own as well.
+//!
+//! Software prefetching is a run-time setting ([`run`] sets it for the thread, see
+//! `kernels::set_software_prefetch`), not a second instantiation of every kernel. The
+//! submodule matters to speed as well: with AVX-512's entries as private functions of
+//! `avx512` itself (the same code otherwise), `grpo-bench vocab --kernel jsd_backward_in_place`
+//! (f32, 2048 × 32768, two threads, Zen 4) took 78–91 ms in six alternated rounds, against
+//! 59–78 ms from `entries` and 62–77 ms from the earlier per-prefetch-setting modules.
 
 use crate::backend::Backend;
 use crate::kernels::Kernel;
@@ -28,8 +35,8 @@ pub(crate) mod avx512;
 pub(crate) mod neon;
 pub(crate) mod portable;
 
-/// The compiled code a kernel runs: the instruction set and whether the kernels issue
-/// software prefetches (each SIMD backend is compiled both ways; the bits are the same).
+/// How a kernel runs: the instruction set and whether the kernels issue software prefetches
+/// (the bits are the same either way).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Target {
     pub(crate) backend: Backend,
@@ -46,8 +53,8 @@ impl From<Backend> for Target {
     }
 }
 
-/// Every backend of this CPU, each with and without software prefetches (for tests: the two
-/// instantiations must give the same bits).
+/// Every backend of this CPU, each with and without software prefetches (for tests: both
+/// settings must give the same bits).
 #[cfg(test)]
 pub(crate) fn targets() -> impl Iterator<Item = Target> {
     Backend::available()
@@ -60,19 +67,20 @@ pub(crate) fn targets() -> impl Iterator<Item = Target> {
 #[inline]
 pub(crate) fn run<K: Kernel>(target: impl Into<Target>, k: K) -> K::Output {
     let Target { backend, prefetch } = target.into();
+    crate::kernels::set_software_prefetch(prefetch);
     let k = match backend {
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => match avx512::run(k, prefetch) {
+        Backend::Avx512 => match avx512::run(k) {
             Ok(out) => return out,
             Err(k) => k,
         },
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2Fma => match avx2::run(k, prefetch) {
+        Backend::Avx2Fma => match avx2::run(k) {
             Ok(out) => return out,
             Err(k) => k,
         },
         #[cfg(target_arch = "aarch64")]
-        Backend::Neon => match neon::run(k, prefetch) {
+        Backend::Neon => match neon::run(k) {
             Ok(out) => return out,
             Err(k) => k,
         },

@@ -11,45 +11,31 @@ use crate::kernels::Kernel;
 use crate::lanes::F32x16;
 
 /// 16 lanes in four 128-bit registers. Created only inside [`run`] after detection.
-/// `PREFETCH = false` makes [`F32x16::prefetch`] and [`F32x16::prefetch_l2`] no-ops.
 #[derive(Clone, Copy)]
-pub(crate) struct Neon<const PREFETCH: bool = true>([float32x4_t; 4]);
+pub(crate) struct Neon([float32x4_t; 4]);
 
-/// Defines `$module::entry`, which runs a kernel compiled for NEON on lanes with
-/// `PREFETCH = $prefetch`: one module per setting, out of line, so that each setting's
-/// instantiations form a codegen unit of their own (see [`super`]).
-macro_rules! entry {
-    ($module:ident, $prefetch:literal) => {
-        mod $module {
-            use super::{Kernel, Neon};
+/// The entry function, in a module of its own so that its instantiations form a codegen unit
+/// of their own (see [`super`]).
+mod entries {
+    use super::{Kernel, Neon};
 
-            /// Runs `k` compiled for NEON.
-            ///
-            /// # Safety
-            /// The CPU must support NEON.
-            #[target_feature(enable = "neon")]
-            #[inline(never)]
-            pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
-                k.run::<Neon<$prefetch>>()
-            }
-        }
-    };
+    /// Runs `k` compiled for NEON: this backend's entry function, out of line.
+    ///
+    /// # Safety
+    /// The CPU must support NEON.
+    #[target_feature(enable = "neon")]
+    #[inline(never)]
+    pub(super) unsafe fn entry<K: Kernel>(k: K) -> K::Output {
+        k.run::<Neon>()
+    }
 }
-entry!(with_prefetch, true);
-entry!(without_prefetch, false);
+use entries::entry;
 
-/// Runs `k` on this backend (with software prefetches if `prefetch`; same bits either way),
-/// or returns it if the CPU lacks NEON.
-pub(crate) fn run<K: Kernel>(k: K, prefetch: bool) -> Result<K::Output, K> {
+/// Runs `k` on this backend, or returns it if the CPU lacks NEON.
+pub(crate) fn run<K: Kernel>(k: K) -> Result<K::Output, K> {
     if std::arch::is_aarch64_feature_detected!("neon") {
         // SAFETY: the feature `entry` is compiled for was detected on this CPU just above.
-        Ok(unsafe {
-            if const { !K::PREFETCHES } || prefetch {
-                with_prefetch::entry(k)
-            } else {
-                without_prefetch::entry(k)
-            }
-        })
+        Ok(unsafe { entry(k) })
     } else {
         Err(k)
     }
@@ -101,7 +87,7 @@ macro_rules! each_u {
     };
 }
 
-impl<const PREFETCH: bool> F32x16 for Neon<PREFETCH> {
+impl F32x16 for Neon {
     /// All-ones lanes where set.
     type Mask = [uint32x4_t; 4];
     /// 32 q registers, four per value.
@@ -187,20 +173,16 @@ impl<const PREFETCH: bool> F32x16 for Neon<PREFETCH> {
     }
     #[inline(always)]
     fn prefetch(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: `prfm` is a hint: it never faults and has no architectural side effect.
-            unsafe {
-                core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
-            }
+        // SAFETY: `prfm` is a hint: it never faults and has no architectural side effect.
+        unsafe {
+            core::arch::asm!("prfm pldl1keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
         }
     }
     #[inline(always)]
     fn prefetch_l2(p: *const u8) {
-        if PREFETCH {
-            // SAFETY: as `prefetch`.
-            unsafe {
-                core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
-            }
+        // SAFETY: as `prefetch`.
+        unsafe {
+            core::arch::asm!("prfm pldl2keep, [{0}]", in(reg) p, options(nostack, readonly, preserves_flags));
         }
     }
 
@@ -415,10 +397,10 @@ impl<const PREFETCH: bool> F32x16 for Neon<PREFETCH> {
 
 /// x86 conversion semantics: lanes whose input is NaN or outside [−2³¹, 2³¹) become `i32::MIN`.
 #[inline(always)]
-fn patch_out_of_range<const P: bool>(x: Neon<P>, r: Neon<P>) -> Neon<P> {
-    let lo = Neon::<P>::splat(-2147483648.0);
-    let hi = Neon::<P>::splat(2147483648.0);
-    let ok = Neon::<P>::mask_and(x.ge(lo), x.lt(hi));
+fn patch_out_of_range(x: Neon, r: Neon) -> Neon {
+    let lo = Neon::splat(-2147483648.0);
+    let hi = Neon::splat(2147483648.0);
+    let ok = Neon::mask_and(x.ge(lo), x.lt(hi));
     Neon::select(ok, r, Neon::from_bits(i32::MIN as u32))
 }
 

@@ -406,7 +406,6 @@ impl<V: F32x16> Acc<V> {
 
 impl Kernel for PpoSpan<'_> {
     type Output = SpanDiag;
-    const PREFETCHES: bool = false;
 
     /// Runs the loop compiled for the configuration's options ([`CLAMP`], [`MODERATE`],
     /// [`CAP`], [`DUAL`]). With one loop for every configuration, LLVM tested the options in

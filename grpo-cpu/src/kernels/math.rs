@@ -250,7 +250,6 @@ pub(crate) struct Map<'a> {
 
 impl super::Kernel for Map<'_> {
     type Output = ();
-    const PREFETCHES: bool = false;
     #[inline(always)]
     fn run<V: F32x16>(self) {
         let (xc, xt) = self.x.as_chunks::<16>();
@@ -304,7 +303,6 @@ mod tests {
 
     impl Kernel for Apply<'_> {
         type Output = ();
-        const PREFETCHES: bool = false;
         #[inline(always)]
         fn run<V: F32x16>(self) {
             let (xc, oc) = (self.x.as_chunks::<16>().0, self.out.as_chunks_mut::<16>().0);

@@ -5,6 +5,8 @@
 //! ISA's `#[target_feature]`; because `run` and everything it calls are `#[inline(always)]`, the
 //! whole body is compiled for that ISA (memchr's and pulp's pattern).
 
+use core::cell::Cell;
+
 use crate::lanes::F32x16;
 
 pub(crate) mod loss;
@@ -25,11 +27,30 @@ pub(crate) trait Kernel {
         allow(dead_code, reason = "only the AVX-512 backend has such an entry")
     )]
     const STORES_BF16: bool = false;
-    /// Whether the kernel issues software prefetches ([`F32x16::prefetch`]). Each SIMD
-    /// backend compiles such a kernel twice, with and without them (`arch::Target::prefetch`);
-    /// a kernel that issues none says `false` and is compiled once. One that prefetches but
-    /// says `false` computes the same bits, with the requests always on.
-    const PREFETCHES: bool = true;
     /// The kernel body for lane type `V`. Implementations must be `#[inline(always)]`.
     fn run<V: F32x16>(self) -> Self::Output;
+}
+
+thread_local! {
+    /// Whether the kernels this thread runs issue their software prefetches
+    /// ([`F32x16::prefetch`]): set by [`arch::run`](crate::arch::run) before every entry.
+    static SOFTWARE_PREFETCH: Cell<bool> = const { Cell::new(true) };
+}
+
+/// Makes the kernels this thread runs next issue their software prefetches (`on`) or not.
+///
+/// A run-time setting rather than a lane-type parameter, so that each backend's kernels are
+/// compiled once: with a `const PREFETCH: bool` on the lanes, every SIMD backend compiled every
+/// kernel twice, and the workspace's `tests/vocab_cpu.rs` took 283 s to build (with grpo-cpu
+/// and the tests' library, two Zen 4 cores, `opt-level = 1`) against 163–181 s with one
+/// instantiation (2026-12-07). The kernels read the setting once per call of a step loop
+/// ([`software_prefetch`]) and branch on it per cache line; the bits are the same either way.
+pub(crate) fn set_software_prefetch(on: bool) {
+    SOFTWARE_PREFETCH.set(on);
+}
+
+/// The setting of [`set_software_prefetch`] on this thread.
+#[inline(always)]
+pub(crate) fn software_prefetch() -> bool {
+    SOFTWARE_PREFETCH.get()
 }

@@ -4,8 +4,8 @@
 //! Sixteen independent vector accumulators hide the add latency, so the loop is limited by the
 //! memory system only; this is the "best vectorised read loop" a kernel is compared to.
 
-use super::Kernel;
 use super::vocab::prefetch_ahead;
+use super::{Kernel, software_prefetch};
 use crate::lanes::F32x16;
 
 /// Sums `data` with 16 vector accumulators (a bandwidth probe; the sum's order is not canonical).
@@ -13,7 +13,6 @@ pub(crate) struct ReadSum<'a>(pub(crate) &'a [f32]);
 
 impl Kernel for ReadSum<'_> {
     type Output = f32;
-    const PREFETCHES: bool = false;
 
     #[inline(always)]
     fn run<V: F32x16>(self) -> f32 {
@@ -38,7 +37,6 @@ pub(crate) struct Copy<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
 
 impl Kernel for Copy<'_> {
     type Output = ();
-    const PREFETCHES: bool = false;
 
     #[inline(always)]
     fn run<V: F32x16>(self) {
@@ -61,7 +59,6 @@ pub(crate) struct CopyStream<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32])
 
 impl Kernel for CopyStream<'_> {
     type Output = ();
-    const PREFETCHES: bool = false;
 
     #[inline(always)]
     fn run<V: F32x16>(self) {
@@ -93,9 +90,10 @@ impl<const FMAS: usize> Kernel for ReadFma<'_, FMAS> {
         let mut acc = [V::splat(0.0); 4];
         let (chunks, tail) = self.0.as_chunks::<16>();
         let mut quads = chunks.chunks_exact(4);
+        let prefetch = software_prefetch();
         for (j, q) in (&mut quads).enumerate() {
             for (k, (c, a)) in q.iter().zip(&mut acc).enumerate() {
-                prefetch_ahead::<V, f32>(c, 4 * j + k);
+                prefetch_ahead::<V, f32>(c, 4 * j + k, prefetch);
                 let x = V::load(c);
                 let mut p = c0;
                 for _ in 0..FMAS {

@@ -24,10 +24,10 @@ use grpo_core::vocab::canon::{
 };
 use grpo_core::vocab::exp_ln::D_MIN;
 
-use super::Kernel;
 use super::math::{
     EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln, ln_normal,
 };
+use super::{Kernel, software_prefetch};
 use crate::arch;
 use crate::lanes::F32x16;
 
@@ -88,7 +88,7 @@ const UNROLL: usize = 4;
 ///
 /// With the one-pass steps, none at all is faster still on that Zen 4 host, so AVX-512 on AMD
 /// runs without software prefetches by default (`Backend::software_prefetch_default`; the
-/// lanes compiled with `PREFETCH = false` make [`F32x16::prefetch`] a no-op): eight runs of
+/// steps then skip [`prefetch_ahead`]'s requests, see `kernels::set_software_prefetch`): eight runs of
 /// `grpo-bench vocab --dtype all` alternating `--prefetch on` and `off` (2 threads, 2048 ×
 /// 32768 and 512 × 151936), median per-pair time ratios off/on 0.74–0.89 for the one-row
 /// passes and the out-of-place backward in every storage type, f32 KL 0.85 / 0.87, JSD 0.94 /
@@ -252,8 +252,8 @@ fn normal_domain<const SCALED: bool>(low: f32, c: f32, tau: f32) -> bool {
 /// while it computes, so memory keeps streaming the next blocks in the background of the
 /// arithmetic.
 #[inline(always)]
-pub(crate) fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize) {
-    if (i * size_of::<[S; 16]>()).is_multiple_of(64) {
+pub(crate) fn prefetch_ahead<V: F32x16, S>(c: &[S; 16], i: usize, on: bool) {
+    if on && (i * size_of::<[S; 16]>()).is_multiple_of(64) {
         let p = c.as_ptr().cast::<u8>();
         V::prefetch(p.wrapping_add(PREFETCH_BYTES));
         V::prefetch_l2(p.wrapping_add(PREFETCH_L2_BYTES));
@@ -617,9 +617,10 @@ fn lse_steps<
 ) -> bool {
     let dmin = V::splat(D_MIN);
     let mut nan = V::splat(0.0);
+    let prefetch = software_prefetch();
     for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
         for k in 0..UNROLL {
-            prefetch_ahead::<V, S>(&q[k], j * UNROLL + k);
+            prefetch_ahead::<V, S>(&q[k], j * UNROLL + k, prefetch);
         }
         let mut dc = [dmin; UNROLL];
         for k in 0..UNROLL {
@@ -969,10 +970,11 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     let mut acc = [V::splat(0.0); 2];
     let mut zp = zc.chunks_exact(2);
     let mut wp = wc.chunks_exact(2);
+    let prefetch = software_prefetch();
     for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
         for k in 0..2 {
-            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
-            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k, prefetch);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k, prefetch);
         }
         let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
             [S::load(&a[0]), S::load(&a[1])],
@@ -1382,10 +1384,11 @@ fn pair_steps<
     let (dmin, neg_max) = (V::splat(D_MIN), V::splat(LOG_RATIO_FLOOR));
     let scale = |d: V| if SCALED { d.mul(vt) } else { d };
     let mut nan = V::splat(0.0);
+    let prefetch = software_prefetch();
     for (j, (a, b)) in z.chunks_exact(2).zip(w.chunks_exact(2)).enumerate() {
         for k in 0..2 {
-            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
-            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k, prefetch);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k, prefetch);
         }
         let x = [S::load::<V>(&a[0]), S::load::<V>(&a[1])];
         let y = [U::load::<V>(&b[0]), U::load::<V>(&b[1])];
@@ -1562,10 +1565,14 @@ fn grad_steps<V: F32x16, const N: usize, const SCALED: bool>(
 /// `N` chunks of a row loaded as lanes, with the cache lines `PREFETCH_BYTES` ahead requested
 /// (`i` = index of the first chunk in the row).
 #[inline(always)]
-fn load_chunks<V: F32x16, S: Load, const N: usize>(c: &[[S; 16]], i: usize) -> [V; N] {
+fn load_chunks<V: F32x16, S: Load, const N: usize>(
+    c: &[[S; 16]],
+    i: usize,
+    prefetch: bool,
+) -> [V; N] {
     let mut x = [V::splat(0.0); N];
     for k in 0..N {
-        prefetch_ahead::<V, S>(&c[k], i + k);
+        prefetch_ahead::<V, S>(&c[k], i + k, prefetch);
         x[k] = S::load::<V>(&c[k]);
     }
     x
@@ -1580,12 +1587,13 @@ fn grad_chunks<V: F32x16, S: Load, U: Load, const N: usize, const SCALED: bool>(
     i: usize,
     c: &GradCoef,
     kl: KlGrad,
+    prefetch: bool,
 ) -> [V; N] {
-    let x = load_chunks::<V, S, N>(&z[i..i + N], i);
+    let x = load_chunks::<V, S, N>(&z[i..i + N], i, prefetch);
     let t = if kl == KlGrad::None {
         x
     } else {
-        load_chunks::<V, U, N>(&w[i..i + N], i)
+        load_chunks::<V, U, N>(&w[i..i + N], i, prefetch)
     };
     grad_steps::<V, N, SCALED>(x, t, [V::splat(0.0); N], c, kl)
 }
@@ -1689,12 +1697,13 @@ fn grad_row_chunks_n<
 ) {
     let n = dest.logits().len();
     let whole = n / G * G;
+    let prefetch = software_prefetch();
     for j in (0..whole).step_by(G) {
-        let g = grad_chunks::<V, S, U, G, SCALED>(dest.logits(), w, j, c, kl);
+        let g = grad_chunks::<V, S, U, G, SCALED>(dest.logits(), w, j, c, kl, prefetch);
         dest.put(j, g);
     }
     for i in whole..n {
-        let g = grad_chunks::<V, S, U, 1, SCALED>(dest.logits(), w, i, c, kl);
+        let g = grad_chunks::<V, S, U, 1, SCALED>(dest.logits(), w, i, c, kl, prefetch);
         dest.put(i, g);
     }
 }
@@ -1806,11 +1815,12 @@ fn jsd_ratio_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     let mut acc = V::splat(0.0);
     let mut zp = zc.chunks_exact(2);
     let mut wp = wc.chunks_exact(2);
+    let prefetch = software_prefetch();
     let mut op = lr.chunks_exact_mut(2);
     for (j, ((a, b), o)) in (&mut zp).zip(&mut wp).zip(&mut op).enumerate() {
         for k in 0..2 {
-            prefetch_ahead::<V, S>(&a[k], 2 * j + k);
-            prefetch_ahead::<V, U>(&b[k], 2 * j + k);
+            prefetch_ahead::<V, S>(&a[k], 2 * j + k, prefetch);
+            prefetch_ahead::<V, U>(&b[k], 2 * j + k, prefetch);
         }
         let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
             [S::load(&a[0]), S::load(&a[1])],
@@ -2074,10 +2084,11 @@ fn jsd_grad_range<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool>(
 ) {
     let kc = (V::splat(k), V::splat(c));
     let pairs = range.start + (range.end - range.start) / 2 * 2;
+    let prefetch = software_prefetch();
     for i in (range.start..pairs).step_by(2) {
         let z = &d.logits()[i..i + 2];
-        prefetch_ahead::<V, S>(&z[0], i);
-        prefetch_ahead::<V, S>(&z[1], i + 1);
+        prefetch_ahead::<V, S>(&z[0], i, prefetch);
+        prefetch_ahead::<V, S>(&z[1], i + 1, prefetch);
         let zv = [S::load(&z[0]), S::load(&z[1])];
         let g = jsd_grads::<V, 2, NORMAL>(zv, [d.ratios(i), d.ratios(i + 1)], p, kc);
         d.put(i, g);
@@ -2193,11 +2204,12 @@ fn jsd_saved_grad_range<V: F32x16, S: Load, U: Load, D: GradDest<S>, const NORMA
     kc: (V, V),
 ) {
     let pairs = range.start + (range.end - range.start) / 2 * 2;
+    let prefetch = software_prefetch();
     for i in (range.start..pairs).step_by(2) {
         let (z, w) = (&d.logits()[i..i + 2], &wc[i..i + 2]);
         for k in 0..2 {
-            prefetch_ahead::<V, S>(&z[k], i + k);
-            prefetch_ahead::<V, U>(&w[k], i + k);
+            prefetch_ahead::<V, S>(&z[k], i + k, prefetch);
+            prefetch_ahead::<V, U>(&w[k], i + k, prefetch);
         }
         let zv = [S::load(&z[0]), S::load(&z[1])];
         let wv = [U::load(&w[0]), U::load(&w[1])];
@@ -2366,8 +2378,8 @@ impl<S: Load, U: Load> Kernel for GradRowsInPlace<'_, S, U> {
 /// JSD_β of a batch of row pairs, with each row's validation flags and its [`JsdState`]
 /// (grpo-core's `jsd_rows_saved`). `jsd_rows` computes the states too and drops them: `K`
 /// costs a multiply and an add per element pair of the ~65 vector operations, where a second
-/// instantiation of the kernel without it would cost build time in every backend, storage
-/// pair and prefetch setting. Rows whose flags or maxima are invalid get `NaN` (the caller
+/// instantiation of the kernel without it would cost build time in every backend and storage
+/// pair. Rows whose flags or maxima are invalid get `NaN` (the caller
 /// then defers to grpo-core for the error).
 pub(crate) struct JsdRows<'a, S, U> {
     pub(crate) z: &'a [S],
@@ -2671,7 +2683,7 @@ mod tests {
         // integer rounding for vectors holding a subnormal, e.g. the chunks of `h << 16` for
         // small `h` beside normal f16 values); AVX-512's integer rounding must hold there too.
         #[cfg(target_arch = "x86_64")]
-        if let Ok(out) = arch::avx512::run_without_bf16(StoreGrads(chunks), true) {
+        if let Ok(out) = arch::avx512::run_without_bf16(StoreGrads(chunks)) {
             check("Avx512 (integer rounding)", out);
         }
     }
