@@ -669,25 +669,7 @@ impl GpuContext {
         for h in held.into_iter().filter(|h| h.owned) {
             self.give(h.usage, h.bucket, h.buf);
         }
-        let state: MapState = Arc::new(Mutex::new((staging.len(), None)));
-        for (_, buf, total) in &staging {
-            let s2 = Arc::clone(&state);
-            buf.map_async(wgpu::MapMode::Read, 0..*total, move |r| {
-                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
-                s.0 -= 1;
-                if let Err(e) = r {
-                    s.1.get_or_insert(e);
-                }
-            });
-        }
-        Ok(Readback {
-            ctx: self,
-            staging,
-            ranges,
-            index,
-            state,
-            done: false,
-        })
+        Ok(Readback::new(self, staging, ranges, index))
     }
 
     /// Benchmark hook: uploads `args` once into buffers owned by the returned [`Resident`] and
@@ -945,40 +927,16 @@ impl Resident<'_> {
                 reason: "not one the resident work holds",
             }));
         };
-        let device = &self.ctx.device;
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("grpo-wgpu resident read-back"),
-            size: *bytes,
-            usage: STAGING,
-            mapped_at_creation: false,
-        });
-        let mut encoder = device.create_command_encoder(&Default::default());
+        let (bucket, staging) = self.ctx.take(STAGING, *bytes);
+        let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buf, 0, &staging, 0, *bytes);
         let index = self.ctx.queue.submit(Some(encoder.finish()));
-        let mapped: MapState = Arc::new(Mutex::new((1, None)));
-        let state = Arc::clone(&mapped);
-        staging.map_async(wgpu::MapMode::Read, 0..*bytes, move |r| {
-            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-            s.0 = 0;
-            if let Err(e) = r {
-                s.1 = Some(e);
-            }
-        });
-        // The mapping resolves with the copy's submission, whose wait runs the callback.
-        self.ctx.wait_for(index)?;
-        let device_error = |message: String| GpuError::Device { message };
-        let state = mapped.lock().unwrap_or_else(|p| p.into_inner());
-        match &*state {
-            (_, Some(e)) => return Err(device_error(e.to_string())),
-            (0, None) => {}
-            _ => return Err(device_error("the read-back buffer was not mapped".into())),
-        }
-        let out = staging
-            .get_mapped_range(0..*bytes)
-            .map_err(|e| device_error(e.to_string()))?
-            .to_vec();
-        staging.unmap();
-        Ok(out)
+        // Through `Readback`, which polls the device until the mapping's callback has run:
+        // waiting for the copy's submission alone left the buffer unmapped in about one run of
+        // `wgpu_loss` in fifteen on lavapipe ("the read-back buffer was not mapped").
+        let staging = vec![(bucket, staging, *bytes)];
+        let mut out = Readback::new(self.ctx, staging, vec![(0, 0..*bytes)], index).wait()?;
+        Ok(out.pop().unwrap_or_default())
     }
 }
 
@@ -998,7 +956,37 @@ pub(crate) struct Readback<'a> {
     done: bool,
 }
 
-impl Readback<'_> {
+impl<'a> Readback<'a> {
+    /// Maps `staging` (bucket, buffer, bytes to map) for reading once submission `index`, which
+    /// copies the outputs there, is done; output `k` is the byte range `ranges[k].1` of staging
+    /// buffer `ranges[k].0`. The buffers go back to `ctx`'s pool when the outputs are read.
+    fn new(
+        ctx: &'a GpuContext,
+        staging: Vec<(u64, wgpu::Buffer, u64)>,
+        ranges: Vec<(usize, core::ops::Range<u64>)>,
+        index: wgpu::SubmissionIndex,
+    ) -> Self {
+        let state: MapState = Arc::new(Mutex::new((staging.len(), None)));
+        for (_, buf, total) in &staging {
+            let s2 = Arc::clone(&state);
+            buf.map_async(wgpu::MapMode::Read, 0..*total, move |r| {
+                let mut s = s2.lock().unwrap_or_else(|p| p.into_inner());
+                s.0 -= 1;
+                if let Err(e) = r {
+                    s.1.get_or_insert(e);
+                }
+            });
+        }
+        Readback {
+            ctx,
+            staging,
+            ranges,
+            index,
+            state,
+            done: false,
+        }
+    }
+
     /// Blocks until the GPU is done, then returns the outputs.
     pub(crate) fn wait(mut self) -> Result<Vec<Vec<u8>>> {
         self.ctx.wait_for(self.index.clone())?;
