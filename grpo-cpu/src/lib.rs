@@ -55,7 +55,8 @@
 //! The same instantiations cost the calling crate compile time: the kernels of each backend
 //! form a codegen unit of their own (three on x86-64: AVX-512, AVX2 and the portable path), so
 //! a build spreads them over its cores, and each backend compiles each kernel once (software
-//! prefetching is a run-time setting, [`Cpu::with_software_prefetch`]). The workspace's
+//! prefetching is a run-time setting, [`Cpu::with_software_prefetch`]; AVX-512 compiles the
+//! kernels that store bf16 a second time, for AVX512_BF16). The workspace's
 //! `tests/vocab_cpu.rs`, which calls every operation in every storage type, took 163–181 s to
 //! compile (with grpo-cpu and the tests' library) at `opt-level = 1` on two Zen 4 cores, 283 s
 //! when every SIMD backend compiled each kernel twice, with and without prefetches.

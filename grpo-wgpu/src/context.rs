@@ -927,7 +927,16 @@ impl Resident<'_> {
                 reason: "not one the resident work holds",
             }));
         };
+        let scope = self
+            .ctx
+            .device
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let (bucket, staging) = self.ctx.take(STAGING, *bytes);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                message: format!("cannot create the read-back buffer: {e}"),
+            });
+        }
         let mut encoder = self.ctx.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(buf, 0, &staging, 0, *bytes);
         let index = self.ctx.queue.submit(Some(encoder.finish()));
@@ -935,8 +944,10 @@ impl Resident<'_> {
         // waiting for the copy's submission alone left the buffer unmapped in about one run of
         // `wgpu_loss` in fifteen on lavapipe ("the read-back buffer was not mapped").
         let staging = vec![(bucket, staging, *bytes)];
-        let mut out = Readback::new(self.ctx, staging, vec![(0, 0..*bytes)], index).wait()?;
-        Ok(out.pop().unwrap_or_default())
+        let out = Readback::new(self.ctx, staging, vec![(0, 0..*bytes)], index).wait()?;
+        out.into_iter().next().ok_or_else(|| GpuError::Device {
+            message: "the read-back returned no output".into(),
+        })
     }
 }
 

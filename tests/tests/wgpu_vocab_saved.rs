@@ -1087,10 +1087,20 @@ fn run_narrow(ctx: &grpo_wgpu::GpuContext, prelude: &str, f16: bool, inputs: &[u
     }
     encoder.copy_buffer_to_buffer(&output, 0, &staging, 0, size);
     queue.submit(Some(encoder.finish()));
+    let (tx, rx) = std::sync::mpsc::channel();
     staging
         .slice(..)
-        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+        .map_async(wgpu::MapMode::Read, move |r| tx.send(r).unwrap());
     device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    // The wait can return before the mapping's callback ran (grpo-wgpu's `Resident::read` met
+    // that on lavapipe): poll until it has.
+    let mapped = loop {
+        if let Ok(r) = rx.try_recv() {
+            break r;
+        }
+        device.poll(wgpu::PollType::Poll).unwrap();
+    };
+    mapped.unwrap();
     let out = staging.slice(..).get_mapped_range().unwrap().to_vec();
     out.chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))

@@ -187,12 +187,13 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
     /// issued from `asm!` ([`widen_words`]) because LLVM turns the intrinsic form into a
     /// two-source `vpermt2w`, which overwrites an operand and so costs a register copy per load
     /// (measured slower on Zen 4 and on the Intel host, see the README). Measured on Zen 4
-    /// (2026-12-05) inside one process, both forms in the same rounds (the widening form
-    /// standing in for the build without prefetches, as `grpo-bench vocab --prefetch both`
-    /// times them), medians of the per-round time ratios: in cache (16 × 32768, one thread,
-    /// three runs) fused 0.96, log-prob 0.96, KL 1.01, backward 0.97; streaming on two threads
-    /// (five runs, 2048 × 32768 / 512 × 151936) fused 0.98 / 0.97, log-prob 0.98 / 0.995, KL
-    /// 0.96 / 1.01, JSD 0.96 / 0.96, backward 0.985 / 0.98, `backward_kl` 0.95 / 0.95.
+    /// (2026-12-05) inside one process, both forms in the same rounds (the widening form in
+    /// the place of the then separate build without prefetches, which `grpo-bench vocab
+    /// --prefetch both` times in the same rounds), medians of the per-round time ratios: in
+    /// cache (16 × 32768, one thread, three runs) fused 0.96, log-prob 0.96, KL 1.01,
+    /// backward 0.97; streaming on two threads (five runs, 2048 × 32768 / 512 × 151936) fused
+    /// 0.98 / 0.97, log-prob 0.98 / 0.995, KL 0.96 / 1.01, JSD 0.96 / 0.96, backward 0.985 /
+    /// 0.98, `backward_kl` 0.95 / 0.95.
     #[inline(always)]
     fn load_bf16(src: &[half::bf16; 16]) -> Self {
         /// Word `2i + 1` takes bf16 `i`, word `2i` word 16 (zero).

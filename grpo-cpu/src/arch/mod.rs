@@ -234,6 +234,43 @@ mod tests {
             .collect()
     }
 
+    /// Returns the software-prefetch setting the kernel body sees.
+    struct PrefetchSetting;
+
+    impl Kernel for PrefetchSetting {
+        type Output = bool;
+        #[inline(always)]
+        fn run<V: F32x16>(self) -> bool {
+            crate::kernels::software_prefetch()
+        }
+    }
+
+    /// Every kernel body sees the prefetch setting of the target it runs on, on the pool's
+    /// threads, with the settings alternating (a value left from the last run would show). The
+    /// results are the same bits either way, so no other test would see a path that skips it.
+    #[test]
+    fn kernels_see_their_targets_prefetch_setting() {
+        use rayon::prelude::*;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for _ in 0..2 {
+            for target in super::targets() {
+                let seen: Vec<bool> = pool.install(|| {
+                    (0..8)
+                        .into_par_iter()
+                        .map(|_| run(target, PrefetchSetting))
+                        .collect()
+                });
+                assert!(
+                    seen.iter().all(|&s| s == target.prefetch),
+                    "{target:?}: {seen:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_backend_matches_portable_op_by_op() {
         let (a, b, c) = (inputs(1, 4000), inputs(2, 4000), inputs(3, 4000));

@@ -88,14 +88,14 @@ const UNROLL: usize = 4;
 ///
 /// With the one-pass steps, none at all is faster still on that Zen 4 host, so AVX-512 on AMD
 /// runs without software prefetches by default (`Backend::software_prefetch_default`; the
-/// steps then skip [`prefetch_ahead`]'s requests, see `kernels::set_software_prefetch`): eight runs of
-/// `grpo-bench vocab --dtype all` alternating `--prefetch on` and `off` (2 threads, 2048 ×
-/// 32768 and 512 × 151936), median per-pair time ratios off/on 0.74–0.89 for the one-row
-/// passes and the out-of-place backward in every storage type, f32 KL 0.85 / 0.87, JSD 0.94 /
-/// 0.91 and `backward_kl` 0.89 / 0.86, 0.92–0.99 in place. The exception is the pair passes on
-/// 16-bit rows at 2048 × 32768 (KL 1.09–1.10, JSD and `backward_kl` 1.02–1.03), which are
-/// faster without them at 512 × 151936 (0.90–0.97). Of those, the KL prefetches by default
-/// (`backend::Pass::NarrowKl`): at most row lengths it gains a fifth.
+/// steps then skip [`prefetch_ahead`]'s requests, see `kernels::set_software_prefetch`): eight
+/// runs of `grpo-bench vocab --dtype all` alternating `--prefetch on` and `off` (2 threads,
+/// 2048 × 32768 and 512 × 151936), median per-pair time ratios off/on 0.74–0.89 for the
+/// one-row passes and the out-of-place backward in every storage type, f32 KL 0.85 / 0.87,
+/// JSD 0.94 / 0.91 and `backward_kl` 0.89 / 0.86, 0.92–0.99 in place. The exception is the
+/// pair passes on 16-bit rows at 2048 × 32768 (KL 1.09–1.10, JSD and `backward_kl`
+/// 1.02–1.03), which are faster without them at 512 × 151936 (0.90–0.97). Of those, the KL
+/// prefetches by default (`backend::Pass::NarrowKl`): at most row lengths it gains a fifth.
 const PREFETCH_BYTES: usize = 8192;
 
 /// How far ahead the same steps request lines into L2 (`prefetcht1`) besides the L1 request
