@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
 use crate::shaders::ShaderId;
@@ -103,7 +104,15 @@ pub struct GpuContext {
     binding_cap: std::sync::atomic::AtomicU64,
     groups_cap: std::sync::atomic::AtomicU32,
     uploaded: std::sync::atomic::AtomicU64,
+    timeout: Mutex<Option<Duration>>,
 }
+
+/// How long a [`GpuContext`] waits for one submission unless told otherwise
+/// ([`GpuContext::set_timeout`]): five minutes, far beyond what one chunk of any operation
+/// takes even on a software rasteriser (the largest in grpo-bench, 512 × 151936 f32 logits,
+/// takes seconds on lavapipe), so that a hung device becomes an error instead of a wait that
+/// never ends.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl std::fmt::Debug for GpuContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -172,7 +181,37 @@ impl GpuContext {
             binding_cap: std::sync::atomic::AtomicU64::new(u64::MAX),
             groups_cap: std::sync::atomic::AtomicU32::new(u32::MAX),
             uploaded: std::sync::atomic::AtomicU64::new(0),
+            timeout: Mutex::new(Some(DEFAULT_TIMEOUT)),
         })
+    }
+
+    /// How long each wait for one submission (one chunk of an operation: its dispatches, the
+    /// copy to the staging buffers and their mapping) may take before the operation returns
+    /// [`GpuError::Timeout`]; `None` waits as long as it takes. [`DEFAULT_TIMEOUT`] until set.
+    ///
+    /// The blocking operations wait on the device with this limit (wgpu's `PollType::Wait`),
+    /// then poll until the staging buffers' map callbacks have run, up to the same deadline;
+    /// the `_async` ones poll the device each time the executor polls them, and fail once the
+    /// deadline has passed with a mapping still pending. Either way an operation that times
+    /// out leaves its outputs untouched, and the context stays usable: the device finishes
+    /// the abandoned work in submission order before the next operation's.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use grpo_wgpu::{GpuContext, DEFAULT_TIMEOUT};
+    /// // Without an adapter there is nothing to configure.
+    /// let Ok(ctx) = GpuContext::new() else { return };
+    /// assert_eq!(ctx.timeout(), Some(DEFAULT_TIMEOUT));
+    /// ctx.set_timeout(Some(Duration::from_secs(20)));
+    /// assert_eq!(ctx.timeout(), Some(Duration::from_secs(20)));
+    /// ```
+    pub fn set_timeout(&self, timeout: Option<Duration>) {
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
+    }
+
+    /// The limit of each wait for one submission ([`GpuContext::set_timeout`]).
+    pub fn timeout(&self) -> Option<Duration> {
+        *self.timeout.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The adapter's name, backend and driver.
@@ -779,16 +818,19 @@ impl GpuContext {
         )
     }
 
-    /// Blocks until submission `index` has finished on the device.
-    fn wait_for(&self, index: wgpu::SubmissionIndex) -> Result<()> {
+    /// Blocks until submission `index` has finished on the device, or `deadline` has passed.
+    fn wait_for(&self, index: wgpu::SubmissionIndex, deadline: Deadline) -> Result<()> {
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(index),
-                timeout: None,
+                timeout: deadline.remaining(),
             })
             .map(|_| ())
-            .map_err(|e| GpuError::Device {
-                message: e.to_string(),
+            .map_err(|e| match e {
+                wgpu::PollError::Timeout => deadline.error(),
+                e => GpuError::Device {
+                    message: e.to_string(),
+                },
             })
     }
 }
@@ -900,8 +942,9 @@ impl Resident<'_> {
                 encoder.copy_buffer_to_buffer(src, 0, dst, 0, *bytes);
             }
         }
+        let deadline = Deadline::start(self.ctx.timeout());
         let index = self.ctx.queue.submit(Some(encoder.finish()));
-        self.ctx.wait_for(index)
+        self.ctx.wait_for(index, deadline)
     }
 
     /// Bytes of device memory the work holds bound (a copy: source plus destination).
@@ -951,6 +994,41 @@ impl Resident<'_> {
     }
 }
 
+/// When a wait for one submission gives up: its limit ([`GpuContext::timeout`]) counted from
+/// the submission.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    started: Instant,
+    limit: Option<Duration>,
+}
+
+impl Deadline {
+    /// A deadline `limit` from now (none for `None`).
+    fn start(limit: Option<Duration>) -> Self {
+        Deadline {
+            started: Instant::now(),
+            limit,
+        }
+    }
+
+    /// The time left (zero once passed), or `None` without a limit.
+    fn remaining(&self) -> Option<Duration> {
+        self.limit.map(|l| l.saturating_sub(self.started.elapsed()))
+    }
+
+    /// Whether the deadline has passed.
+    fn passed(&self) -> bool {
+        self.remaining() == Some(Duration::ZERO)
+    }
+
+    /// The error of a wait that ran out of time.
+    fn error(&self) -> GpuError {
+        GpuError::Timeout {
+            limit: self.limit.unwrap_or(Duration::MAX),
+        }
+    }
+}
+
 /// Outstanding map callbacks, and the first mapping error.
 type MapState = Arc<Mutex<(usize, Option<wgpu::BufferAsyncError>)>>;
 
@@ -964,6 +1042,7 @@ pub(crate) struct Readback<'a> {
     ranges: Vec<(usize, core::ops::Range<u64>)>,
     index: wgpu::SubmissionIndex,
     state: MapState,
+    deadline: Deadline,
     done: bool,
 }
 
@@ -971,6 +1050,7 @@ impl<'a> Readback<'a> {
     /// Maps `staging` (bucket, buffer, bytes to map) for reading once submission `index`, which
     /// copies the outputs there, is done; output `k` is the byte range `ranges[k].1` of staging
     /// buffer `ranges[k].0`. The buffers go back to `ctx`'s pool when the outputs are read.
+    /// The wait's deadline ([`GpuContext::timeout`]) counts from here, just after the submission.
     fn new(
         ctx: &'a GpuContext,
         staging: Vec<(u64, wgpu::Buffer, u64)>,
@@ -994,13 +1074,15 @@ impl<'a> Readback<'a> {
             ranges,
             index,
             state,
+            deadline: Deadline::start(ctx.timeout()),
             done: false,
         }
     }
 
-    /// Blocks until the GPU is done, then returns the outputs.
+    /// Blocks until the GPU is done, then returns the outputs; [`GpuError::Timeout`] when the
+    /// submission or the mappings are not done by the deadline.
     pub(crate) fn wait(mut self) -> Result<Vec<Vec<u8>>> {
-        self.ctx.wait_for(self.index.clone())?;
+        self.ctx.wait_for(self.index.clone(), self.deadline)?;
         pollster::block_on(&mut self)
     }
 
@@ -1051,6 +1133,12 @@ impl Future for Readback<'_> {
         }
         if pending == 0 {
             return Poll::Ready(this.finish());
+        }
+        // Checked before the device is polled: a future first polled after its deadline fails
+        // whether or not the device has finished meanwhile (the blocking `wait` has asked the
+        // device with the time that was left before it gets here).
+        if this.deadline.passed() {
+            return Poll::Ready(Err(this.deadline.error()));
         }
         if let Err(e) = this.ctx.device.poll(wgpu::PollType::Poll) {
             return Poll::Ready(Err(GpuError::Device {

@@ -51,6 +51,13 @@ pub enum GpuError {
         /// What wgpu reported.
         message: String,
     },
+    /// One submission was not finished (its outputs not mapped for reading) within the
+    /// context's limit ([`GpuContext::set_timeout`](crate::GpuContext::set_timeout)): a hung
+    /// or lost device, or work too large for the limit. The outputs are untouched.
+    Timeout {
+        /// The limit that ran out.
+        limit: core::time::Duration,
+    },
 }
 
 impl fmt::Display for GpuError {
@@ -75,6 +82,11 @@ impl fmt::Display for GpuError {
             ),
             GpuError::Core(e) => write!(f, "{e}"),
             GpuError::Device { message } => write!(f, "GPU device error: {message}"),
+            GpuError::Timeout { limit } => write!(
+                f,
+                "the GPU did not finish one submission within {limit:?} (the context's \
+                 timeout); the device may be hung, or the work too large for the limit"
+            ),
         }
     }
 }
@@ -164,6 +176,14 @@ mod tests {
             }
             .to_string(),
             "the GPU adapter lacks the `SHADER_F16` feature"
+        );
+        assert_eq!(
+            GpuError::Timeout {
+                limit: core::time::Duration::from_millis(1500)
+            }
+            .to_string(),
+            "the GPU did not finish one submission within 1.5s (the context's timeout); the \
+             device may be hung, or the work too large for the limit"
         );
         assert_eq!(
             check_len("out", 3, 2),

@@ -46,7 +46,7 @@ pub mod shaders;
 mod vocab;
 
 pub use advantage::AdvantageKernel;
-pub use context::{Arg, GpuContext, Resident};
+pub use context::{Arg, DEFAULT_TIMEOUT, GpuContext, Resident};
 pub use error::{GpuError, Result};
 pub use loss::LossKernel;
 pub use shaders::{LogitDtype, ShaderId};

@@ -2497,3 +2497,71 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
         }))
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Timeouts.
+
+/// A wait past the context's limit (`GpuContext::set_timeout`) is `GpuError::Timeout`, blocking
+/// or awaited, with the outputs untouched; the same context then computes the bits a fresh
+/// one does, with a limit and without one. With a zero limit the awaited form fails on its
+/// first poll (the map callbacks run only when the device is polled, which comes after the
+/// deadline's check); the blocking one asks the device with no time left, microseconds after
+/// submitting work that takes far longer (8 MB of logits on a software rasteriser, 256 MB on
+/// a GPU).
+#[test]
+fn a_wait_past_the_timeout_is_an_error_and_the_context_recovers() {
+    use std::time::Duration;
+    let Some(shared) = gpu::context("a_wait_past_the_timeout_is_an_error_and_the_context_recovers")
+    else {
+        return;
+    };
+    // Its own context: the limit is the context's, and the shared one serves the tests that
+    // run in parallel with this one.
+    let ctx = grpo_wgpu::GpuContext::new().unwrap();
+    assert_eq!(ctx.timeout(), Some(grpo_wgpu::DEFAULT_TIMEOUT));
+    let (rows, vocab) = if ctx.is_software() {
+        (64, 32768)
+    } else {
+        (1024, 65536)
+    };
+    let z: Vec<f32> = (0..rows * vocab)
+        .map(|i| (i * 7919 % 1000) as f32 * 0.01 - 5.0)
+        .collect();
+    let ys: Vec<u32> = (0..rows).map(|r| (r * 31 % vocab) as u32).collect();
+    let run = |k: &VocabKernel<'_>, lp: &mut [f32], h: &mut [f32], awaited: bool| {
+        let out = ForwardOut {
+            lse: None,
+            logp: Some(lp),
+            entropy: Some(h),
+        };
+        if awaited {
+            block_on(k.forward_async(&z, vocab, &ys, 1.0, out))
+        } else {
+            k.forward(&z, vocab, &ys, 1.0, out)
+        }
+    };
+    let (mut want_lp, mut want_h) = (vec![0f32; rows], vec![0f32; rows]);
+    run(&VocabKernel::new(shared), &mut want_lp, &mut want_h, false).unwrap();
+    assert!(want_lp.iter().chain(&want_h).all(|v| v.is_finite()));
+    let k = VocabKernel::new(&ctx);
+    for (awaited, then) in [(false, Some(Duration::from_secs(120))), (true, None)] {
+        ctx.set_timeout(Some(Duration::ZERO));
+        let (mut lp, mut h) = (vec![7f32; rows], vec![7f32; rows]);
+        assert_eq!(
+            run(&k, &mut lp, &mut h, awaited),
+            Err(GpuError::Timeout {
+                limit: Duration::ZERO
+            }),
+            "awaited: {awaited}"
+        );
+        assert!(
+            lp.iter().chain(&h).all(|&v| v == 7.0),
+            "awaited: {awaited}: written on Err"
+        );
+        ctx.set_timeout(then);
+        assert_eq!(ctx.timeout(), then);
+        run(&k, &mut lp, &mut h, awaited).unwrap();
+        assert_eq!(f32_bits(&lp), f32_bits(&want_lp), "awaited: {awaited}");
+        assert_eq!(f32_bits(&h), f32_bits(&want_h), "awaited: {awaited}");
+    }
+}
