@@ -750,10 +750,9 @@ impl Cpu {
     /// arguments and states, checked by
     /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved)) and
     /// its bits; the logits are not validated, as in grpo-core, and other logits than the
-    /// states' give grpo-core's (meaningless) bits too — NaN where a logit is NaN — as long as
-    /// no log-probability reaches 88 (possible only for +∞ or a logit more than 88·T above its
-    /// row's reference), where the exponential's domain ends and the results can differ (as
-    /// in [`backward_rows_saved`](Cpu::backward_rows_saved)). On `Err`, `out` is untouched.
+    /// states' give grpo-core's (meaningless) bits too — NaN where a logit is NaN, the clamped
+    /// exponential of [`backward_rows_saved`](Cpu::backward_rows_saved) where a
+    /// log-probability exceeds 88. On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::JsdState;
@@ -1124,13 +1123,11 @@ impl Cpu {
     /// **The logits are not validated** (only the targets' are read before the gradient is
     /// written): they (and the teacher's) must be those the states were saved from, and
     /// `temperature` the forward's; otherwise the result is meaningless, never a panic. Same
-    /// errors as grpo-core, and its bits — for other logits too (NaN where a logit is NaN), as
-    /// long as no log-probability reaches 88 (possible only for +∞ or a logit more than 88·T
-    /// above its row's reference). There the exponential's domain ends: grpo-core scales by a
-    /// power of two built from exponent bits (+∞, then wrapped values), AVX-512's `vscalefps`
-    /// rounds the product (+∞ on overflow), and the results can differ (measured: ±∞ on
-    /// AVX-512 against grpo-core's NaN for a +∞ logit under an entropy term). On `Err`, `out`
-    /// is untouched.
+    /// errors as grpo-core, and its bits — for other logits too: NaN where a logit is NaN, and
+    /// where a log-probability exceeds 88 (+∞, or a logit more than 88·T above its row's
+    /// reference) grpo-core's clamp of the exponential's argument at 88
+    /// ([`clamp_grad_arg`](grpo_core::vocab::exp_ln::clamp_grad_arg)), which keeps every
+    /// backend's scaling exact. On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::{GradTerms, LseState};

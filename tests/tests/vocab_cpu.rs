@@ -923,15 +923,16 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
 }
 
 /// The gradients from saved states do not validate the logits (grpo-core's precondition:
-/// those the states were saved from). Given others — NaN, −∞, a logit above its row's saved
-/// reference (a log-probability of about 34, inside the exponential's domain, `x < 88`), one
-/// far below it — every backend still gives grpo-core's result (NaN as NaN), out of place and
-/// in place, for the JSD's states and for `backward_rows_saved`'s log-softmax states and pair
-/// states (both KL directions, with log-probability and entropy terms). The JSD's gradient
-/// has a fast form, which a block whose values leave its domain must not take; the other
-/// gradient always takes the reference's. (+∞, or a logit more than 88·T above the
-/// reference, leaves the exponential's domain, where AVX-512's `vscalefps` and grpo-core's
-/// scaling by exponent bits give different meaningless values: see `Cpu::backward_rows_saved`.)
+/// those the states were saved from). Given others — NaN, ±∞, a logit above its row's saved
+/// reference (a log-probability of about 34), one whose log-probability is 88.7 (just past
+/// the exponential's domain, where AVX-512's `vscalefps` rounds `p·2^128` to a finite value
+/// and a power of two from exponent bits is +∞), one 1000 (far past it), one far below —
+/// every backend still gives grpo-core's result (NaN as NaN), out of place and in place, for
+/// the JSD's states and for `backward_rows_saved`'s log-softmax states and pair states (both
+/// KL directions, with log-probability and entropy terms): the gradients clamp their
+/// exponentials' arguments at `D_MAX` = 88 (`exp_ln::clamp_grad_arg`). The JSD's gradient has
+/// a fast form, which a block whose values leave its domain must not take; the other gradient
+/// always takes the reference's.
 #[test]
 fn gradients_from_states_of_other_logits_match_core() {
     type Out<'a> =
@@ -982,7 +983,20 @@ fn gradients_from_states_of_other_logits_match_core() {
         ("pair states, reverse KL", &rev, &rev_over, true),
     ];
 
-    let cases: [(&str, usize, f32, bool); 8] = [
+    // A student logit of row 0 whose log-probability under its log-softmax state is 88.7.
+    let st = lse_st[0];
+    let past_domain = st.max + (88.7 + st.sum.ln()) * t;
+    let cases: [(&str, usize, f32, bool); 13] = [
+        ("student +inf", 2200, f32::INFINITY, true),
+        ("teacher +inf", vocab + 9, f32::INFINITY, false),
+        (
+            "student just past the exponential's domain",
+            2300,
+            past_domain,
+            true,
+        ),
+        ("student far above", vocab + 2500, 1.0e3, true),
+        ("teacher far above", 4100, 1.0e3, false),
         ("teacher NaN", 40, f32::NAN, false),
         ("teacher -inf", 7, f32::NEG_INFINITY, false),
         ("student -inf", 3000, f32::NEG_INFINITY, true),

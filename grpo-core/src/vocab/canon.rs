@@ -131,7 +131,7 @@
 //! Logits are read through [`Logit`] (f32, `half::bf16`, `half::f16`), converted exactly to f32;
 //! all arithmetic is f32.
 
-use super::exp_ln::{D_MIN, exp_nonpos_clamped, fma, ln, max_r};
+use super::exp_ln::{D_MIN, clamp_grad_arg, exp_nonpos_clamped, fma, ln, max_r};
 
 /// Number of accumulator lanes (element `i` of a block goes to lane `i mod LANES`).
 pub const LANES: usize = 16;
@@ -816,16 +816,18 @@ pub enum KlGrad {
 /// No reduction is involved, so every element is independent; the exact sequence is
 /// ```text
 /// lp  = fma(z − p.max, τ, p.neg_ln_sum)    // log p_v ≤ 0 (log_prob)
-/// lpc = max_r(D_MIN, lp);  p = exp_nonpos_clamped(lpc)
+/// lpc = clamp_grad_arg(lp);  p = exp_nonpos_clamped(lpc)   // min_r(D_MAX, max_r(D_MIN, lp))
 /// k   = fma(g_h, lpc + h, g_lp)
 /// o   = select(v == y, g_lp, 0)
 /// Forward KL: lq = fma(w − q.max, τ, q.neg_ln_sum)
 ///             k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
-/// Reverse KL: lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(max_r(D_MIN, lq))
+/// Reverse KL: lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(clamp_grad_arg(lq))
 ///             k  = k − g_kl;  o = fma(−g_kl, q, o)
 /// grad = fma(−p, k, o) · τ
 /// ```
-/// (`w` is ignored without a KL term.)
+/// (`w` is ignored without a KL term.) The upper clamp of [`clamp_grad_arg`] changes nothing
+/// for the logits the coefficients came from; it keeps other logits' bits (the backward from
+/// saved states does not validate them) the same on every backend.
 ///
 /// ```
 /// use grpo_core::vocab::canon::{grad_step, GradCoef, KlGrad};
@@ -839,7 +841,7 @@ pub enum KlGrad {
 #[inline(always)]
 pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f32 {
     let lp = log_prob(z, c.tau, &c.p);
-    let lpc = max_r(D_MIN, lp);
+    let lpc = clamp_grad_arg(lp);
     let p = exp_nonpos_clamped(lpc);
     let mut k = fma(c.g_h, lpc + c.h, c.g_lp);
     let mut o = if is_target { c.g_lp } else { 0.0 };
@@ -852,7 +854,7 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
         }
         KlGrad::Reverse => {
             let lq = log_prob(w, c.tau, &c.q);
-            let q = exp_nonpos_clamped(max_r(D_MIN, lq));
+            let q = exp_nonpos_clamped(clamp_grad_arg(lq));
             k -= c.g_kl;
             o = fma(-c.g_kl, q, o);
         }
@@ -917,8 +919,8 @@ impl JsdParams {
 /// The JSD's per-element quantities `(lp, lq, p, q, lm)` (specified in [`jsd_step`]).
 #[inline(always)]
 fn jsd_parts(z: f32, w: f32, j: &JsdParams) -> (f32, f32, f32, f32, f32) {
-    let lp = max_r(D_MIN, log_prob(z, j.tau, &j.lz));
-    let lq = max_r(D_MIN, log_prob(w, j.tau, &j.lw));
+    let lp = clamp_grad_arg(log_prob(z, j.tau, &j.lz));
+    let lq = clamp_grad_arg(log_prob(w, j.tau, &j.lw));
     let p = exp_nonpos_clamped(lp);
     let q = exp_nonpos_clamped(lq);
     let lm = max_r(LN_FLOOR, ln(fma(j.beta, q, j.omb * p)));
@@ -928,7 +930,7 @@ fn jsd_parts(z: f32, w: f32, j: &JsdParams) -> (f32, f32, f32, f32, f32) {
 /// The per-element term of the JSD's second pass (`lz`, `lw` = [`LogSoftmax`] of each row,
 /// `omb` = 1 − β rounded once, all in [`JsdParams`]):
 /// ```text
-/// lp = max_r(D_MIN, log_prob(z, τ, lz));  lq = max_r(D_MIN, log_prob(w, τ, lw))
+/// lp = clamp_grad_arg(log_prob(z, τ, lz));  lq = clamp_grad_arg(log_prob(w, τ, lw))
 /// p  = exp_nonpos_clamped(lp);        q  = exp_nonpos_clamped(lq)
 /// lm = max_r(LN_FLOOR, ln(fma(β, q, omb·p)))
 /// term = fma(β·q, lq − lm, (omb·p)·(lp − lm))

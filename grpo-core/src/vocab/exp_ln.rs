@@ -119,6 +119,8 @@ pub const EXP_HI: f32 = f32::from_bits(0x42b2_0000);
 /// Lower clamp of the kernels' exponent argument: −88 (0xc2b00000). [`exp_nonpos`] maps it
 /// (and everything below −87.38) to exactly +0, so masked (−∞) logits contribute exactly 0.
 pub const D_MIN: f32 = f32::from_bits(0xc2b0_0000);
+/// Upper clamp of the gradients' exponent argument: 88 (0x42b00000), see [`clamp_grad_arg`].
+pub const D_MAX: f32 = f32::from_bits(0x42b0_0000);
 /// √½ rounded to f32: 0.7071067690849304 (0x3f3504f3): the lower end of [`ln`]'s mantissa
 /// interval.
 pub const SQRT_HALF: f32 = f32::from_bits(0x3f35_04f3);
@@ -263,6 +265,34 @@ pub fn exp(x: f32) -> f32 {
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
     exp_nonpos_clamped(max_r(D_MIN, x))
+}
+
+/// `min_r(D_MAX, max_r(D_MIN, x))`: the argument the gradients' steps give
+/// [`exp_nonpos_clamped`] (`canon::grad_step`, the JSD's steps) \[ours\].
+///
+/// Why the upper clamp: a log-probability is at most about 0 for the logits its row's
+/// statistics came from, but the backward from saved states takes the logits as they come
+/// (they are not validated), so other logits — +∞, or one more than 88·T above the state's
+/// reference — give arguments above `exp_nonpos`'s domain. There its power of two
+/// `from_bits((n + 127) << 23)` leaves the normal floats (`n ≥ 128`: +∞, then wrapped bit
+/// patterns), and a backend that scales another way (AVX-512's `vscalefps` rounds `p·2^n`
+/// once, giving a finite value or +∞) would give other bits. Clamped at 88, `n ≤ 127`:
+/// `2^n` is a normal float and `p·2^n ≤ 1.92·2^127` is exact on every backend, so every
+/// argument above 88 (+∞ included) gives `e^88 ≈ 1.65·10^38` everywhere. Below 88 the clamp
+/// changes nothing; a NaN stays NaN.
+///
+/// ```
+/// use grpo_core::vocab::exp_ln::{clamp_grad_arg, exp_nonpos_clamped, D_MAX, D_MIN};
+/// assert_eq!(clamp_grad_arg(f32::INFINITY), D_MAX);
+/// assert_eq!(clamp_grad_arg(f32::NEG_INFINITY), D_MIN);
+/// assert_eq!(clamp_grad_arg(-3.0), -3.0);
+/// assert!(clamp_grad_arg(f32::NAN).is_nan());
+/// let top = exp_nonpos_clamped(clamp_grad_arg(1e30));
+/// assert!(top.is_finite() && (top / 88f32.exp() - 1.0).abs() < 1e-6);
+/// ```
+#[inline(always)]
+pub fn clamp_grad_arg(x: f32) -> f32 {
+    min_r(D_MAX, max_r(D_MIN, x))
 }
 
 /// [`exp_nonpos`] without its clamp: the caller guarantees `x ≥ D_MIN` (or NaN). The kernels

@@ -226,8 +226,9 @@ fn coef_of_saved<I: TokenId, U, St: SavedState>(
 /// were saved from, unchanged, and `temperature` the forward's. Only the target logits are
 /// read before the gradient is written (the check of `logits[target]`); the KL support is
 /// not checked (the saving forward checked its direction's). For other logits the result is
-/// meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient, not an error (never a
-/// panic).
+/// meaningless, and a NaN or +∞ logit gives a NaN, infinite or huge gradient, not an error
+/// (never a panic); a log-probability above 88 enters the exponential as 88
+/// ([`clamp_grad_arg`](super::exp_ln::clamp_grad_arg)), so every backend gives these bits.
 ///
 /// # Errors
 /// In this order: `InvalidParam{name: "temperature"}` (as [`backward_rows`]),
@@ -549,8 +550,10 @@ pub fn jsd_backward_saved(
 ///
 /// **The logits are not validated**: they must be the ones the states were saved from,
 /// unchanged, and `temperature` the forward's (the states do not record it). For other
-/// logits the result is meaningless, and a NaN or +∞ logit gives a NaN or infinite gradient,
-/// not an error (never a panic).
+/// logits the result is meaningless, and a NaN or +∞ logit gives a NaN, infinite or huge
+/// gradient, not an error (never a panic); a log-probability above 88 enters the exponential
+/// as 88 ([`clamp_grad_arg`](super::exp_ln::clamp_grad_arg)), so every backend gives these
+/// bits.
 ///
 /// # Errors
 /// In this order: `InvalidParam{name: "temperature"}` (as [`jsd_backward_rows`]: `T ≥`

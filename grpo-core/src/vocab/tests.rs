@@ -1458,6 +1458,19 @@ fn saved_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     let mut out = [s; 8];
     assert!(backward_rows_saved(&z, 4, 1.0, &saved, &terms, &mut out).is_ok());
     assert!(out[2].is_nan() && out[4..].iter().all(|x| x.is_finite()));
+    // A +∞ logit (as any whose log-probability exceeds 88) enters the exponential as 88
+    // (`exp_ln::clamp_grad_arg`): with g_lp = 1 and no other term its (non-target) gradient
+    // is −e^88, and every other element is that of the unchanged logits.
+    z[2] = f32::INFINITY;
+    backward_rows_saved(&z, 4, 1.0, &saved, &terms, &mut out).unwrap();
+    let e88 = exp_ln::exp(exp_ln::D_MAX);
+    assert_eq!(out[2], -e88);
+    assert!((f64::from(e88) / libm::exp(88.0) - 1.0).abs() < 1e-6);
+    let mut base = [s; 8];
+    backward_rows_saved(&good, 4, 1.0, &saved, &terms, &mut base).unwrap();
+    for i in (0..8).filter(|&i| i != 2) {
+        assert_eq!(out[i].to_bits(), base[i].to_bits(), "{i}");
+    }
 }
 
 /// Student and teacher rows (`rows × v`) with the same masked entries, so that both KL

@@ -6,8 +6,8 @@
 //! `grpo_core::vocab::exp_ln`; keep the two in lockstep.
 
 use grpo_core::vocab::exp_ln::{
-    D_MIN, EXP_C2, EXP_C3, EXP_HI, EXP_LO, EXP_TABLE, LN_C0, LN_C1, LN_C2, LN_C3, LN_C4, LN_C5,
-    LN_C6, LN_C7, LN_C8, LN2_HI, LN2_LO, LOG2E, MIN_NORMAL, SHIFT, SQRT_HALF, TWO_POW_23,
+    D_MAX, D_MIN, EXP_C2, EXP_C3, EXP_HI, EXP_LO, EXP_TABLE, LN_C0, LN_C1, LN_C2, LN_C3, LN_C4,
+    LN_C5, LN_C6, LN_C7, LN_C8, LN2_HI, LN2_LO, LOG2E, MIN_NORMAL, SHIFT, SQRT_HALF, TWO_POW_23,
 };
 
 use crate::lanes::F32x16;
@@ -68,16 +68,26 @@ fn biased_exponent<V: F32x16>(t: V) -> V {
     t.sub_i32(V::from_bits(SHIFT_MINUS_BIAS)).shr_arith::<3>()
 }
 
+/// `grpo_core::vocab::exp_ln::clamp_grad_arg` per lane: `min(D_MAX, max(D_MIN, x))`, the
+/// gradients' argument of [`exp_nonpos_clamped_n`] (a NaN stays NaN: the project's `max` and
+/// `min` return their second operand then).
+#[inline(always)]
+pub(crate) fn clamp_grad_arg<V: F32x16>(x: V) -> V {
+    V::splat(D_MAX).min(V::splat(D_MIN).max(x))
+}
+
 /// `grpo_core::vocab::exp_ln::exp_nonpos_clamped` per lane: the caller has applied
-/// `max_r(D_MIN, ·)`; arguments below 88.67 (see [`exp_nonpos_clamped_n`]).
+/// `max_r(D_MIN, ·)` (or [`clamp_grad_arg`]); arguments below 88.67 (see
+/// [`exp_nonpos_clamped_n`]).
 #[inline(always)]
 pub(crate) fn exp_nonpos_clamped<V: F32x16>(x: V) -> V {
     exp_nonpos_clamped_n([x])[0]
 }
 
 /// [`exp_nonpos_clamped`] of `N` independent vectors, operation by operation across all `N`
-/// (same bits per lane), for arguments below 88.67 (`n ≤ 127`; the kernels' are at most
-/// grpo-core's `OFFSET_SLACK` = 8) or NaN. Interleaving the `N` dependency chains in program
+/// (same bits per lane), for arguments below 88.67 (`n ≤ 127`; the forward kernels' are at
+/// most grpo-core's `OFFSET_SLACK` = 8, the gradients' at most `D_MAX` = 88 by
+/// [`clamp_grad_arg`]) or NaN. Interleaving the `N` dependency chains in program
 /// order lets the out-of-order core overlap them: one exponential is a chain of nine dependent
 /// operations (about 35 cycles of latency), and a single chain per loop iteration leaves the
 /// FMA units mostly idle.
@@ -275,8 +285,8 @@ fn apply<V: F32x16>(f: Func, v: V) -> V {
 #[cfg(test)]
 mod tests {
     use super::{
-        EXP_MODERATE_MAX, EXP_NORMAL_MIN, Func, Map, exp, exp_moderate, exp_nonpos_clamped,
-        exp_nonpos_normal_n, ln_normal,
+        EXP_MODERATE_MAX, EXP_NORMAL_MIN, Func, Map, clamp_grad_arg, exp, exp_moderate,
+        exp_nonpos_clamped, exp_nonpos_normal_n, ln_normal,
     };
     use crate::backend::Backend;
     use crate::kernels::Kernel;
@@ -292,6 +302,8 @@ mod tests {
         ExpNonposClamped,
         ExpNonposNormal,
         LnNormal,
+        /// The gradients' exponential: `exp_nonpos_clamped(clamp_grad_arg(x))`.
+        ExpGrad,
     }
 
     /// `out[i] = f(x[i])` for whole chunks of 16, on whatever backend runs it.
@@ -314,6 +326,7 @@ mod tests {
                     Lane::ExpNonposClamped => exp_nonpos_clamped(v),
                     Lane::ExpNonposNormal => exp_nonpos_normal_n([v])[0],
                     Lane::LnNormal => ln_normal(v),
+                    Lane::ExpGrad => exp_nonpos_clamped(clamp_grad_arg(v)),
                 };
                 y.store(o);
             }
@@ -382,6 +395,31 @@ mod tests {
         let xs = arguments(D_MIN, 1.5, &extra);
         let checked = check_every_backend(Lane::ExpNonposClamped, &xs, exp_ln::exp_nonpos_clamped);
         assert!(checked > 45_000_000, "{checked}");
+    }
+
+    /// The gradients' exponential (`clamp_grad_arg`, then `exp_nonpos_clamped`) equals the
+    /// reference's on every backend beyond the forward's arguments too, where the backward
+    /// from saved states puts other logits than the states': every 97th float of (8, 1e38],
+    /// every float of [87.9, 88.8] (the clamp at 88 and, past it, the end of the scaling's
+    /// domain at 88.67, which AVX-512's `vscalefps` and a power of two from exponent bits
+    /// cross differently), ±∞, NaNs of both signs and every 29th float of [−1e38, D_MIN].
+    #[test]
+    fn the_gradients_exponential_equals_the_reference_on_every_argument() {
+        let bits = |x: f32| x.to_bits();
+        let mut xs: Vec<f32> = (bits(8.0)..=bits(1e38))
+            .step_by(97)
+            .chain(bits(87.9)..=bits(88.8))
+            .chain((bits(D_MIN)..=bits(-1e38)).step_by(29))
+            .map(f32::from_bits)
+            .chain([f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, 88.0])
+            .collect();
+        xs.resize(xs.len().div_ceil(16) * 16, 100.0);
+        let want = |x| exp_ln::exp_nonpos_clamped(exp_ln::clamp_grad_arg(x));
+        let checked = check_every_backend(Lane::ExpGrad, &xs, want);
+        assert!(checked > 20_000_000, "{checked}");
+        // Every argument from 88 up gives e^88, finite.
+        let top = exp_ln::exp(exp_ln::D_MAX);
+        assert!(top.is_finite() && want(f32::INFINITY) == top && want(1e30) == top);
     }
 
     /// Every 97th float of (0, 8] and the 64 floats below 8: the positive arguments a block

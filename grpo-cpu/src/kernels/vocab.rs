@@ -25,7 +25,8 @@ use grpo_core::vocab::canon::{
 use grpo_core::vocab::exp_ln::D_MIN;
 
 use super::math::{
-    EXP_NORMAL_MIN, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n, ln, ln_normal,
+    EXP_NORMAL_MIN, clamp_grad_arg, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n,
+    ln, ln_normal,
 };
 use super::{Kernel, software_prefetch};
 use crate::arch;
@@ -843,7 +844,7 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
 ///
 /// `NORMAL = true` is for chunks whose log-probabilities all lie in [`EXP_NORMAL_MIN`], 0]
 /// (checked by the caller, [`jsd_normal_domain`]): there the reference's clamps and special
-/// cases are identities and are left out — `max_r(D_MIN, ·)` of each log-probability, the
+/// cases are identities and are left out — `clamp_grad_arg` of each log-probability, the
 /// general scaling of the exponentials ([`exp_nonpos_normal_n`] instead), `ln`'s subnormal and
 /// special-value handling ([`ln_normal`]: both probabilities are at least e^−86 ≈ 4.5·10^−38,
 /// so their mixture `fma(β, q, (1 − β)·p)` with β ∈ (0, 1) is at least half that, a normal
@@ -869,7 +870,7 @@ fn jsd_parts<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
     }
     if !NORMAL {
         for x in &mut l {
-            *x = dmin.max(*x);
+            *x = clamp_grad_arg(*x);
         }
     }
     let e = if NORMAL {
@@ -1514,12 +1515,12 @@ fn grad_steps<V: F32x16, const N: usize, const SCALED: bool>(
     c: &GradCoef,
     kl: KlGrad,
 ) -> [V; N] {
-    let (tau, dmin) = (V::splat(c.tau), V::splat(D_MIN));
+    let tau = V::splat(c.tau);
     let (pmax, pnls) = (V::splat(c.p.max), V::splat(c.p.neg_ln_sum));
     let (mut lp, mut lpc) = (z, z);
     for i in 0..N {
         lp[i] = log_softmax_lanes::<V, SCALED>(z[i], pmax, pnls, tau);
-        lpc[i] = dmin.max(lp[i]);
+        lpc[i] = clamp_grad_arg(lp[i]);
     }
     let p = exp_nonpos_clamped_n(lpc);
     let (g_h, h, g_lp) = (V::splat(c.g_h), V::splat(c.h), V::splat(c.g_lp));
@@ -1543,7 +1544,7 @@ fn grad_steps<V: F32x16, const N: usize, const SCALED: bool>(
             }
         } else {
             for x in &mut lq {
-                *x = dmin.max(*x);
+                *x = clamp_grad_arg(*x);
             }
             let q = exp_nonpos_clamped_n(lq);
             let g_kl = V::splat(c.g_kl);
@@ -1909,7 +1910,7 @@ fn jsd_grads<V: F32x16, const N: usize, const NORMAL: bool>(
     for j in 0..N {
         l[j] = z[j].sub(zm).mul_add(tau, zl);
         if !NORMAL {
-            l[j] = dmin.max(l[j]);
+            l[j] = clamp_grad_arg(l[j]);
         }
     }
     let e = if NORMAL {
