@@ -293,6 +293,11 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     let mut lp = vec![SENTINEL; c.out];
     let _ = vocab::logprob_entropy_rows_saved(z, v, c.targets, t, &mut lp, None, &mut saved);
     from_saved(c, z, &saved, &c.saved_terms);
+    // The same states over other logits (the teacher's, as the student's type): the backward
+    // from saved states does not validate them, and every backend still gives grpo-core's
+    // bits — ±∞, NaN, and log-probabilities far above 88 included.
+    let other: Vec<S> = c.teacher.iter().map(|&x| S::from_f32(x)).collect();
+    from_saved(c, &other, &saved, &c.saved_terms);
     // From the pair states grpo-core's saving KL forward wrote, with every term.
     let mut pairs = vec![PairState::EMPTY; c.out];
     let mut kl = vec![SENTINEL; c.out];
@@ -330,6 +335,11 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     differential_in_place(&c.cpus, z, |cpu, zi| match cpu {
         None => vocab::jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
         Some(cpu) => cpu.jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
+    });
+    // The same states over other student logits (the teacher's), out of place.
+    differential(&c.cpus, [c.grad], |cpu, [o]| match cpu {
+        None => vocab::jsd_backward_rows_saved(&other, w, v, t, st, g, o),
+        Some(cpu) => cpu.jsd_backward_rows_saved(&other, w, v, t, st, g, o),
     });
 }
 
