@@ -603,7 +603,10 @@ fn saved_log_prob(z: f32, mx: f32, neg_ln_sum: f32) -> f32 {
 }
 
 // grpo-core's canon::grad_step for column v (student logit z, teacher logit w): with
-// lp = log p_v, lpc = max(D_MIN, lp), p = e^{lpc}:
+// lp = log p_v, lpc = max(D_MIN, lp), p = e^{lpc} (grpo-core also clamps lpc at D_MAX = 88, which
+// changes nothing for the logits the states came from; for others — not validated, as in
+// grpo-core — this shader's results are not grpo-core's: a non-finite shift counts as masked,
+// and e^{lpc} overflows to +∞ past 88.72):
 //   k = g_H·(lpc + H) + g_lp,  o = g_lp·1[v = y]
 //   forward KL: k −= g_KL·(lp − lq − KL);  reverse KL: k −= g_KL, o −= g_KL·q_v
 //   grad = (o − p·k)/T.

@@ -296,13 +296,23 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     // The same states over other logits (the teacher's, as the student's type): the backward
     // from saved states does not validate them, and every backend still gives grpo-core's
     // bits — ±∞, NaN, and log-probabilities far above 88 included.
-    let other: Vec<S> = c.teacher.iter().map(|&x| S::from_f32(x)).collect();
+    // (Resized to the student's length: a teacher of the wrong length would test errors only.)
+    let mut other: Vec<S> = c.teacher.iter().map(|&x| S::from_f32(x)).collect();
+    other.resize(z.len(), S::from_f32(0.5));
     from_saved(c, &other, &saved, &c.saved_terms);
     // From the pair states grpo-core's saving KL forward wrote, with every term.
     let mut pairs = vec![PairState::EMPTY; c.out];
     let mut kl = vec![SENTINEL; c.out];
     let _ = vocab::kl_rows_saved(z, c.teacher, v, t, c.dir, &mut kl, &mut pairs);
     from_saved(c, z, &pairs, &c.terms);
+    // The same pair states with other teacher logits (the student's): the reverse KL's teacher
+    // exponential meets log-probabilities past 88 too.
+    let zf: Vec<f32> = z.iter().map(|x| x.to_f32()).collect();
+    let foreign = GradTerms {
+        kl: c.terms.kl.map(|k| KlTerm { teacher: &zf, ..k }),
+        ..c.terms
+    };
+    from_saved(c, z, &pairs, &foreign);
     // The JSD's gradient, out of place and in place.
     let (w, beta, g) = (c.teacher, c.beta, c.jsd_grad);
     differential(&c.cpus, [c.grad], |cpu, [o]| match cpu {
@@ -336,10 +346,14 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
         None => vocab::jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
         Some(cpu) => cpu.jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
     });
-    // The same states over other student logits (the teacher's), out of place.
+    // The same states over other student logits (the teacher's), out of place and in place.
     differential(&c.cpus, [c.grad], |cpu, [o]| match cpu {
         None => vocab::jsd_backward_rows_saved(&other, w, v, t, st, g, o),
         Some(cpu) => cpu.jsd_backward_rows_saved(&other, w, v, t, st, g, o),
+    });
+    differential_in_place(&c.cpus, &other, |cpu, zi| match cpu {
+        None => vocab::jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
+        Some(cpu) => cpu.jsd_backward_rows_in_place_saved(zi, w, v, t, st, g),
     });
 }
 

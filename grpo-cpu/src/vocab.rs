@@ -750,9 +750,9 @@ impl Cpu {
     /// arguments and states, checked by
     /// [`validate::jsd_backward_saved`](grpo_core::vocab::validate::jsd_backward_saved)) and
     /// its bits; the logits are not validated, as in grpo-core, and other logits than the
-    /// states' give grpo-core's (meaningless) bits too — NaN where a logit is NaN, the clamped
-    /// exponential of [`backward_rows_saved`](Cpu::backward_rows_saved) where a
-    /// log-probability exceeds 88. On `Err`, `out` is untouched.
+    /// states' give grpo-core's (meaningless) bits too: NaN where a logit is NaN, and where a
+    /// log-probability exceeds 88 the exponential of 88, as in
+    /// [`backward_rows_saved`](Cpu::backward_rows_saved). On `Err`, `out` is untouched.
     ///
     /// ```
     /// use grpo_core::vocab::JsdState;

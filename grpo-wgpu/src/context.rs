@@ -192,9 +192,12 @@ impl GpuContext {
     /// The blocking operations wait on the device with this limit (wgpu's `PollType::Wait`),
     /// then poll until the staging buffers' map callbacks have run, up to the same deadline;
     /// the `_async` ones poll the device each time the executor polls them, and fail once the
-    /// deadline has passed with a mapping still pending. Either way an operation that times
-    /// out leaves its outputs untouched, and the context stays usable: the device finishes
-    /// the abandoned work in submission order before the next operation's.
+    /// deadline has passed with a mapping still pending. The limit counts from the
+    /// submission, and the deadline is checked before the device is polled: outputs not read
+    /// back by then are abandoned even if the device has finished them meanwhile (so with a
+    /// zero limit every operation fails). An operation that times out leaves its outputs
+    /// untouched, and the context stays usable: the device finishes the abandoned work in
+    /// submission order before the next operation's, whose wait therefore includes it.
     ///
     /// ```
     /// use std::time::Duration;
@@ -820,18 +823,24 @@ impl GpuContext {
 
     /// Blocks until submission `index` has finished on the device, or `deadline` has passed.
     fn wait_for(&self, index: wgpu::SubmissionIndex, deadline: Deadline) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(index),
+        loop {
+            let waited = self.device.poll(wgpu::PollType::Wait {
+                submission_index: Some(index.clone()),
                 timeout: deadline.remaining(),
-            })
-            .map(|_| ())
-            .map_err(|e| match e {
-                wgpu::PollError::Timeout => deadline.error(),
-                e => GpuError::Device {
-                    message: e.to_string(),
-                },
-            })
+            });
+            match waited {
+                Ok(_) => return Ok(()),
+                // Some backends cut one wait short (wgpu-hal's OpenGL waits at most about 2 s
+                // at a time): wait again with the time that is left.
+                Err(wgpu::PollError::Timeout) if !deadline.passed() => {}
+                Err(wgpu::PollError::Timeout) => return Err(deadline.error()),
+                Err(e) => {
+                    return Err(GpuError::Device {
+                        message: e.to_string(),
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -917,7 +926,8 @@ impl Resident<'_> {
     /// Records the work, submits it and blocks until the device has finished it.
     ///
     /// # Errors
-    /// [`GpuError::Device`] when waiting fails (a lost device).
+    /// [`GpuError::Device`] when waiting fails (a lost device); [`GpuError::Timeout`] past the
+    /// context's limit ([`GpuContext::set_timeout`]).
     pub fn run(&self) -> Result<()> {
         let mut encoder = self
             .ctx
@@ -957,8 +967,10 @@ impl Resident<'_> {
     /// computes what the public operation computes. A copy's work has no bindings.
     ///
     /// # Errors
-    /// [`GpuError::InvalidArgument`] for a binding the work does not hold;
-    /// [`GpuError::Device`] when the read-back fails.
+    /// [`GpuError::Core`] (`InvalidParam { name: "binding" }`) for a binding the work does not
+    /// hold;
+    /// [`GpuError::Device`] when the read-back fails; [`GpuError::Timeout`] past the context's
+    /// limit ([`GpuContext::set_timeout`]).
     pub fn read(&self, binding: u32) -> Result<Vec<u8>> {
         let found = match &self.work {
             Work::Passes { buffers, .. } => buffers.iter().find(|(b, _, _)| *b == binding),
@@ -1080,10 +1092,50 @@ impl<'a> Readback<'a> {
     }
 
     /// Blocks until the GPU is done, then returns the outputs; [`GpuError::Timeout`] when the
-    /// submission or the mappings are not done by the deadline.
+    /// submission or the mappings are not done by the deadline. As the awaited form, a wait
+    /// that begins after its deadline fails without asking the device.
     pub(crate) fn wait(mut self) -> Result<Vec<Vec<u8>>> {
+        if self.deadline.passed() {
+            return Err(self.deadline.error());
+        }
         self.ctx.wait_for(self.index.clone(), self.deadline)?;
-        pollster::block_on(&mut self)
+        loop {
+            if let Some(out) = self.step() {
+                return out;
+            }
+            // The submission is done, but another thread's poll may have collected its map
+            // callbacks and not run them yet: give that thread the core.
+            std::thread::yield_now();
+        }
+    }
+
+    /// One step of the wait: the outputs once every map callback has run, an error (a
+    /// mapping's, the device's, or the deadline's), or `None` while a mapping is pending, after
+    /// one non-blocking poll of the device. The deadline is checked before the device is
+    /// polled, so an operation whose outputs were not collected by its deadline fails whether
+    /// or not the device has finished meanwhile: with a zero limit every operation fails.
+    fn step(&mut self) -> Option<Result<Vec<Vec<u8>>>> {
+        let (pending, error) = {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            (s.0, s.1.take())
+        };
+        if let Some(e) = error {
+            return Some(Err(GpuError::Device {
+                message: e.to_string(),
+            }));
+        }
+        if pending == 0 {
+            return Some(self.finish());
+        }
+        if self.deadline.passed() {
+            return Some(Err(self.deadline.error()));
+        }
+        if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
+            return Some(Err(GpuError::Device {
+                message: e.to_string(),
+            }));
+        }
+        None
     }
 
     fn finish(&mut self) -> Result<Vec<Vec<u8>>> {
@@ -1121,31 +1173,12 @@ impl Future for Readback<'_> {
     type Output = Result<Vec<Vec<u8>>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let (pending, error) = {
-            let mut s = this.state.lock().unwrap_or_else(|p| p.into_inner());
-            (s.0, s.1.take())
-        };
-        if let Some(e) = error {
-            return Poll::Ready(Err(GpuError::Device {
-                message: e.to_string(),
-            }));
+        match self.get_mut().step() {
+            Some(out) => Poll::Ready(out),
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
         }
-        if pending == 0 {
-            return Poll::Ready(this.finish());
-        }
-        // Checked before the device is polled: a future first polled after its deadline fails
-        // whether or not the device has finished meanwhile (the blocking `wait` has asked the
-        // device with the time that was left before it gets here).
-        if this.deadline.passed() {
-            return Poll::Ready(Err(this.deadline.error()));
-        }
-        if let Err(e) = this.ctx.device.poll(wgpu::PollType::Poll) {
-            return Poll::Ready(Err(GpuError::Device {
-                message: e.to_string(),
-            }));
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
     }
 }

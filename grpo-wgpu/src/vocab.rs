@@ -209,7 +209,8 @@ struct RowChunk {
 }
 
 /// How an operation waits for its readbacks: the blocking methods wait on the device
-/// ([`Readback::wait`]: `device.poll` until the submission is done, no spinning); their `_async`
+/// ([`Readback::wait`]: `device.poll` until the submission is done, then at most a brief yield
+/// loop until its map callbacks have run); their `_async`
 /// twins await the [`Readback`] future, which any executor can drive. Everything else — the
 /// validation, the dispatches, the host checks and what is written — is the same code, so the
 /// two give the same bits and the same errors.

@@ -295,7 +295,9 @@ pub fn clamp_grad_arg(x: f32) -> f32 {
     min_r(D_MAX, max_r(D_MIN, x))
 }
 
-/// [`exp_nonpos`] without its clamp: the caller guarantees `x ≥ D_MIN` (or NaN). The kernels
+/// [`exp_nonpos`] without its clamp: the caller guarantees `x ≥ D_MIN` (or NaN), and every
+/// backend gives these bits up to `x < 88.67` (the gradients clamp at [`D_MAX`] = 88 with
+/// [`clamp_grad_arg`]); above, the power of two leaves the normal floats. The kernels
 /// clamp the argument once and use the clamped value twice (here and in `e·d`).
 ///
 /// ```
