@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::error::{GpuError, Result};
+use crate::error::{GpuError, Result, device_error};
 use crate::shaders::ShaderId;
 
 /// How a shader binding is declared.
@@ -166,9 +166,7 @@ impl GpuContext {
                 ..Default::default()
             })
             .await
-            .map_err(|e| GpuError::Device {
-                message: e.to_string(),
-            })?;
+            .map_err(device_error)?;
         Ok(GpuContext {
             device,
             queue,
@@ -390,9 +388,7 @@ impl GpuContext {
                 cache: None,
             });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(GpuError::Device {
-                message: e.to_string(),
-            });
+            return Err(device_error(e));
         }
         cache.insert((id, entry), pipeline.clone());
         Ok((pipeline, bgl))
@@ -835,9 +831,7 @@ impl GpuContext {
                 Err(wgpu::PollError::Timeout) if !deadline.passed() => {}
                 Err(wgpu::PollError::Timeout) => return Err(deadline.error()),
                 Err(e) => {
-                    return Err(GpuError::Device {
-                        message: e.to_string(),
-                    });
+                    return Err(device_error(e));
                 }
             }
         }
@@ -1120,9 +1114,7 @@ impl<'a> Readback<'a> {
             (s.0, s.1.take())
         };
         if let Some(e) = error {
-            return Some(Err(GpuError::Device {
-                message: e.to_string(),
-            }));
+            return Some(Err(device_error(e)));
         }
         if pending == 0 {
             return Some(self.finish());
@@ -1131,9 +1123,7 @@ impl<'a> Readback<'a> {
             return Some(Err(self.deadline.error()));
         }
         if let Err(e) = self.ctx.device.poll(wgpu::PollType::Poll) {
-            return Some(Err(GpuError::Device {
-                message: e.to_string(),
-            }));
+            return Some(Err(device_error(e)));
         }
         None
     }
@@ -1150,12 +1140,7 @@ impl<'a> Readback<'a> {
             let views = self
                 .staging
                 .iter()
-                .map(|(_, buf, total)| {
-                    buf.get_mapped_range(0..*total)
-                        .map_err(|e| GpuError::Device {
-                            message: e.to_string(),
-                        })
-                })
+                .map(|(_, buf, total)| buf.get_mapped_range(0..*total).map_err(device_error))
                 .collect::<Result<Vec<_>>>()?;
             for (k, r) in &self.ranges {
                 out.push(views[*k][r.start as usize..r.end as usize].to_vec());

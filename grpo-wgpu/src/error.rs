@@ -109,6 +109,13 @@ impl From<grpo_core::Error> for GpuError {
 /// Result alias of grpo-wgpu.
 pub type Result<T> = core::result::Result<T, GpuError>;
 
+/// [`GpuError::Device`] with what wgpu reported.
+pub(crate) fn device_error(e: impl fmt::Display) -> GpuError {
+    GpuError::Device {
+        message: e.to_string(),
+    }
+}
+
 /// `Err(Core(LengthMismatch))` unless `found == expected` (same variant grpo-core returns).
 pub(crate) fn check_len(what: &'static str, expected: usize, found: usize) -> Result<()> {
     if expected == found {
