@@ -364,8 +364,9 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>,
             let wa = mul0(w, a);
             o = Out(-mul0(wa, lp[i]), -wa, ev);
         } else if kind == KIND_P3O {
-            // L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^x − 1 − x), ESS in hi, 1 − ESS in lo;
-            // ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1) (the k3 term 0 when clamped).
+            // L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(e^{−x} − 1 + x), ESS in hi, 1 − ESS in
+            // lo; ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(1 − e^{−x}) (the k3 term, k3 of
+            // KL(θ‖old) as grpo-core's p3o, 0 when clamped).
             var w = rho;
             var ev = 0u;
             if rho > params.hi {
@@ -373,8 +374,8 @@ fn per_token(@builtin(global_invocation_id) gid: vec3<u32>,
                 ev = EV_CLIP_HIGH;
             }
             let wa = mul0(w, a);
-            let k3 = expm1_minus_x(x);
-            var dk3 = rho - 1.0;
+            let k3 = expm1_minus_x(-x);
+            var dk3 = -expm1(-x);
             if clamped {
                 dk3 = 0.0;
             }

@@ -1141,9 +1141,9 @@ impl<'c> LossKernel<'c> {
     }
 
     /// P3O, grpo-core's [`grpo_core::loss::p3o`]:
-    /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(ρ − 1 − ln ρ)`,
-    /// `∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1)`, with `ess` from [`Self::ess_stats`]
-    /// (possibly all-reduced, then [`EssStats::ess`]).
+    /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(1/ρ − 1 + ln ρ)` (the k3 estimator of
+    /// KL(θ‖old)), `∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(1 − 1/ρ)`, with `ess` from
+    /// [`Self::ess_stats`] (possibly all-reduced, then [`EssStats::ess`]).
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.

@@ -381,7 +381,8 @@ fn p3o_surrogate(c: &Case, cfg: &P3oConfig<f64>, ess: f64, lp: &[f64]) -> Vec<f6
         } else {
             raw
         };
-        out[t] = -w * c.adv[t] * lp[t] + (1.0 - ess) * (x.exp() - 1.0 - x);
+        // k3 of KL(θ‖old): e^{−x} − 1 + x.
+        out[t] = -w * c.adv[t] * lp[t] + (1.0 - ess) * ((-x).exp() - 1.0 + x);
     }
     out
 }

@@ -217,7 +217,7 @@ fn sapo_temperatures() {
 #[test]
 fn p3o_ess_and_loss() {
     // w = (1, 3): ESS = 16/(2·(10 + 1e-8)) = 0.79999999992. Token 1 (ρ = 3, A = 1, lp = ln 3):
-    // L = −ESS·ln 3 + (1 − ESS)·(3 − 1 − ln 3), ∂ = −ESS + (1 − ESS)·2.
+    // KL3 = 1/3 − 1 + ln 3, L = −ESS·ln 3 + (1 − ESS)·(ln 3 − 2/3), ∂ = −ESS + (1 − ESS)·2/3.
     let r = Row::from_x(&[0.0, 3f64.ln()], &[1.0, 1.0]);
     let cfg = P3oConfig::default();
     let s = ess_stats(&cfg, &r.inp()).unwrap();
@@ -233,10 +233,17 @@ fn p3o_ess_and_loss() {
     let e = s.ess();
     let (v, g, _) = eval(&r, &move |i, v, g| p3o(&cfg, i, e, v, g));
     let l3 = 3f64.ln();
-    assert!(close(v[1], -ess * l3 + (1.0 - ess) * (2.0 - l3)));
-    assert!(close(g[1], -ess + (1.0 - ess) * 2.0));
+    assert!(close(v[1], -ess * l3 + (1.0 - ess) * (l3 - 2.0 / 3.0)));
+    assert!(close(g[1], -ess + (1.0 - ess) * 2.0 / 3.0));
     // Token 0 (ρ = 1 > ESS → w = ESS, lp = 0, KL3 = 0): L = 0, ∂ = −ESS.
     assert!(close(v[0], 0.0) && close(g[0], -ess));
+    // Below the old policy (ρ = ½, lp = −ln 2, A = 1, ESS = 0.8): w = ½, KL3 = 2 − 1 − ln 2;
+    // ∂ = −½ + 0.2·(1 − 2) = −0.7. (KL(old‖θ)'s k3, ρ − 1 − ln ρ, would give −½ + 0.2·(−½).)
+    let low = Row::from_x(&[-(2f64.ln())], &[1.0]);
+    let (lv, lg, _) = eval(&low, &move |i, v, g| p3o(&cfg, i, 0.8, v, g));
+    let l2 = 2f64.ln();
+    assert!(close(lv[0], 0.5 * l2 + 0.2 * (1.0 - l2)), "{lv:?}");
+    assert!(close(lg[0], -0.7), "{lg:?}");
     // No tokens: ESS = 1.
     let none = [false, false];
     let inp = PolicyInputs {
@@ -444,14 +451,12 @@ fn zero_advantage_with_overflowing_ratio_is_zero_not_nan() {
         match name {
             // kl-cov penalises |x| = 1000 on its selected token: finite, not 0.
             "kl_cov" => assert!(res.is_ok() && v.iter().chain(&g).all(|z| z.is_finite())),
-            // P3O's KL3 term (ρ − 1 − x) is +inf without a clamp: refused.
-            "p3o" => assert!(matches!(
-                res,
-                Err(Error::NonFinite {
-                    what: "loss value",
-                    ..
-                })
-            )),
+            // P3O's KL3 term (e^{−x} − 1 + x = 999 here) does not vanish with A: with ESS =
+            // ½, L = 499.5 and ∂L/∂lp = ½·(1 − e^{−1000}) = ½.
+            "p3o" => {
+                res.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!((v, g), ([499.5; 2], [0.5; 2]), "{name}");
+            }
             _ => {
                 res.unwrap_or_else(|e| panic!("{name}: {e}"));
                 assert_eq!((v, g), ([0.0; 2], [0.0; 2]), "{name}");

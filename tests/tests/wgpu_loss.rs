@@ -1513,22 +1513,23 @@ fn p3o_and_ess_match_grpo_core() {
                     (Ok(_), Err(e)) => return Err(TestCaseError::fail(e.to_string())),
                 };
                 let skip = |t: usize| near_branch(&b, t, cfg.log_ratio_clamp, &[ess]);
-                // ρ = e^x and the k3 term (e^x − 1 − x: the series below |x| = 2, exp above).
+                // ρ = e^x and the k3 term (e^{−x} − 1 + x: the series below |x| = 2, exp above).
                 let args = |t: usize| {
                     let x = log_ratio(&b, t, cfg.log_ratio_clamp);
                     vec![x, x]
                 };
-                // Two cancellations the ULP budget cannot see: ρ − 1 in the gradient (ρ's exp
-                // error is absolute, (3 + 2|x|)·ulp(ρ), however small ρ − 1 is) and the sum of
-                // the two terms of L and ∂L. Allowed as absolute slack: (11 + 2|x|) ULP of the
-                // terms' magnitudes, passed to `compare` in units of its base `abs`.
+                // Two cancellations the ULP budget cannot see: 1 − e^{−x} in the gradient (the
+                // exp's error is absolute, (3 + 2|x|)·ulp(e^{−x}), however small 1 − e^{−x} is)
+                // and the sum of the two terms of L and ∂L. Allowed as absolute slack:
+                // (11 + 2|x|) ULP of the terms' magnitudes, passed to `compare` in units of its
+                // base `abs`.
                 let pen = 1.0 - ess as f64;
                 let slack = |t: usize| {
                     let x = log_ratio(&b, t, cfg.log_ratio_clamp);
-                    let rho = x.exp();
-                    let wa = (rho.min(ess as f64) * b.adv[t] as f64).abs();
-                    let k3 = rho - 1.0 - x;
-                    let terms = pen * rho + wa * (1.0 + (b.lp[t] as f64).abs()) + pen * k3.abs();
+                    let inv = (-x).exp();
+                    let wa = (x.exp().min(ess as f64) * b.adv[t] as f64).abs();
+                    let k3 = inv - 1.0 + x;
+                    let terms = pen * inv + wa * (1.0 + (b.lp[t] as f64).abs()) + pen * k3.abs();
                     f32::EPSILON as f64 * (11.0 + 2.0 * x.abs()) * terms / f32::MIN_POSITIVE as f64
                 };
                 // Checked here rather than by `compare`, whose ULP statistic the cancellations
@@ -1593,7 +1594,8 @@ fn hand_computed_p3o() {
         "{s:?}"
     );
     assert!((s.ess() - 0.8).abs() < 1e-5);
-    // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: L = −0.5·ln 2 + 0.5·(1 − ln 2), ∂L/∂lp = 0.
+    // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: KL3 = ½ − 1 + ln 2, L = −0.5·ln 2 + 0.5·(ln 2 − ½)
+    // = −¼, ∂L/∂lp = −0.5 + 0.5·(1 − ½) = −¼.
     let lp = [2f32.ln()];
     let inp = PolicyInputs {
         lp: &lp,
@@ -1604,12 +1606,8 @@ fn hand_computed_p3o() {
     let (mut v, mut g) = ([9f32], [9f32]);
     k.p3o(&P3oConfig::default(), &inp, 0.5, &mut v, &mut g)
         .unwrap();
-    let l2 = 2f32.ln();
-    assert!(
-        (v[0] - (-0.5 * l2 + 0.5 * (1.0 - l2))).abs() < 1e-6,
-        "{v:?}"
-    );
-    assert!(g[0].abs() < 1e-6, "{g:?}");
+    assert!((v[0] + 0.25).abs() < 1e-6, "{v:?}");
+    assert!((g[0] + 0.25).abs() < 1e-6, "{g:?}");
     // ESS outside [0, 1]: grpo-core's error, outputs untouched.
     let (mut v, mut g) = ([9f32], [9f32]);
     let e = p3o(&P3oConfig::default(), &inp, 1.5, &mut v, &mut g).unwrap_err();

@@ -489,10 +489,19 @@ pub fn ess_stats<T: Real>(cfg: &P3oConfig<T>, inp: &PolicyInputs<'_, T>) -> Resu
 /// P3O / ESS-adaptive policy optimization [2605.12380]:
 ///
 /// ```text
-/// ρ = exp(clamp(lp − old, −c, c))
-/// L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·KL3,   KL3 = ρ − 1 − log ρ   (k3 of KL(old‖θ))
-/// ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(ρ − 1)      (KL3 term 0 if clamped)
+/// x = clamp(lp − old, −c, c),   ρ = exp(x)
+/// L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·KL3,   KL3 = e^{−x} − 1 + x = 1/ρ − 1 + log ρ
+/// ∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(1 − 1/ρ)      (KL3 term 0 if clamped)
 /// ```
+///
+/// KL3 is the k3 estimator of KL(θ‖old) at a token (MATH.md §3's KL(new‖ref) form with `old`
+/// for `ref`, as MATH.md §4 writes the penalty): the same estimator as the paper's code
+/// (FeynRL `compute_kl_distance(logprobs, old_logprobs)`: `log_ratio + exp(old − lp) − 1`). It
+/// is evaluated without cancellation near x = 0 (series below |x| = ½, `expm1` above), and its
+/// gradient as `−expm1(−x)`. The paper's code clamps only the exponent, at ±10, and keeps the
+/// log-ratio's own gradient there; here the log-ratio clamp `c` (MATH.md §0, ±20 by default)
+/// limits ρ and KL3 alike and, where it acts, the KL3 term has no gradient, as every clamped
+/// term of this library. For |x| ≤ 10 the two agree.
 ///
 /// `ess` is the batch statistic from [`ess_stats`] (possibly all-reduced); it is a constant
 /// (detached) here. With ESS = 1 (on-policy batch) the penalty vanishes. `clipped_high` counts
@@ -500,23 +509,23 @@ pub fn ess_stats<T: Real>(cfg: &P3oConfig<T>, inp: &PolicyInputs<'_, T>) -> Resu
 ///
 /// # Errors
 /// `ess` outside `[0, 1]` or NaN → [`Error::InvalidParam`]; otherwise as
-/// [`ppo_clip`](super::ppo_clip).
+/// [`ppo_clip`](super::ppo_clip) (without a clamp, a log-ratio far below 0 makes KL3 = e^{−x}
+/// overflow: `NonFinite { what: "loss value" }`).
 ///
 /// # Example
 /// ```
 /// use grpo_core::loss::{P3oConfig, PolicyInputs, p3o};
 /// use grpo_core::Tokens;
-/// // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: w = min(2, 0.5) = 0.5,
-/// // KL3 = 2 − 1 − ln 2; L = −0.5·ln 2 + 0.5·(1 − ln 2); ∂L/∂lp = −0.5 + 0.5·(2 − 1) = 0.
+/// // ρ = 2, A = 1, lp = ln 2, ESS = 0.5: w = min(2, 0.5) = 0.5, KL3 = ½ − 1 + ln 2;
+/// // L = −0.5·ln 2 + 0.5·(ln 2 − ½) = −¼, ∂L/∂lp = −0.5 + 0.5·(1 − ½) = −¼.
 /// let lp = [2f64.ln()];
 /// let old = [0.0];
 /// let adv = [1.0];
 /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens: Tokens::padded(1, 1, None) };
 /// let (mut v, mut g) = ([0.0], [0.0]);
 /// p3o(&P3oConfig::default(), &inp, 0.5, &mut v, &mut g).unwrap();
-/// let l2 = 2f64.ln();
-/// assert!((v[0] - (-0.5 * l2 + 0.5 * (1.0 - l2))).abs() < 1e-12);
-/// assert!(g[0].abs() < 1e-12);
+/// assert!((v[0] + 0.25).abs() < 1e-12);
+/// assert!((g[0] + 0.25).abs() < 1e-12);
 /// ```
 pub fn p3o<T: Real>(
     cfg: &P3oConfig<T>,
@@ -537,10 +546,11 @@ pub fn p3o<T: Real>(
             let rho = x.exp();
             let (w, capped) = if rho > ess { (ess, true) } else { (rho, false) };
             let wa = mul0(w, a);
-            // k3 = ρ − 1 − ln ρ = eˣ − 1 − x, evaluated without cancellation near x = 0.
-            let k3 = expm1_minus_x(x);
+            // k3 of KL(θ‖old) = e^{−x} − 1 + x, without cancellation near x = 0; its
+            // derivative 1 − e^{−x} = −expm1(−x).
+            let k3 = expm1_minus_x(-x);
             let value = -mul0(wa, inp.lp[t]) + mul0(pen, k3);
-            let dk3 = if clamped { T::ZERO } else { rho - T::ONE };
+            let dk3 = if clamped { T::ZERO } else { -(-x).exp_m1() };
             TokenOut {
                 value,
                 grad: -wa + mul0(pen, dk3),
