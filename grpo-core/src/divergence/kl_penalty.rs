@@ -85,14 +85,17 @@ impl KlEstimator {
 ///
 /// | preset | input clamp of d | output clamp |
 /// |---|---|---|
-/// | `Paper` (default) | ±20 (MATH.md §0: clamp before any exp) | none |
+/// | `Paper` (default) | ±20 for k3-family estimators (MATH.md §0: clamp before any exp), none otherwise | none |
 /// | `Verl`, `VerlVectorized` | ±20 for k3-family estimators, none otherwise | ±10 for k3-family, none otherwise |
 /// | `OpenRlhf` | none | ±10 for every estimator (k1 included) |
 /// | `Trl` | none | none |
 ///
 /// (verl b178a3cd `kl_penalty_forward`: only `low_var_kl` clamps; OpenRLHF 3c3be62
 /// `compute_approx_kl`: `clamp(-10, 10)` after every estimator, computed in f32; TRL f2cd577:
-/// plain k3.) "k3-family" = `K3`, `K3Is`, `K3StraightThrough`.
+/// plain k3.) "k3-family" = `K3`, `K3Is`, `K3StraightThrough`: the estimators that take an
+/// `exp`. The others (k1, abs, k2 and k1+) have no exponential to protect, and a clamp would
+/// only stop their gradient beyond ±20, so `Paper` leaves them unclamped, as every peer does
+/// (the overflow guard of the [module docs](self) still applies).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KlPenaltyConfig<T> {
     /// The estimator.
@@ -127,16 +130,12 @@ impl<T: Real> KlPenaltyConfig<T> {
         let twenty = Some(T::from_f64(20.0));
         let ten = Some(T::from_f64(10.0));
         let (input_clamp, output_clamp) = match preset {
-            Preset::Verl | Preset::VerlVectorized => {
-                if estimator.uses_exp() {
-                    (twenty, ten)
-                } else {
-                    (None, None)
-                }
-            }
+            Preset::Verl | Preset::VerlVectorized if estimator.uses_exp() => (twenty, ten),
+            Preset::Verl | Preset::VerlVectorized => (None, None),
             Preset::OpenRlhf => (None, ten),
             Preset::Trl => (None, None),
-            _ => (twenty, None),
+            Preset::Paper if estimator.uses_exp() => (twenty, None),
+            Preset::Paper => (None, None),
         };
         KlPenaltyConfig {
             estimator,
@@ -390,6 +389,32 @@ mod tests {
                 value: 10.0,
                 grad: 0.0
             }
+        );
+    }
+
+    #[test]
+    fn the_default_clamps_only_the_estimators_that_take_an_exp() {
+        // d = −25, past the ±20 clamp: the estimators without an exponential keep their value
+        // and gradient (k1: −25, 1; |d|: 25, −1; k2: 312.5, −25; k1+: −25, −25).
+        let d = -25.0;
+        let want = [
+            (KlEstimator::K1, d, 1.0),
+            (KlEstimator::Abs, 25.0, -1.0),
+            (KlEstimator::K2, 312.5, d),
+            (KlEstimator::K1StraightThrough, d, d),
+        ];
+        for (e, value, grad) in want {
+            let c = KlPenaltyConfig::<f64>::from_preset(Preset::Paper, e);
+            assert_eq!((c.input_clamp, c.output_clamp), (None, None), "{e:?}");
+            assert_eq!(c.eval(d, 0.0, 0.0), ValueGrad { value, grad }, "{e:?}");
+        }
+        // k3 keeps the clamp: e^{20} − 21 at d = −25, no gradient through the clamp.
+        let k3 = KlPenaltyConfig::<f64>::default();
+        assert_eq!(k3.input_clamp, Some(20.0));
+        let v = k3.eval(d, 0.0, 0.0);
+        assert!(
+            (v.value - (20f64.exp() - 21.0)).abs() < 1e-6 && v.grad == 0.0,
+            "{v:?}"
         );
     }
 
