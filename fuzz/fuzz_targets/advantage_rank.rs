@@ -1,6 +1,6 @@
-//! Whitening, REINFORCE++ (returns, baseline), GAE, ReMax, GOPO, G²RPO, group filters and
-//! overlong shaping on untrusted sizes, values and parameters: never panic; Ok ⇒ every output
-//! finite; Err ⇒ outputs untouched.
+//! Whitening (in place too), ranks, the normal quantile, REINFORCE++ (returns, baseline), GAE,
+//! ReMax, GOPO, G²RPO, group filters and overlong shaping on untrusted sizes, values and
+//! parameters: never panic; Ok ⇒ every output finite; Err ⇒ outputs untouched.
 #![no_main]
 
 use grpo_core::advantage::baseline::{BaselineConfig, reinforce_pp_baseline};
@@ -13,11 +13,11 @@ use grpo_core::advantage::overlong::{OverlongConfig, overlong_penalty};
 use grpo_core::advantage::rank::{G2rpoConfig, GopoConfig, g2rpo, gopo};
 use grpo_core::advantage::returns::{MaskedTokens, ReturnsConfig, reinforce_pp_returns, remax};
 use grpo_core::advantage::whiten::{
-    EpsPlacement, WhitenConfig, apply_whitening, whiten, whiten_moments,
+    EpsPlacement, WhitenConfig, apply_whitening, apply_whitening_in_place, whiten, whiten_moments,
 };
 use grpo_core::advantage::{NanPolicy, SingletonRule};
 use grpo_core::layout::{Groups, Tokens};
-use grpo_core::stats::{Bessel, TiePolicy};
+use grpo_core::stats::{Bessel, RankOrder, TiePolicy, norm_quantile, ranks};
 use grpo_core::{Preset, Real};
 use libfuzzer_sys::fuzz_target;
 
@@ -122,9 +122,61 @@ fn run<T: Real>(inp: &Input) {
     }
     if let Ok(m) = whiten_moments(&values, &tokens) {
         let mut out = vec![T::from_f64(SENTINEL); n];
-        match apply_whitening(&values, &tokens, &m, &wcfg, &mut out) {
+        let applied = apply_whitening(&values, &tokens, &m, &wcfg, &mut out);
+        match applied {
             Ok(()) => assert!(all_finite(&out)),
             Err(_) => assert!(untouched(&out)),
+        }
+        // In place: the same result and the same error, the values untouched on Err.
+        let mut over = values.clone();
+        let in_place = apply_whitening_in_place(&mut over, &tokens, &m, &wcfg);
+        assert_eq!(in_place, applied);
+        let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+        match in_place {
+            Ok(()) => assert_eq!(bits(&over), bits(&out)),
+            Err(_) => assert_eq!(bits(&over), bits(&values)),
+        }
+    }
+
+    // Ranks of the scores (scratch of a fuzzed size): Ok ⇒ 1-based ranks summing to
+    // n(n + 1)/2; Err ⇒ `out` untouched.
+    let ties = if inp.flags & 1 != 0 {
+        TiePolicy::Ordinal
+    } else {
+        TiePolicy::Average
+    };
+    let order = if inp.flags & 2 != 0 {
+        RankOrder::Descending
+    } else {
+        RankOrder::Ascending
+    };
+    let m = scores.len();
+    let mut scratch = vec![0usize; (inp.scratch as usize).min(m + 1)];
+    if inp.flags & 4 != 0 {
+        scratch.resize(m, 0);
+    }
+    let mut rk = vec![T::from_f64(SENTINEL); m];
+    match ranks(&scores, ties, order, &mut scratch, &mut rk) {
+        Ok(()) => {
+            let top = T::from_usize(m);
+            assert!(rk.iter().all(|&r| r >= T::ONE && r <= top), "{rk:?}");
+            let sum: f64 = rk.iter().map(|r| r.to_f64()).sum();
+            let want = (m * (m + 1) / 2) as f64;
+            assert!((sum - want).abs() <= 1e-6 * want.max(1.0), "{sum} {want}");
+        }
+        Err(_) => assert!(untouched(&rk)),
+    }
+
+    // The normal quantile: Ok ⇔ 0 < u < 1, finite, with u − ½'s sign.
+    for &u in &scores {
+        match norm_quantile(u) {
+            Ok(q) => {
+                assert!(u > T::ZERO && u < T::ONE && q.is_finite(), "{u:?} {q:?}");
+                assert!(
+                    (u < T::HALF && q <= T::ZERO) || (u > T::HALF && q >= T::ZERO) || u == T::HALF
+                );
+            }
+            Err(_) => assert!(!(u > T::ZERO && u < T::ONE)),
         }
     }
 

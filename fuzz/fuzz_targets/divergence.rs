@@ -1,18 +1,21 @@
-//! Divergence bounds, KL penalties, IS weights, rejection masks and the top-entropy mask from
-//! untrusted sizes and values: never panic, and every Ok result is finite.
+//! Divergence bounds (the elastic trust region's per-sample bounds included), KL penalties, IS
+//! weights, rejection masks and the top-entropy mask from untrusted sizes and values: never
+//! panic, and every Ok result is finite.
 #![no_main]
 
-use grpo_core::Preset;
 use grpo_core::Tokens;
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::lambert_w::{lambert_w0, lambert_wm1};
 use grpo_core::divergence::measures::{MeasureConfig, measure_tokens};
-use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, Measure, RatioBounds};
+use grpo_core::divergence::{
+    ElasticTrustRegion, KlEstimator, KlPenaltyConfig, Measure, RatioBounds,
+};
 use grpo_core::is_correction::{
     IsConfig, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion, is_weights,
     off_policy_sequence_mask, rejection_mask,
 };
 use grpo_core::selection::top_entropy_mask;
+use grpo_core::{Groups, Preset};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -175,5 +178,36 @@ fuzz_target!(|inp: Input| {
     let mut scratch = vec![0.0f32; n];
     if let Ok(t) = top_entropy_mask(&lp, &tokens, inp.rho, &mut scratch, &mut keep) {
         assert!(t.is_finite() || keep.iter().all(|k| !k));
+    }
+
+    // The elastic trust region's bounds: `rows` groups of `cols` samples, advantages `lp`,
+    // rewards from the mask (binary groups) or `other`; Ok ⇒ every bound a valid interval
+    // within ε_max·(1 + β) of 1, Err ⇒ `out` untouched.
+    let etr = ElasticTrustRegion {
+        eps0: inp.bound_a,
+        alpha: inp.rho,
+        eps_max: inp.bound_b,
+        beta: inp.delta32,
+    };
+    let rewards: Vec<f32> = if inp.normalize {
+        mask.iter().map(|&m| f32::from(u8::from(m))).collect()
+    } else {
+        other.clone()
+    };
+    let sentinel = RatioBounds { lo: 0.5, hi: 4.0 };
+    let mut out = vec![sentinel; n];
+    let groups = Groups::Uniform(inp.cols as usize);
+    match etr.sample_bounds(&lp, &rewards, groups, &mut out) {
+        Ok(()) => {
+            let widest = etr.eps_max * (1.0 + etr.beta);
+            for b in &out {
+                check_bounds(*b);
+                assert!(
+                    b.lo > 0.0 && b.hi - 1.0 <= widest * (1.0 + 1e-6),
+                    "{b:?} {etr:?}"
+                );
+            }
+        }
+        Err(_) => assert!(out.iter().all(|b| *b == sentinel)),
     }
 });
