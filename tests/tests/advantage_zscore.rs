@@ -811,13 +811,14 @@ fn preset_differences_hand_computed() {
     }
     // Group (2, 0, 1): μ = 1, deviations (1, −1, 0), Σd² = 2, var_unb = 1, σ = 1.
     //   Paper/Verl/VerlVectorized: ±1/(1 + 1e-6); TRL: ±1/(1 + 1e-4); OpenRLHF: ±1/(1 + 1e-9).
-    // Singleton (5): Verl loop 5/(1 + 1e-6); the others 0 (OpenRLHF refuses; see below).
+    // Singleton (5): verl, loop and vectorized, 5/(1 + 1e-6); the others 0 (OpenRLHF refuses;
+    // see below).
     let s = [2.0, 0.0, 1.0, 5.0];
     let g = Groups::Offsets(&[0, 3, 4]);
     for (p, eps, single) in [
         (Preset::Paper, 1e-6, 0.0),
         (Preset::Verl, 1e-6, 5.0 / (1.0 + 1e-6)),
-        (Preset::VerlVectorized, 1e-6, 0.0),
+        (Preset::VerlVectorized, 1e-6, 5.0 / (1.0 + 1e-6)),
         (Preset::Trl, 1e-4, 0.0),
     ] {
         let a = zs(&s, g, &ZScoreConfig::from_preset(p));

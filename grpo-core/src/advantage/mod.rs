@@ -21,11 +21,12 @@ pub enum NanPolicy {
 /// What a group of one sample gets (its mean equals its score; its unbiased std is undefined).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SingletonRule {
-    /// Advantage 0 (TRL, verl vectorized). Default; counted in [`Diagnostics::singleton_groups`].
+    /// Advantage 0 (TRL; verl's vectorized RLOO). Default; counted in
+    /// [`Diagnostics::singleton_groups`].
     #[default]
     Zero,
-    /// verl's loop implementation: μ = 0, σ = 1, so the z-score is `s / (1 + ε)` (and RLOO's
-    /// baseline is 0, so `A = s`).
+    /// verl's loop implementations and its vectorized GRPO (`group_mean_std`): μ = 0, σ = 1, so
+    /// the z-score is `s / (1 + ε)` (and RLOO's baseline is 0, so `A = s`).
     VerlLoop,
     /// Refuse the batch with [`Error::GroupTooSmall`](crate::Error::GroupTooSmall) (OpenRLHF
     /// divides 0 by 0 there and gets NaN; we never produce that).

@@ -33,13 +33,16 @@ pub enum Scale {
 /// | `eps` | 1e-6 | 1e-6 | 1e-6 | 1e-4 | 1e-9 |
 /// | `bessel` | unbiased | unbiased | unbiased | unbiased | unbiased |
 /// | `var_floor` | none | none | 1e-6 | none | none |
-/// | `singleton` | `Zero` | `VerlLoop` | `Zero` | `Zero` | `Reject` |
+/// | `singleton` | `Zero` | `VerlLoop` | `VerlLoop` | `Zero` | `Reject` |
 /// | `nan` | `Reject` | `Reject` | `Reject` | `Exclude` | `Reject` |
 /// | `gamma`, `scale` | 1, `Group` | 1, `Group` | 1, `Group` | 1, `Group` | 1, `Group` |
 ///
 /// Sources (MATH.md §6): verl b178a3cd `compute_grpo_outcome_advantage` (loop: ε = 1e-6,
 /// `torch.std`, a singleton group gets μ = 0, σ = 1) and its vectorized variant
-/// (σ = sqrt(max(var_unb, 1e-6)), singleton → 0); TRL f2cd577 (ε = 1e-4, `std` unbiased,
+/// `compute_grpo_vectorized_outcome_advantage` (σ = sqrt(max(var_unb, 1e-6)); its statistics
+/// come from `verl.utils.groupwise.group_mean_std`, which also gives a singleton group μ = 0,
+/// σ = 1, so a singleton's advantage is `s/(1 + ε)` as in the loop — MATH.md §0 says 0 for the
+/// vectorized variant, which no verl version we read does); TRL f2cd577 (ε = 1e-4, `std` unbiased,
 /// NaN rewards unscorable, singleton → 0; `scale_rewards` maps to [`Scale`]); OpenRLHF 3c3be62
 /// `group_norm` (ε = 1e-9, unbiased std; a singleton group divides 0 by 0 there and yields NaN,
 /// which we never produce: the preset refuses such a batch, set `singleton = Zero` to get 0).
@@ -90,6 +93,7 @@ impl ZScoreConfig {
             },
             Preset::VerlVectorized => ZScoreConfig {
                 var_floor: Some(1e-6),
+                singleton: SingletonRule::VerlLoop,
                 ..paper
             },
             Preset::Trl => ZScoreConfig {
@@ -377,16 +381,14 @@ mod tests {
         // Groups: [2, 4] and the singleton [3].
         let offs = [0, 2, 3];
         let s = [2.0, 4.0, 3.0];
-        // verl loop: singleton μ = 0, σ = 1 → 3/(1 + 1e-6).
-        let (a, d) = run(
-            &s,
-            Groups::Offsets(&offs),
-            &ZScoreConfig::from_preset(Preset::Verl),
-        );
-        assert_eq!(a[2], 3.0 / (1.0 + 1e-6));
-        assert_eq!(d.singleton_groups, 1);
-        // Vectorized and TRL: 0.
-        for p in [Preset::VerlVectorized, Preset::Trl, Preset::Paper] {
+        // verl, loop and vectorized (`group_mean_std`): singleton μ = 0, σ = 1 → 3/(1 + 1e-6).
+        for p in [Preset::Verl, Preset::VerlVectorized] {
+            let (a, d) = run(&s, Groups::Offsets(&offs), &ZScoreConfig::from_preset(p));
+            assert_eq!(a[2], 3.0 / (1.0 + 1e-6), "{p:?}");
+            assert_eq!(d.singleton_groups, 1);
+        }
+        // TRL and the default: 0.
+        for p in [Preset::Trl, Preset::Paper] {
             let (a, d) = run(&s, Groups::Offsets(&offs), &ZScoreConfig::from_preset(p));
             assert_eq!(a[2], 0.0);
             assert_eq!(d.singleton_groups, 1);
