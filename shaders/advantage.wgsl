@@ -247,10 +247,20 @@ fn group_stats(@builtin(global_invocation_id) gid: vec3<u32>,
     }
 }
 
-// GDPO's reward with NaN → 0 (multi_reward::reward0).
-fn reward0(i: u32, r: u32) -> f32 {
-    let x = scores[i * params.k + r];
-    return select(x, 0.0, is_nan_bits(x));
+// GDPO's reward r of sample i (NaN: left out, multi_reward::reward).
+fn reward_at(i: u32, r: u32) -> f32 {
+    return scores[i * params.k + r];
+}
+
+// Whether GDPO's sample i has a non-NaN reward (otherwise it is unscorable: left out of the
+// batch moments, advantage 0).
+fn scorable(i: u32) -> bool {
+    for (var r = 0u; r < params.k; r++) {
+        if !is_nan_bits(reward_at(i, r)) {
+            return true;
+        }
+    }
+    return false;
 }
 
 // One invocation: the batch's moments as grpo-core merges them — each group's Welford moments
@@ -262,7 +272,9 @@ fn batch_moments() {
         var m = Moments(0u, 0.0, 0.0);
         for (var i = offsets[g]; i < offsets[g + 1u]; i++) {
             if params.kind == KIND_GDPO {
-                m = moments_push(m, out[i]);
+                if scorable(i) {
+                    m = moments_push(m, out[i]);
+                }
             } else {
                 let s = scores[i];
                 if !is_nan_bits(s) {
@@ -277,9 +289,10 @@ fn batch_moments() {
     bstats[2] = f32(all.n);
 }
 
-// GDPO [2601.05242] stage 1: z_k = ratio(r_k − μ_{k,g}, σ_{k,g} + ε) per reward (NaN → 0
-// first), S = Σ_k w_k z_k in reward order. Singleton groups: verl loop μ = 0, den = 1 + ε;
-// otherwise the undefined σ is 0 and the numerator is 0.
+// GDPO [2601.05242] stage 1: z_k = ratio(r_k − μ_{k,g}, σ_{k,g} + ε) per reward, the moments
+// over the group's non-NaN r_k and a NaN r_k adding nothing; S = Σ_k w_k z_k in reward order
+// (0 for an unscorable sample, which `batch_moments` and `finish` skip). Singleton groups:
+// verl loop μ = 0, den = 1 + ε; otherwise the undefined σ is 0 and the numerator is 0.
 @compute @workgroup_size(64)
 fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -297,7 +310,10 @@ fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>,
     for (var r = 0u; r < params.k; r++) {
         var m = Moments(0u, 0.0, 0.0);
         for (var i = lo; i < hi; i++) {
-            m = moments_push(m, reward0(i, r));
+            let x = reward_at(i, r);
+            if !is_nan_bits(x) {
+                m = moments_push(m, x);
+            }
         }
         if m.m2 != 0.0 {
             flat = 0u;
@@ -309,7 +325,10 @@ fn gdpo_sum(@builtin(global_invocation_id) gid: vec3<u32>,
             den = 1.0 + params.eps;
         }
         for (var i = lo; i < hi; i++) {
-            out[i] = out[i] + weights[r] * ratio(reward0(i, r) - mu, den);
+            let x = reward_at(i, r);
+            if !is_nan_bits(x) {
+                out[i] = out[i] + weights[r] * ratio(x - mu, den);
+            }
         }
     }
     diag[2u * g] = select(0u, flat, size >= 2u);
@@ -325,7 +344,11 @@ fn finish(@builtin(global_invocation_id) gid: vec3<u32>,
         return;
     }
     let b = Moments(u32(bstats[2]), bstats[0], bstats[1]);
-    out[i] = ratio(out[i] - b.mean, std_or_zero(b) + params.batch_eps);
+    var a = 0.0;
+    if scorable(i) {
+        a = ratio(out[i] - b.mean, std_or_zero(b) + params.batch_eps);
+    }
+    out[i] = a;
 }
 
 // G²RPO's normal scores Φ⁻¹((2r − 1)/(2g)) come from the host (grpo-core's own f64

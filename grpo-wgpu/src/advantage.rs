@@ -491,8 +491,10 @@ impl<'c> AdvantageKernel<'c> {
     }
 
     /// GDPO [2601.05242], grpo-core's [`grpo_core::advantage::gdpo()`]: `rewards` is `n × k`
-    /// sample-major; per reward `z_k = (r_k − μ_{k,g})/(σ_{k,g} + ε_r)` (NaN → 0 first),
-    /// `S = Σ_k w_k z_k`, `A = (S − μ_batch)/(σ_batch + ε_b)`.
+    /// sample-major; per reward `z_k = (r_k − μ_{k,g})/(σ_{k,g} + ε_r)`, `S = Σ_k w_k z_k`,
+    /// `A = (S − μ_batch)/(σ_batch + ε_b)`; under [`NanPolicy::Exclude`] a NaN reward is left
+    /// out of its statistics and of `S`, and a sample of NaN rewards only gets 0, as in
+    /// grpo-core.
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input (no scratch is needed here).

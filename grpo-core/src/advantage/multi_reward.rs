@@ -34,13 +34,19 @@ fn check_weights<T: Real>(weights: &[T], num_rewards: usize) -> Result<()> {
     }
 }
 
-/// Reward r of sample i with NaN read as 0 (the GDPO / DVAO NaN policy).
+/// Reward r of sample i with NaN read as 0 (DVAO's NaN policy).
 #[inline]
 fn reward0<T: Real>(rewards: &[T], num_rewards: usize, i: usize, r: usize) -> T {
-    match rewards.get(i * num_rewards + r) {
-        Some(&v) if !v.is_nan() => v,
-        _ => T::ZERO,
-    }
+    reward(rewards, num_rewards, i, r).unwrap_or(T::ZERO)
+}
+
+/// Reward r of sample i, `None` for NaN (GDPO's NaN policy).
+#[inline]
+fn reward<T: Real>(rewards: &[T], num_rewards: usize, i: usize, r: usize) -> Option<T> {
+    rewards
+        .get(i * num_rewards + r)
+        .copied()
+        .filter(|v| !v.is_nan())
 }
 
 /// Counts NaN rewards of group k's samples.
@@ -64,8 +70,8 @@ pub const fn gdpo_scratch_len(num_rewards: usize) -> usize {
 ///
 /// Every preset uses ε = 1e-4 in both normalisations and the unbiased std (GDPO [2601.05242];
 /// TRL f2cd577 `multi_objective_aggregation="normalize_then_sum"`, where a one-sample group's
-/// per-reward std is 0 and its z is 0). `Trl` additionally reads a NaN reward as 0 (TRL's
-/// `nan_to_num` before the statistics); the others reject NaN.
+/// per-reward std is 0 and its z is 0). `Trl` additionally excludes NaN rewards as TRL's
+/// `nanmean`/`nanstd`/`nansum` do (see [`gdpo`]); the others reject NaN.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GdpoConfig {
     /// ε of the per-reward, per-group normalisation `(r − μ)/(σ + ε)` (≥ 0).
@@ -77,9 +83,10 @@ pub struct GdpoConfig {
     /// What a one-sample group's z gets: `Zero` → 0; `VerlLoop` → μ = 0, σ = 1, so
     /// `z_k = r_k/(1 + ε)`; `Reject` → error.
     pub singleton: SingletonRule,
-    /// NaN rewards: `Reject` → error; `Exclude` → the reward is read as 0 (TRL), counted in
-    /// [`Diagnostics::nan_excluded`] (one count per NaN reward). The sample itself stays in
-    /// every statistic.
+    /// NaN rewards: `Reject` → error; `Exclude` → the reward is left out of its statistics and
+    /// adds nothing to `S` (TRL), counted in [`Diagnostics::nan_excluded`] (one count per NaN
+    /// reward); a sample whose rewards are all NaN is unscorable: left out of the batch
+    /// statistics, advantage 0.
     pub nan: NanPolicy,
 }
 
@@ -115,7 +122,14 @@ impl GdpoConfig {
 /// Normalising each reward before summing keeps reward combinations apart that a plain sum
 /// merges (e.g. (1, 0) and (0, 1) in one group), and keeps a high-variance reward from
 /// drowning the others. The batch statistics of S are the group moments merged in group order.
-/// A NaN reward is read as 0 under [`NanPolicy::Exclude`] (TRL).
+///
+/// NaN rewards under [`NanPolicy::Exclude`] (TRL's `normalize_then_sum`): μ_{k,g} and σ_{k,g}
+/// are taken over the group's non-NaN rewards k (`nanmean`, `nanstd`), a NaN reward adds
+/// nothing to `S` (`nansum`), and a reward with a single non-NaN value in its group adds 0
+/// there (its σ is undefined; TRL's `nanstd` gives NaN, which `nansum` drops). A sample whose
+/// rewards are all NaN is unscorable: it is left out of the batch statistics and gets 0 (TRL
+/// marks it NaN before its batch `nanmean`/`nanstd` and zeroes its advantage). Reading NaN as 0
+/// instead would pull every statistic towards 0.
 ///
 /// `scratch` needs [`gdpo_scratch_len`]`(num_rewards)` elements (one group's μ_k and σ_k + ε).
 ///
@@ -180,12 +194,12 @@ pub fn gdpo<T: Real>(
         }
         let mut flat = true;
         for r in 0..kk {
-            let m = Moments::from_iter(groups.members(k).map(|i| reward0(rewards, kk, i, r)));
+            let m = Moments::from_iter(groups.members(k).filter_map(|i| reward(rewards, kk, i, r)));
             flat &= m.m2 == T::ZERO;
             let (mu, den) = if size == 1 && cfg.singleton == SingletonRule::VerlLoop {
                 (T::ZERO, T::ONE + reward_eps)
             } else {
-                // Undefined std (one sample, unbiased) → 0: that sample's numerator is 0.
+                // Undefined std (one value, unbiased) → 0: that value's numerator is 0.
                 let sigma = std_floored(&m, cfg.bessel, None).unwrap_or(T::ZERO);
                 (m.mean, sigma + reward_eps)
             };
@@ -194,11 +208,14 @@ pub fn gdpo<T: Real>(
         }
         Ok(flat)
     };
-    let combined = |i: usize, means: &[T], dens: &[T]| -> T {
-        let mut s = T::ZERO;
+    // S of sample i; `None` when every reward is NaN (unscorable).
+    let combined = |i: usize, means: &[T], dens: &[T]| -> Option<T> {
+        let mut s = None;
         for r in 0..kk {
-            let z = ratio(reward0(rewards, kk, i, r) - means[r], dens[r]);
-            s += weights[r] * z;
+            if let Some(v) = reward(rewards, kk, i, r) {
+                let z = ratio(v - means[r], dens[r]);
+                s = Some(s.unwrap_or(T::ZERO) + weights[r] * z);
+            }
         }
         s
     };
@@ -208,7 +225,7 @@ pub fn gdpo<T: Real>(
         let mut batch = Moments::new();
         for k in 0..num_groups {
             group_stats(k, means, dens)?;
-            let g = Moments::from_iter(groups.members(k).map(|i| combined(i, means, dens)));
+            let g = Moments::from_iter(groups.members(k).filter_map(|i| combined(i, means, dens)));
             batch = batch.merge(g);
         }
         let den = std_floored(&batch, cfg.bessel, None).unwrap_or(T::ZERO) + batch_eps;
@@ -227,7 +244,8 @@ pub fn gdpo<T: Real>(
             }
             diag.nan_excluded += count_nan(rewards, kk, &groups, k);
             for i in groups.members(k) {
-                emit(i, ratio(combined(i, means, dens) - batch.mean, den));
+                let a = combined(i, means, dens).map_or(T::ZERO, |s| ratio(s - batch.mean, den));
+                emit(i, a);
             }
         }
         Ok(diag)
@@ -305,7 +323,7 @@ pub const fn dvao_scratch_len(num_rewards: usize) -> usize {
 ///
 /// No peer implements DVAO: every preset gives the defaults (ε = 1e-8 inside the square root,
 /// population variance, singleton → 0, NaN rejected), except `Trl`, which reads NaN rewards
-/// as 0 as in [`GdpoConfig`].
+/// as 0 (our definition: [`gdpo`] leaves them out of its statistics instead, as TRL does).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DvaoConfig {
     /// ε inside the square root: `sqrt(Σ_l σ_l² + ε)` (≥ 0).
@@ -491,26 +509,69 @@ mod tests {
 
     #[test]
     fn gdpo_nan_and_weights() {
-        // TRL: NaN read as 0. Rewards (NaN, 2), (1, 2) ≡ (0, 2), (1, 2): reward 1 is flat
-        // (z = 0), reward 0 gives z = ∓0.5/(√0.5 + 1e-4); weights (2, 5): S = 2z.
-        // Batch of 2: S = ∓s, μ = 0, σ_unb = √2·s → A = ∓s/(√2 s + 1e-4).
-        let rw = [f64::NAN, 2.0, 1.0, 2.0];
+        // TRL (nanmean, nanstd, nansum): rewards (NaN, 2), (1, 2), (3, 2), weights (2, 5).
+        // Reward 0 over its non-NaN values (1, 3): μ = 2, σ_unb = √2, z = ∓z1 for samples 1
+        // and 2, z1 = 1/(√2 + 1e-4); sample 0's NaN adds nothing. Reward 1 is flat (z = 0).
+        // S = (0, −2z1, 2z1): μ = 0, σ_unb = 2z1 → A = (0, ∓2z1/(2z1 + 1e-4)).
+        // (Reading NaN as 0 would give reward 0 the values (0, 1, 3) and μ = 4/3.)
+        let rw = [f64::NAN, 2.0, 1.0, 2.0, 3.0, 2.0];
         let mut scratch = [0.0; 4];
-        let mut a = [0.0; 2];
+        let mut a = [9.0; 3];
+        let trl = GdpoConfig::from_preset(Preset::Trl);
         let d = gdpo(
             &rw,
             2,
             &[2.0, 5.0],
-            Groups::Uniform(2),
-            &GdpoConfig::from_preset(Preset::Trl),
+            Groups::Uniform(3),
+            &trl,
             &mut scratch,
             &mut a,
         )
         .unwrap();
-        let s = 2.0 * 0.5 / (0.5f64.sqrt() + 1e-4);
-        assert!(close(a[1], s / (2f64.sqrt() * s + 1e-4)));
-        assert_eq!(a[0], -a[1]);
+        let z1 = 1.0 / (2f64.sqrt() + 1e-4);
+        // (The batch mean of S is 0 up to Welford's rounding.)
+        assert!(close(a[0], 0.0), "{a:?}");
+        assert!(close(a[2], 2.0 * z1 / (2.0 * z1 + 1e-4)), "{a:?}");
+        assert!(close(a[1], -a[2]), "{a:?}");
         assert_eq!(d.nan_excluded, 1);
+        // A sample whose rewards are all NaN is unscorable: K = 1, rewards (1, NaN, 0): the
+        // statistics are those of (1, 0) alone, z = ±z0 = ±0.5/(√0.5 + 1e-4); the batch of the
+        // two scorable S: μ = 0, σ_unb = √2·z0, A = ±z0/(√2 z0 + 1e-4) ≈ ±0.7071, the NaN
+        // sample 0.
+        let mut a = [9.0; 3];
+        let d = gdpo(
+            &[1.0, f64::NAN, 0.0],
+            1,
+            &[1.0],
+            Groups::Uniform(3),
+            &trl,
+            &mut scratch,
+            &mut a,
+        )
+        .unwrap();
+        let z0 = 0.5 / (0.5f64.sqrt() + 1e-4);
+        assert!(close(a[0], z0 / (2f64.sqrt() * z0 + 1e-4)), "{a:?}");
+        assert_eq!(a[1], 0.0);
+        assert!(close(a[2], -a[0]), "{a:?}");
+        assert!((a[0] - core::f64::consts::FRAC_1_SQRT_2).abs() < 1e-4);
+        assert_eq!(d.nan_excluded, 1);
+        // A reward with one non-NaN value in its group adds 0 there: rewards (NaN, 1), (4, 3),
+        // one group; reward 0's only value gives z = 0, reward 1: z = ∓1/(√2 + 1e-4).
+        let mut a = [9.0; 2];
+        gdpo(
+            &[f64::NAN, 1.0, 4.0, 3.0],
+            2,
+            &[1.0, 1.0],
+            Groups::Uniform(2),
+            &trl,
+            &mut scratch,
+            &mut a,
+        )
+        .unwrap();
+        let s = 1.0 / (2f64.sqrt() + 1e-4);
+        assert!(close(a[1], s / (2f64.sqrt() * s + 1e-4)), "{a:?}");
+        assert!(close(a[0], -a[1]), "{a:?}");
+        let rw = [f64::NAN, 2.0, 1.0, 2.0];
         let mut untouched = [3.0; 2];
         assert_eq!(
             gdpo(
