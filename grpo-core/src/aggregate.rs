@@ -22,7 +22,10 @@
 //! | `Luspo` | `(1/B) Σ_i Σ_t L m` | `1/B` | LUSPO 2602.05261, TRL `luspo` |
 //!
 //! `L_max` is `max_len` if given, else the padded width (padded layout) or the longest segment
-//! (packed layout).
+//! (packed layout). TRL's `dr_grpo` divides by its configured `max_completion_length`, not by
+//! the padded width (TRL pads a batch to its longest completion): pass
+//! `max_len: Some(max_completion_length)` to reproduce it (verl's default is the padded width
+//! of the loss mask).
 //!
 //! **LUSPO** scales each sequence's loss by its length and averages over sequences. For a
 //! sequence-level loss written on each of its `n_i` tokens (GSPO), `Σ_t L m = n_i·L_i`, so the
@@ -59,7 +62,8 @@ pub enum AggMode {
     SeqMeanTokenSum,
     /// Dr. GRPO: token sum over the batch divided by `B·L_max` (or by `L_max` alone: verl).
     SeqMeanTokenSumNorm {
-        /// Normaliser length; `None` = padded width / longest packed segment.
+        /// Normaliser length; `None` = padded width / longest packed segment (TRL's `dr_grpo`
+        /// needs `Some(max_completion_length)`: see the [module docs](self)).
         max_len: Option<usize>,
         /// `true`: ÷(B·L_max) (Dr. GRPO, TRL); `false`: ÷L_max (verl).
         divide_by_batch: bool,
