@@ -1,5 +1,5 @@
 //! `cargo run --release -p grpo-demo`: GRPO fine-tuning of a small transformer on 3-digit
-//! addition, end to end on the CPU. See `grpo-demo/README-section.md`.
+//! addition, end to end on the CPU. See "The main job" in the top-level README.md.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
