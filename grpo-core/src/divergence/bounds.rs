@@ -406,7 +406,10 @@ impl<T: Real> ElasticTrustRegion<T> {
                 .all(|i| rewards[i] == T::ZERO || rewards[i] == T::ONE);
             let var4 = if binary {
                 let m = Moments::from_iter(groups.members(k).map(|i| rewards[i]));
-                m.variance(Bessel::Population).unwrap_or(T::ZERO) * four
+                // 4σ² ≤ 1 for rewards in {0, 1}; the min drops the rounding excess of the
+                // variance (f32 gives 1.0000001 for four 1s and four 0s), so ε ≤ ε_max·(1 + β)
+                // < 1 and every lower bound stays > 0, as `validate` promises.
+                (m.variance(Bessel::Population).unwrap_or(T::ZERO) * four).min(T::ONE)
             } else {
                 T::ZERO
             };
@@ -529,5 +532,35 @@ mod tests {
                 .is_err()
         );
         assert_eq!(out, before);
+    }
+
+    #[test]
+    fn etr_lower_bound_stays_positive_at_the_edge_of_validation() {
+        // ε_max·(1 + β) = ½·(2 − 2⁻²³) = 1 − 2⁻²⁴ < 1 passes validation. The binary group
+        // (1, 1, 1, 1, 0, 0, 0, 0) has 4σ² = 1, but f32's Welford variance gives 1.0000001:
+        // unclamped, ε = ½·(1 + β·1.0000001) rounded to 1 and the lower bound to 0.
+        let etr = ElasticTrustRegion {
+            eps0: 0.5f32,
+            alpha: 0.0,
+            eps_max: 0.5,
+            beta: 1.0 - f32::EPSILON,
+        };
+        etr.validate().unwrap();
+        let rewards = [1.0f32, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+        let m = Moments::from_iter(rewards.iter().copied());
+        assert!(
+            m.variance(Bessel::Population).unwrap() * 4.0 > 1.0,
+            "the case no longer rounds up"
+        );
+        let mut out = [RatioBounds {
+            lo: 0.5f32,
+            hi: 2.0,
+        }; 8];
+        etr.sample_bounds(&[0.0; 8], &rewards, Groups::Uniform(8), &mut out)
+            .unwrap();
+        for b in out {
+            // ε = ½·(1 + β) = 1 − 2⁻²⁴: lo = 2⁻²⁴ exactly, hi = 2 − 2⁻²⁴ rounded to 2.
+            assert_eq!((b.lo, b.hi), (1.0 / 16_777_216.0, 2.0), "{b:?}");
+        }
     }
 }
