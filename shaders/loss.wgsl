@@ -615,19 +615,20 @@ const LEVEL_SEQ_MAX: u32 = 3u;
 // Event bit of a valid token that a token-level criterion rejects.
 const EV_REJECTED: u32 = 64u;
 
-// is_correction's token statistic: k1 = −r, k2 = r²/2 (both exact: the same correctly rounded
-// operations as grpo-core; ×0.5 is exact, so even a fused multiply-add into a sum rounds alike),
-// k3 = e^r − 1 − r after the overflow guard (expm1_minus_x above: not bit-identical, see
+// is_correction's token statistic of r clamped to ±20 (REJECT_LOG_CLAMP, verl's SAFETY_BOUND;
+// the inputs are finite): k1 = −r, k2 = r²/2 (both exact: the same correctly rounded
+// operations as grpo-core; ×0.5 is exact, so even a fused multiply-add into a sum rounds
+// alike), k3 = e^r − 1 − r (expm1_minus_x above: not bit-identical, see
 // LossKernel::rejection_mask).
-fn reject_stat(stat: u32, r: f32) -> f32 {
+fn reject_stat(stat: u32, r_raw: f32) -> f32 {
+    let r = rclamp(r_raw, -20.0, 20.0);
     if stat == STAT_K1 {
         return -r;
     }
     if stat == STAT_K2 {
         return r * r * 0.5;
     }
-    let g = bitcast<f32>(EXP_GUARD_BITS);
-    return expm1_minus_x(rclamp(r, -g, g));
+    return expm1_minus_x(r);
 }
 
 // A key whose unsigned order is the numeric order of non-NaN f32 values, ±∞ included, with −0

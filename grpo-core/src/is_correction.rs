@@ -74,6 +74,11 @@ pub enum IsFilter<T> {
     },
 }
 
+/// The smallest weight mean [`IsConfig::batch_normalize`] divides by: verl's
+/// `if w_mean > 1e-8` (`compute_rollout_correction_weights`); below it the weights stay as
+/// they are, instead of being blown up by the reciprocal of a vanishing mean.
+pub const IS_NORMALIZE_MIN_MEAN: f64 = 1e-8;
+
 /// Settings of [`is_weights`].
 ///
 /// Named constructors reproduce the peers: [`IsConfig::tis`], [`IsConfig::icepop`],
@@ -91,8 +96,10 @@ pub struct IsConfig<T> {
     /// the overflow guard still applies). Default `Some(20)`.
     pub log_clamp: Option<T>,
     /// Divide the weights by their mean (verl `rollout_is_batch_normalize`): over the valid
-    /// tokens with a non-zero weight at token level, over the sequences with a non-zero weight
-    /// (each counted once) at sequence/geometric level. Left unchanged when that mean is 0.
+    /// tokens at token level, over the sequences with a valid token (each counted once) at
+    /// sequence/geometric level — zero weights (a mask filter's) included, as verl's
+    /// `masked_mean` counts them. Left unchanged unless that mean exceeds 1e-8 (verl's
+    /// `if w_mean > 1e-8`), [`IS_NORMALIZE_MIN_MEAN`].
     pub batch_normalize: bool,
 }
 
@@ -252,9 +259,9 @@ pub fn is_weights<T: Real>(
     };
     weights.fill(T::ZERO);
     let mut diag = IsDiagnostics::default();
-    // Batch-normalisation mean of the non-zero weights (per token or per sequence depending on
-    // the level), as a running mean: weights may be as large as the truncation bounds allow
-    // (up to T::MAX), where a plain sum would overflow.
+    // Batch-normalisation mean of the weights (per valid token or per sequence depending on
+    // the level, zeros included), as a running mean: weights may be as large as the
+    // truncation bounds allow (up to T::MAX), where a plain sum would overflow.
     let mut norm = RunningMean::default();
     for s in 0..tokens.num_sequences() {
         let count = tokens.valid_count(s);
@@ -304,18 +311,15 @@ pub fn is_weights<T: Real>(
             diag.tokens += 1;
             diag.log_clamped += usize::from(hit);
             diag.filtered += usize::from(changed);
-            if seq_weight.is_none() && w != T::ZERO {
+            if seq_weight.is_none() {
                 norm.push(w);
             }
         }
-        if let Some((w, _, _)) = seq_weight
-            && w != T::ZERO
-            && !geo_reject
-        {
-            norm.push(w);
+        if let Some((w, _, _)) = seq_weight {
+            norm.push(if geo_reject { T::ZERO } else { w });
         }
     }
-    if cfg.batch_normalize && norm.count > 0 && norm.mean > T::ZERO {
+    if cfg.batch_normalize && norm.count > 0 && norm.mean > T::from_f64(IS_NORMALIZE_MIN_MEAN) {
         let mean = norm.mean;
         for s in 0..tokens.num_sequences() {
             for t in tokens.valid_positions(s) {
@@ -373,7 +377,13 @@ fn apply_filter<T: Real>(filter: IsFilter<T>, w: T) -> (T, bool) {
     }
 }
 
-/// A per-token statistic of r = old − roll for \[verl\] rejection sampling.
+/// The clamp of r = old − roll before every rejection statistic: verl's `SAFETY_BOUND` (20),
+/// `log_ratio_safe = clamp(log_ratio, −20, 20)` in `compute_rollout_rejection_mask`. A token's
+/// k1 and k2 are therefore at most 20 and 200 in magnitude, its k3 at most e^20 − 21.
+pub const REJECT_LOG_CLAMP: f64 = 20.0;
+
+/// A per-token statistic of r = old − roll (clamped to ±[`REJECT_LOG_CLAMP`] first, as verl
+/// does) for \[verl\] rejection sampling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RejectStat {
     /// k1 = −r (bounds are given as ratio bounds, see [`RejectionCriterion::k1`]).
@@ -413,13 +423,15 @@ pub struct RejectionCriterion<T> {
 }
 
 impl<T: Real> RejectionCriterion<T> {
-    /// k1 criterion from **ratio** bounds, as verl's `"lower_upper"` threshold: keep iff the
-    /// aggregated log-ratio Σ r (sum), mean r, or r (token) lies in [ln lower, ln upper], i.e.
-    /// k1 = −r ∈ [−ln upper, −ln lower]. verl's single-float form is `k1(level, 1/u, u)`.
+    /// k1 criterion from verl's `"lower_upper"` threshold: keep iff the aggregated k1 = −r
+    /// (Σ over the sequence, its mean, or the token's) lies in [ln lower, ln upper] — verl's
+    /// `lower_log <= k1 <= upper_log` (`compute_rollout_rejection_mask`), i.e. the aggregated
+    /// r = ln π_old/π_roll in [−ln upper, −ln lower]. verl's single-float form `"u"` is
+    /// `k1(level, 1/u, u)`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] unless 0 < lower ≤ 1 ≤ upper < ∞, or for `SeqMax` (verl has no
-    /// `seq_max_k1`).
+    /// [`Error::InvalidParam`] unless 0 < lower ≤ upper < ∞ (verl accepts any positive pair;
+    /// lower > upper would reject everything), or for `SeqMax` (verl has no `seq_max_k1`).
     pub fn k1(level: RejectLevel, lower: T, upper: T) -> Result<Self> {
         ensure(
             level != RejectLevel::SeqMax,
@@ -427,15 +439,15 @@ impl<T: Real> RejectionCriterion<T> {
             "k1 has no max aggregation",
         )?;
         ensure(
-            lower > T::ZERO && lower <= T::ONE && upper >= T::ONE && upper.is_finite(),
+            lower > T::ZERO && lower <= upper && upper.is_finite(),
             "k1 ratio bounds",
-            "need 0 < lower <= 1 <= upper < inf",
+            "need 0 < lower <= upper < inf",
         )?;
         Ok(RejectionCriterion {
             stat: RejectStat::K1,
             level,
-            lo: -upper.ln(),
-            hi: -lower.ln(),
+            lo: lower.ln(),
+            hi: upper.ln(),
         })
     }
 
@@ -476,14 +488,13 @@ impl<T: Real> RejectionCriterion<T> {
         )
     }
 
+    /// The statistic of one token's r, after verl's clamp of r to ±[`REJECT_LOG_CLAMP`].
     fn token_stat(&self, r: T) -> T {
+        let (r, _) = limit(r, T::from_f64(REJECT_LOG_CLAMP));
         match self.stat {
             RejectStat::K1 => -r,
             RejectStat::K2 => r * r * T::HALF,
-            RejectStat::K3 => {
-                let (r, _) = limit(r, exp_guard());
-                expm1_minus_x(r)
-            }
+            RejectStat::K3 => expm1_minus_x(r),
         }
     }
 
@@ -715,6 +726,47 @@ mod tests {
     }
 
     #[test]
+    fn batch_normalisation_counts_zero_weights_and_skips_a_vanishing_mean() {
+        // As verl's masked_mean: a mask filter's zero counts. Weights [2, 0 (4 ∉ [0.5, 3]),
+        // 1, 1]: mean 1, so they stay (without the zero the mean would be 4/3).
+        let cfg = IsConfig {
+            batch_normalize: true,
+            ..IsConfig::token_mask(0.5, 3.0)
+        };
+        let old = [2f64.ln(), 4f64.ln(), 0.0, 0.0];
+        let mut w = [9.0; 4];
+        is_weights(&cfg, &old, &[0.0; 4], &Tokens::padded(2, 2, None), &mut w).unwrap();
+        for (a, b) in w.iter().zip([2.0, 0.0, 1.0, 1.0]) {
+            assert!((a - b).abs() < 1e-14, "{w:?}");
+        }
+        // Sequence level: sequence 1's weight 16 is masked to 0 and still counts: the mean of
+        // (2, 0) is 1.
+        let cfg = IsConfig {
+            level: IsLevel::Sequence,
+            ..cfg
+        };
+        let old = [2f64.ln(), 0.0, 4f64.ln(), 0.0];
+        is_weights(&cfg, &old, &[0.0; 4], &Tokens::padded(2, 2, None), &mut w).unwrap();
+        assert_eq!(w, [2.0, 2.0, 0.0, 0.0]);
+        // verl divides only by a mean above 1e-8: every r = −19 gives e^{−19} = 5.6e-9, left
+        // as it is (not blown up to 1).
+        let cfg = IsConfig {
+            batch_normalize: true,
+            ..IsConfig::default()
+        };
+        let mut w = [0.0; 4];
+        is_weights(
+            &cfg,
+            &[-19.0; 4],
+            &[0.0; 4],
+            &Tokens::padded(2, 2, None),
+            &mut w,
+        )
+        .unwrap();
+        assert!(w.iter().all(|&x| x == (-19f64).exp()), "{w:?}");
+    }
+
+    #[test]
     fn extreme_and_garbage_inputs_stay_finite() {
         let old = [1000.0f32, -1000.0, f32::NAN, 0.0];
         let roll = [0.0f32, 0.0, 0.0, f32::INFINITY];
@@ -817,9 +869,53 @@ mod tests {
         let c = [RejectionCriterion::upper(RejectStat::K3, RejectLevel::SeqMax, 0.5).unwrap()];
         rejection_mask(&c, &old, &[0.0; 4], &t, &mut keep).unwrap();
         assert_eq!(keep, [false, false, true, true]);
-        // seq_sum_k1 with ratio bounds [0.5, 2]: Σr = 1 (e¹ = 2.72 > 2: reject), 0.2 (keep).
+        // seq_sum_k1 with ratio bounds [0.5, 2]: Σk1 = −Σr = −1 < ln ½ (reject), −0.2 (keep).
         let c = [RejectionCriterion::k1(RejectLevel::SeqSum, 0.5, 2.0).unwrap()];
         rejection_mask(&c, &old, &[0.0; 4], &t, &mut keep).unwrap();
         assert_eq!(keep, [false, false, true, true]);
+    }
+
+    #[test]
+    fn k1_bounds_the_statistic_as_verl_does() {
+        // verl's "0.5_1.2": keep iff ln 0.5 ≤ k1 = −r ≤ ln 1.2, i.e. r ∈ [−0.1823, 0.6931].
+        // r = [0.5, −0.5, 0.6, −0.1]: keep, reject, keep, keep. (Bounding r itself by
+        // [ln 0.5, ln 1.2] would keep −0.5 and reject 0.5 and 0.6.)
+        let old = [0.5f64, -0.5, 0.6, -0.1];
+        let t = Tokens::padded(1, 4, None);
+        let mut keep = [false; 4];
+        let c = [RejectionCriterion::k1(RejectLevel::Token, 0.5, 1.2).unwrap()];
+        rejection_mask(&c, &old, &[0.0; 4], &t, &mut keep).unwrap();
+        assert_eq!(keep, [true, false, true, true]);
+        // verl accepts a pair above 1 ("1.1_1.5": ln 1.1 ≤ −r ≤ ln 1.5).
+        let c = [RejectionCriterion::k1(RejectLevel::Token, 1.1, 1.5).unwrap()];
+        let old = [-0.2f64, 0.2, 0.0, -0.5];
+        rejection_mask(&c, &old, &[0.0; 4], &t, &mut keep).unwrap();
+        assert_eq!(keep, [true, false, false, false]);
+        assert!(RejectionCriterion::<f64>::k1(RejectLevel::Token, 2.0, 1.5).is_err());
+        assert!(RejectionCriterion::<f64>::k1(RejectLevel::Token, 0.0, 1.5).is_err());
+    }
+
+    #[test]
+    fn rejection_statistics_clamp_r_at_20_as_verl_does() {
+        // token_k2 ≤ 250 at r = 25: verl's k2 is ½·20² = 200 (kept), not 312.5.
+        let t = Tokens::padded(1, 1, None);
+        let mut keep = [false];
+        let c = [RejectionCriterion::upper(RejectStat::K2, RejectLevel::Token, 250.0).unwrap()];
+        rejection_mask(&c, &[25.0f64], &[0.0], &t, &mut keep).unwrap();
+        assert_eq!(keep, [true]);
+        // seq_sum_k1 in [½, 2] over r = [30, −25]: clamped, Σk1 = −(20 − 20) = 0 (kept);
+        // unclamped it would be −5 (rejected).
+        let t = Tokens::padded(1, 2, None);
+        let mut keep = [false; 2];
+        let c = [RejectionCriterion::k1(RejectLevel::SeqSum, 0.5, 2.0).unwrap()];
+        rejection_mask(&c, &[30.0f64, -25.0], &[0.0; 2], &t, &mut keep).unwrap();
+        assert_eq!(keep, [true, true]);
+        // k3 at r = 1000: e^20 − 21.
+        let c = [RejectionCriterion::upper(RejectStat::K3, RejectLevel::SeqMax, 4.9e8).unwrap()];
+        rejection_mask(&c, &[1000.0f64, 0.0], &[0.0; 2], &t, &mut keep).unwrap();
+        assert_eq!(keep, [true, true]);
+        let c = [RejectionCriterion::upper(RejectStat::K3, RejectLevel::SeqMax, 4.8e8).unwrap()];
+        rejection_mask(&c, &[1000.0f64, 0.0], &[0.0; 2], &t, &mut keep).unwrap();
+        assert_eq!(keep, [false, false]);
     }
 }

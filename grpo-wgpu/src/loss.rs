@@ -17,8 +17,8 @@ use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
 use grpo_core::is_correction::{
-    IsConfig, IsDiagnostics, IsFilter, IsLevel, RejectLevel, RejectStat, RejectionCriterion,
-    RejectionDiagnostics,
+    IS_NORMALIZE_MIN_MEAN, IsConfig, IsDiagnostics, IsFilter, IsLevel, RejectLevel, RejectStat,
+    RejectionCriterion, RejectionDiagnostics,
 };
 use grpo_core::loss::{
     CispoConfig, CispoWeight, EssStats, GspoConfig, GspoTokenConfig, LossDiagnostics, LossLevel,
@@ -943,8 +943,8 @@ impl<'c> LossKernel<'c> {
     /// [`IsFilter::GeometricMask`] (\[OpenRLHF\] `seq-mask-tis`) sets the whole sequence to 0
     /// when `e^{limit(r̄)} ∉ [lo, hi]` and keeps its level's weights unclamped otherwise.
     /// `batch_normalize` (\[verl\] `rollout_is_batch_normalize`) divides every valid weight by
-    /// the mean of the non-zero weights (per valid token at token level, one per sequence
-    /// otherwise), unless that mean is 0.
+    /// the mean of the weights, zeros included (per valid token at token level, one per
+    /// sequence otherwise), unless that mean is at most 1e-8.
     ///
     /// One invocation per sequence: `Σ_t r_t` in token order (grpo-core's f32 order, so the
     /// sum has its bits), `r̄` by one WGSL division (≤ 2.5 ULP, grpo-core's is correctly
@@ -1039,18 +1039,18 @@ impl<'c> LossKernel<'c> {
         let o = self.dispatch_seq("is_weights", &inp, p)?;
         let mut w = o.value;
         if cfg.batch_normalize {
-            // is_correction's RunningMean over the non-zero weights: every valid token's at
-            // token level, each sequence's once (its first valid token's) otherwise.
+            // is_correction's RunningMean over the weights, zeros included: every valid
+            // token's at token level, each sequence's once (its first valid token's) otherwise.
             let (mut mean, mut count) = (0.0f32, 0usize);
             for i in 0..tokens.num_sequences() {
                 for (j, t) in tokens.valid_positions(i).enumerate() {
-                    if (cfg.level == IsLevel::Token || j == 0) && w[t] != 0.0 {
+                    if cfg.level == IsLevel::Token || j == 0 {
                         count += 1;
                         mean += (w[t] - mean) / count as f32;
                     }
                 }
             }
-            if count > 0 && mean > 0.0 {
+            if count > 0 && mean > IS_NORMALIZE_MIN_MEAN as f32 {
                 for_each_valid(tokens, |t| {
                     w[t] /= mean;
                     Ok(())
@@ -1243,7 +1243,7 @@ impl LossKernel<'_> {
     ///
     /// With `r_t = old_t − roll_t` (`ln π_old/π_roll`), a [`RejectionCriterion`] evaluates the
     /// per-token statistic ([`RejectStat`]) `k1 = −r`, `k2 = r²/2` or `k3 = e^r − 1 − r` (r
-    /// limited to the overflow guard ±43.36 first) at a [`RejectLevel`]: `Token` (the token on
+    /// clamped to ±20 first, verl's `SAFETY_BOUND`) at a [`RejectLevel`]: `Token` (the token on
     /// its own: `token_k*`), or over a sequence's valid tokens `SeqSum` (Σ_t), `SeqMean`
     /// (Σ_t / n: with k1 the geometric-mean ratio test) or `SeqMax` (k2/k3 only), and accepts iff
     /// the value `v` satisfies `lo ≤ v ≤ hi` (NaN: rejected). A rejected sequence-level

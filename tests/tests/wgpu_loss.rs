@@ -5,7 +5,7 @@
 use grpo_core::divergence::kl_penalty::kl_penalty;
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
-use grpo_core::is_correction::{IsConfig, IsFilter, IsLevel, is_weights};
+use grpo_core::is_correction::{IS_NORMALIZE_MIN_MEAN, IsConfig, IsFilter, IsLevel, is_weights};
 use grpo_core::loss::{
     CispoConfig, GspoConfig, GspoTokenConfig, P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
     cispo, ess_stats, gspo, gspo_token, p3o, ppo_clip, reinforce, sapo,
@@ -1892,6 +1892,32 @@ fn check_is_case(
     // may carry its own exp error and, through the divisor, up to the largest one in the batch.
     let max_tol = info.iter().map(|x| x.1.ulp).max().unwrap_or(0);
     let norm_extra = tolerance(Op::IsBatchNormalize, Dtype::F32).ulp + max_tol;
+    // verl's threshold: the weights are divided only by a mean above 1e-8. A mean within the
+    // weights' tolerance of it may be divided on one backend and not on the other (a sequence
+    // weight 0.1⁸ sits right there).
+    if cfg.batch_normalize {
+        let raw_cfg = IsConfig {
+            batch_normalize: false,
+            ..*cfg
+        };
+        let mut raw = vec![0f32; n];
+        is_weights(&raw_cfg, old, roll, tokens, &mut raw).unwrap();
+        let (mut sum, mut count) = (0f64, 0usize);
+        for i in 0..tokens.num_sequences() {
+            for (j, t) in tokens.valid_positions(i).enumerate() {
+                if cfg.level == IsLevel::Token || j == 0 {
+                    sum += raw[t] as f64;
+                    count += 1;
+                }
+            }
+        }
+        let th = IS_NORMALIZE_MIN_MEAN;
+        let slack = th * (max_tol + 8) as f64 * f32::EPSILON as f64;
+        if count > 0 && (sum / count as f64 - th).abs() <= slack {
+            any_border = true;
+            st.borderline.set(st.borderline.get() + 1);
+        }
+    }
     for i in 0..tokens.num_sequences() {
         for t in tokens.valid_positions(i) {
             let (_, tol, border) = info[t];

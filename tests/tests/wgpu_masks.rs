@@ -305,7 +305,9 @@ impl Stats {
 }
 
 /// grpo-core's per-token statistic (`Measure::K3` is its k3 with the same overflow guard).
+/// grpo-core's token statistic: r clamped to ±20 (verl's SAFETY_BOUND), then k1, k2 or k3.
 fn stat(c: &RejectionCriterion<f32>, r: f32) -> f32 {
+    let r = r.clamp(-20.0, 20.0);
     match c.stat {
         K1 => -r,
         K2 => r * r * 0.5,
@@ -329,7 +331,7 @@ fn touches_subnormal(stat: RejectStat, old: f32, roll: f32, r: f32) -> bool {
 /// The `RejectionK3` band of a k3 token value `v` at log-ratio `r` (absolute).
 fn k3_band(r: f32, v: f32) -> f64 {
     let tol = tolerance(Op::RejectionK3, Dtype::F32);
-    let x = (r as f64).clamp(-43.36, 43.36);
+    let x = (r as f64).clamp(-20.0, 20.0);
     let ulps = tol.ulp
         + if x.abs() >= 2.0 {
             2 * exp_ulps(&[x])
@@ -754,8 +756,8 @@ fn hand_computed_masks() {
     k.rejection_mask(&[c], &old, &roll, &tok, &mut keep)
         .unwrap();
     assert_eq!(keep, [true, true, true, false]);
-    // An overflowing difference: r = +∞, k1 = −∞ (below any k1 bound), k2 = +∞ (kept only by
-    // an infinite upper bound), k3 limited by the overflow guard to k3(43.36) ≈ 6.8e18.
+    // An overflowing difference r = +∞, clamped to 20 first (verl's SAFETY_BOUND): k1 = −20
+    // (below ln ½), k2 = 200 (in the window), k3 = e^20 − 21 ≈ 4.85e8.
     let big = [3e38f32, 0.0];
     let neg = [-3e38f32, 0.0];
     let t2 = Tokens::padded(1, 2, None);
@@ -766,10 +768,10 @@ fn hand_computed_masks() {
     k.rejection_mask(&[c], &big, &neg, &t2, &mut keep[..2])
         .unwrap();
     assert_eq!(keep[..2], [true, false]);
-    k.rejection_mask(&[k3(Token, 1e18)], &big, &neg, &t2, &mut keep[..2])
+    k.rejection_mask(&[k3(Token, 4e8)], &big, &neg, &t2, &mut keep[..2])
         .unwrap();
     assert_eq!(keep[..2], [false, true]);
-    k.rejection_mask(&[k3(Token, 1e19)], &big, &neg, &t2, &mut keep[..2])
+    k.rejection_mask(&[k3(Token, 5e8)], &big, &neg, &t2, &mut keep[..2])
         .unwrap();
     assert_eq!(keep[..2], [true, true]);
     // No criterion: every valid token kept, nothing rejected.
