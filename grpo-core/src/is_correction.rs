@@ -85,6 +85,11 @@ pub const IS_NORMALIZE_MIN_MEAN: f64 = 1e-8;
 /// [`IsConfig::seq_mask_tis`] (OpenRLHF, bounds [0.5, 5]), [`IsConfig::token_truncate`] /
 /// [`IsConfig::sequence_truncate`] (TRL `vllm_importance_sampling_cap`, verl
 /// `rollout_is_threshold`: plain cap), [`IsConfig::token_mask`] / [`IsConfig::sequence_mask`].
+/// Every constructor keeps the default log clamp ±20, verl's `SAFETY_BOUND`; TRL takes `exp`
+/// of the log-ratio (or of its sum) unclamped, so for TRL's numbers set `log_clamp: None`
+/// (e.g. `IsConfig { log_clamp: None, ..IsConfig::sequence_mask(lo, hi) }`): they differ
+/// where a token's r, or a sequence's Σr, leaves ±20. Without a clamp the overflow guard
+/// (±43.36 in f32) still limits the log-weight, on both sides.
 /// `Default`: token level, no filter, log clamp ±20, no batch normalisation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IsConfig<T> {
