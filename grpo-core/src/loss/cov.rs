@@ -114,9 +114,21 @@ fn means<T: Real>(inp: &PolicyInputs<'_, T>) -> (T, T, usize) {
     (sa / nt, sl / nt, n)
 }
 
-/// `max(⌊ratio·n⌋, 1)` computed in f64 (exact for any realistic token count).
+/// `max(⌊ratio·n⌋, 1)` as verl computes it: `int(ratio * n)` with the ratio a Python float
+/// (f64). An f64 ratio gives that product itself. An f32 ratio is the intended one rounded to
+/// f32 (0.0002 becomes 0.000199999995), whose product can fall just short of the integer verl
+/// reaches (⌊0.000199999995·10000⌋ = 1 where verl selects 2, at every multiple of 5000 tokens
+/// from 10000 on); it is floored with a relative slack of one f32 epsilon (2⁻²³), more than its
+/// rounding (≤ 2⁻²⁴ relative), so only products that f32 cannot tell from an integer move up.
 fn select_count<T: Real>(ratio: T, n: usize) -> usize {
-    let k = libm::floor(ratio.to_f64() * n as f64);
+    let eps = T::EPSILON.to_f64();
+    let x = ratio.to_f64() * n as f64;
+    let x = if eps > f64::EPSILON {
+        x * (1.0 + eps)
+    } else {
+        x
+    };
+    let k = libm::floor(x);
     if k >= 1.0 { k as usize } else { 1 }
 }
 
@@ -400,6 +412,27 @@ pub fn kl_cov<T: Real>(
 mod tests {
     use super::*;
     use crate::layout::Tokens;
+
+    #[test]
+    fn select_count_is_verls_int_of_the_decimal_ratio() {
+        // verl: int(0.0002 * N) in Python floats.
+        for (n, want) in [
+            (10_000, 2),
+            (15_000, 3),
+            (200_000, 40),
+            (4_999, 1),
+            (14_999, 2),
+        ] {
+            assert_eq!(select_count(0.0002f64, n), want, "f64, N = {n}");
+            assert_eq!(select_count(0.0002f32, n), want, "f32, N = {n}");
+        }
+        // The f32 ratio alone would floor 1.99999995 to 1.
+        assert_eq!(libm::floor(0.0002f32 as f64 * 10_000.0), 1.0);
+        // At least one token; a ratio just short of an integer product stays below it.
+        assert_eq!(select_count(0.0002f32, 10), 1);
+        assert_eq!(select_count(0.19999f32, 10), 1);
+        assert_eq!(select_count(0.5f32, 3), 1);
+    }
 
     #[test]
     fn below_stays_in_range_and_zero_is_zero() {
