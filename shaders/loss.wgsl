@@ -455,12 +455,18 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
     let start = flags[params.n + 2u * i];
     let end = flags[params.n + 2u * i + 1u];
     var sx = 0.0;
-    var sa = 0.0;
     var c = 0u;
+    // Whether every valid token has the first one's advantage a0 (seq::gspo_sequence: `one_adv`).
+    var a0 = 0.0;
+    var one_adv = true;
     for (var t = start; t < end; t++) {
         if flags[t] != 0u {
             sx += lp[t] - old[t];
-            sa += adv[t];
+            if c == 0u {
+                a0 = adv[t];
+            } else if adv[t] != a0 {
+                one_adv = false;
+            }
             c += 1u;
         }
     }
@@ -479,9 +485,24 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
     }
     let rho = exp(x);
     let drho = select(rho, 0.0, clamped);
+    // GSPO: L_i = ℓ(A) for an advantage the tokens share, else the mean of the tokens' terms ℓ(A_t)
+    // (grpo-core's gspo, in its order); ∂L_i/∂lp_t = (∂L_i/∂x̄)/n.
     var seq = Out(0.0, 0.0, 0u);
     if params.kind == KIND_GSPO {
-        seq = ppo_core(rho, drho, sa / nt);
+        if one_adv {
+            seq = ppo_core(rho, drho, a0);
+        } else {
+            var sv = 0.0;
+            var sg = 0.0;
+            for (var t = start; t < end; t++) {
+                if flags[t] != 0u {
+                    let term = ppo_core(rho, drho, adv[t]);
+                    sv += term.v;
+                    sg += term.g;
+                }
+            }
+            seq = Out(sv / nt, sg / nt, 0u);
+        }
         seq.g = seq.g / nt;
     }
     for (var t = start; t < end; t++) {
@@ -491,7 +512,10 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
             continue;
         }
         var o = seq;
-        if params.kind == KIND_GSPO_TOKEN {
+        if params.kind == KIND_GSPO {
+            // The token's own term decides its clip events.
+            o.ev = ppo_core(rho, drho, select(adv[t], a0, one_adv)).ev;
+        } else if params.kind == KIND_GSPO_TOKEN {
             o = ppo_core(rho, drho, adv[t]);
         }
         if clamped {

@@ -839,9 +839,11 @@ impl<'c> LossKernel<'c> {
     }
 
     /// GSPO, sequence form, grpo-core's [`grpo_core::loss::gspo`]:
-    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·Ā_i, clip(s_i)·Ā_i)` on every valid
-    /// token of sequence `i`, `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`. One invocation per sequence
-    /// (sums in token order, as grpo-core); [`LossLevel::Sequence`] diagnostics.
+    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·A_i, clip(s_i)·A_i)` on every valid
+    /// token of sequence `i` when its tokens share the advantage `A_i`, else the mean of that
+    /// term over its tokens' own `A_t` (OpenRLHF); `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`. One
+    /// invocation per sequence (sums in token order, as grpo-core); [`LossLevel::Sequence`]
+    /// diagnostics.
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.

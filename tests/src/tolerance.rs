@@ -269,10 +269,12 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
             abs: f32::MIN_POSITIVE as f64,
             rel: 0.0,
         },
-        // LossExp plus three WGSL divisions (x̄ = Σx/n, Ā = ΣA/n, ∂L/∂s·s/n), each ≤ 2.5 ULP
-        // instead of correctly rounded: 8 + 3·2.5 → 16. The sums themselves run in grpo-core's
-        // order (bit-identical). x̄'s 2.5 ULP become 2.5|x̄| ULP of e^x̄, which the caller adds
-        // with `exp_ulps` (an extra argument 1.25·x̄) on top of exp's own 3 + 2|x̄|.
+        // LossExp plus three WGSL divisions (x̄ = Σx/n; GSPO's mean of its tokens' terms when
+        // they do not share an advantage; ∂L/∂s·s/n), each ≤ 2.5 ULP instead of correctly
+        // rounded: 8 + 3·2.5 → 16. The sums themselves run in grpo-core's order (bit-identical).
+        // x̄'s 2.5 ULP become 2.5|x̄| ULP of e^x̄, which the caller adds with `exp_ulps` (an
+        // extra argument 1.25·x̄) on top of exp's own 3 + 2|x̄|. Where GSPO's terms have both
+        // signs and cancel, the caller applies the budget to their magnitude instead.
         (LossSeqRatio, _) => Tol {
             ulp: 16,
             abs: f32::MIN_POSITIVE as f64,

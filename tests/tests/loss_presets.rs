@@ -215,6 +215,29 @@ fn sapo_temperatures() {
 }
 
 #[test]
+fn gspo_takes_each_tokens_advantage_as_openrlhf() {
+    // One sequence, x = (0.5, 0.5): s = e^0.5 ≈ 1.6487, above hi = 1 + 4e-4. A = (1, −1):
+    // token 0's term −min(s, hi) = −hi (clipped, no gradient), token 1's −min(−s, −hi) = s
+    // (∂/∂x̄ = s). L = (s − hi)/2 ≈ 0.3242, ∂L/∂lp_t = (s/2)/2 ≈ 0.412 on both tokens
+    // (OpenRLHF's PolicyLoss). The mean advantage (0) would give 0 and 0.
+    let r = Row::from_x(&[0.5, 0.5], &[1.0, -1.0]);
+    let cfg = GspoConfig::from_preset(Preset::OpenRlhf);
+    let (v, g, d) = eval(&r, &move |i, v, g| gspo(&cfg, i, v, g));
+    let (s, hi) = (0.5f64.exp(), 1.0 + 4e-4);
+    for t in 0..2 {
+        assert!(close(v[t], (s - hi) / 2.0), "{v:?}");
+        assert!(close(g[t], s / 4.0), "{g:?}");
+    }
+    // Token 0's own term is clipped (A > 0 above hi); token 1's is not.
+    assert_eq!((d.clipped_high, d.clipped_low), (1, 0));
+    // A shared advantage gives the term itself: A = (−1, −1), L = s, ∂ = s/2.
+    let r = Row::from_x(&[0.5, 0.5], &[-1.0, -1.0]);
+    let (v, g, _) = eval(&r, &move |i, v, g| gspo(&cfg, i, v, g));
+    assert_eq!(v, [s, s]);
+    assert!(close(g[0], s / 2.0) && g[0] == g[1]);
+}
+
+#[test]
 fn p3o_ess_and_loss() {
     // w = (1, 3): ESS = 16/(2·(10 + 1e-8)) = 0.79999999992. Token 1 (ρ = 3, A = 1, lp = ln 3):
     // KL3 = 1/3 − 1 + ln 3, L = −ESS·ln 3 + (1 − ESS)·(ln 3 − 2/3), ∂ = −ESS + (1 − ESS)·2/3.

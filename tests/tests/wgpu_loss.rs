@@ -1140,6 +1140,32 @@ fn errors_match_grpo_core_and_leave_outputs_untouched() {
     );
 }
 
+/// For each valid token of a sequence whose valid tokens do not share one advantage, the
+/// magnitude of GSPO's terms there, `(1/n) Σ_t max(e^x̄, hi)·|A_t|` (0 elsewhere): `L_i` is
+/// then the mean of terms of both signs, which may cancel, so its error is relative to them.
+fn gspo_mixed_magnitudes(b: &Batch, hi: f32, xbar: &[f32]) -> Vec<f64> {
+    let mut out = vec![0f64; b.lp.len()];
+    for w in b.cu.windows(2) {
+        let valid: Vec<usize> = (w[0]..w[1]).filter(|&t| b.mask[t]).collect();
+        let Some(&first) = valid.first() else {
+            continue;
+        };
+        if valid.iter().all(|&t| b.adv[t] == b.adv[first]) {
+            continue;
+        }
+        let s = (xbar[first] as f64).exp().max(hi as f64);
+        let mag = valid
+            .iter()
+            .map(|&t| s * (b.adv[t] as f64).abs())
+            .sum::<f64>()
+            / valid.len() as f64;
+        for &t in &valid {
+            out[t] = mag;
+        }
+    }
+    out
+}
+
 /// Each valid token's sequence mean log-ratio x̄ (grpo-core's f32 order).
 fn seq_means(b: &Batch) -> Vec<f32> {
     let mut out = vec![0f32; b.lp.len()];
@@ -1198,7 +1224,14 @@ fn gspo_and_gspo_token_match_grpo_core() {
                             .any(|&p| ulp_distance(Real::exp(x(t)), p) <= 64)
                 };
                 let args = |t: usize| vec![x(t) as f64, 1.25 * x(t) as f64];
-                compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &|_| 1.0)?;
+                // Mixed advantages: the ULP budget applied to the terms' magnitude, as an
+                // absolute slack in units of `tol.abs` (`compare` scales it so).
+                let mixed = gspo_mixed_magnitudes(&b, cfg.bounds.hi, &xbar);
+                let slack = |t: usize| {
+                    let ulps = (tol.ulp + exp_ulps(&args(t))) as f64;
+                    ulps * f32::EPSILON as f64 * mixed[t] / tol.abs
+                };
+                compare(&b, (&gv, &gg), (&cv, &cg), tol, &skip, &args, &slack)?;
                 if !(0..n).any(|t| b.mask[t] && skip(t)) {
                     prop_assert_eq!(dc, dg);
                 }

@@ -68,15 +68,24 @@ impl<T: Real> GspoConfig<T> {
 ///
 /// ```text
 /// x̄_i = (1/n_i) Σ_{t∈i} (lp_t − old_t)      (masked mean; clamp to [−c, c] optional)
-/// s_i = exp(x̄_i),  Ā_i = (1/n_i) Σ_{t∈i} A_t  (= the sequence advantage when broadcast)
-/// L_i = −min(min(s_i, δ)·Ā_i, clip(s_i, lo, hi)·Ā_i)
+/// s_i = exp(x̄_i)
+/// ℓ(A) = −min(min(s_i, δ)·A, clip(s_i, lo, hi)·A)
+/// L_i = (1/n_i) Σ_{t∈i} ℓ(A_t)                (= ℓ(A_i) when the tokens share A_i)
 /// ```
 ///
-/// The gradient flows through the mean: `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`, zero when the
-/// sequence is clipped (the unified rule applied to `s_i`) or its mean log-ratio clamped.
-/// [`LossLevel::Sequence`]: `L_i` and `∂L_i/∂lp_t` are written on every valid token of sequence
-/// `i`. A sequence with no valid token has nothing to write and is skipped. Clip counts in the
-/// diagnostics count the tokens of clipped sequences; the ratio range is over `s_i`.
+/// With one advantage per sequence broadcast over its tokens (the paper, TRL, GRPO-style
+/// advantages) `L_i = ℓ(A_i)`, computed as such. With per-token advantages (OpenRLHF's
+/// token-level returns) each token's term takes the min with its own `A_t` and `L_i` is their
+/// mean, as OpenRLHF's `PolicyLoss` does (`−min(s·A_t, clip(s)·A_t)` per token, averaged over
+/// the sequence); taking the min once with the mean advantage instead would, for advantages
+/// of both signs, lose every term where the two branches differ.
+///
+/// The gradient flows through the mean: `∂L_i/∂lp_t = (1/n_i) Σ_{t'} (∂ℓ(A_{t'})/∂s_i)·s_i/n_i`,
+/// each term zero where its branch is clipped (the unified rule applied to `s_i` and `A_{t'}`),
+/// all zero when the mean log-ratio is clamped. [`LossLevel::Sequence`]: `L_i` and
+/// `∂L_i/∂lp_t` are written on every valid token of sequence `i`. A sequence with no valid
+/// token has nothing to write and is skipped. Clip counts in the diagnostics count the tokens
+/// whose own term is clipped; the ratio range is over `s_i`.
 ///
 /// # Errors
 /// As [`ppo_clip`](super::ppo_clip).
@@ -109,31 +118,75 @@ pub fn gspo<T: Real>(
     let c = *cfg;
     let tokens = inp.tokens;
     drive(&tokens, LossLevel::Sequence, value, grad, || {
-        // Per-sequence result, recomputed when the sequence index changes.
-        let mut cur: Option<(usize, TokenOut<T>, T)> = None;
+        // Per-sequence (s, ∂s/∂x̄, clamped, L_i, ∂L_i/∂lp_t, shared advantage), recomputed when
+        // the sequence index changes.
+        let mut cur: Option<(usize, GspoSeq<T>)> = None;
         move |i, t| {
-            let (o, n) = match cur {
-                Some((j, o, n)) if j == i => (o, n),
+            let q = match cur {
+                Some((j, q)) if j == i => q,
                 _ => {
-                    let (sx, n) = seq_sum(&tokens, i, |t| inp.lp[t] - inp.old[t]);
-                    let (sa, _) = seq_sum(&tokens, i, |t| inp.adv[t]);
-                    let nt = T::from_usize(n);
-                    let (x, clamped) = clamp_log_ratio(sx / nt, c.log_ratio_clamp);
-                    let s = x.exp();
-                    let ds = if clamped { T::ZERO } else { s };
-                    let mut o =
-                        ppo_core(s, ds, sa / nt, c.bounds.lo, c.bounds.hi, None, c.delta_cap);
-                    o.clamped = clamped;
-                    cur = Some((i, o, nt));
-                    (o, nt)
+                    let q = gspo_sequence(&c, inp, i);
+                    cur = Some((i, q));
+                    q
                 }
             };
-            let mut out = o;
-            out.grad = o.grad / n;
+            // The token's own term decides its clip flags (all the sequence's when shared).
+            let a = q.shared.unwrap_or(inp.adv[t]);
+            let mut out = ppo_core(q.s, q.ds, a, c.bounds.lo, c.bounds.hi, None, c.delta_cap);
+            out.value = q.value;
+            out.grad = q.grad;
+            out.clamped = q.clamped;
             out.log_ratio = inp.lp[t] - inp.old[t];
             out
         }
     })
+}
+
+/// One GSPO sequence: its ratio and the loss and per-token gradient written on its tokens.
+#[derive(Clone, Copy)]
+struct GspoSeq<T> {
+    s: T,
+    ds: T,
+    clamped: bool,
+    value: T,
+    grad: T,
+    /// The advantage every valid token shares, if they do.
+    shared: Option<T>,
+}
+
+/// [`gspo`]'s per-sequence work (the formula on [`gspo`]).
+fn gspo_sequence<T: Real>(c: &GspoConfig<T>, inp: &PolicyInputs<'_, T>, i: usize) -> GspoSeq<T> {
+    let tokens = inp.tokens;
+    let (sx, n) = seq_sum(&tokens, i, |t| inp.lp[t] - inp.old[t]);
+    let nt = T::from_usize(n);
+    let (x, clamped) = clamp_log_ratio(sx / nt, c.log_ratio_clamp);
+    let s = x.exp();
+    let ds = if clamped { T::ZERO } else { s };
+    let term = |a: T| ppo_core(s, ds, a, c.bounds.lo, c.bounds.hi, None, c.delta_cap);
+    let mut valid = tokens.valid_positions(i);
+    let first = valid.next().map(|t| inp.adv[t]);
+    let shared = first.filter(|&a0| valid.all(|t| inp.adv[t] == a0));
+    // ℓ(A_i) itself when the advantage is shared (the mean of equal terms), else the mean of
+    // the per-token terms; either way ∂L_i/∂lp_t = (∂L_i/∂x̄)/n.
+    let (value, dx) = match shared {
+        Some(a) => {
+            let o = term(a);
+            (o.value, o.grad)
+        }
+        None => {
+            let (sv, _) = seq_sum(&tokens, i, |t| term(inp.adv[t]).value);
+            let (sg, _) = seq_sum(&tokens, i, |t| term(inp.adv[t]).grad);
+            (sv / nt, sg / nt)
+        }
+    };
+    GspoSeq {
+        s,
+        ds,
+        clamped,
+        value,
+        grad: dx / nt,
+        shared,
+    }
 }
 
 /// Configuration of [`gspo_token`] (verl `gspo`).
