@@ -1,6 +1,6 @@
 //! Divergence bounds (the elastic trust region's per-sample bounds included), KL penalties, IS
-//! weights, rejection masks and the top-entropy mask from untrusted sizes and values: never
-//! panic, and every Ok result is finite.
+//! weights, rejection masks, the top-entropy mask and the coefficient controllers from
+//! untrusted sizes and values: never panic, and every Ok result is finite.
 #![no_main]
 
 use grpo_core::Tokens;
@@ -210,5 +210,50 @@ fuzz_target!(|inp: Input| {
             }
         }
         Err(_) => assert!(out.iter().all(|b| *b == sentinel)),
+    }
+
+    // The coefficient controllers, settings and measurements from the input: Ok ⇒ a finite
+    // coefficient (≥ 0 for the KL's, within [min, max] for our entropy one), Err ⇒ the state
+    // unchanged.
+    let steps = inp.rows as usize * 97 + inp.cols as usize;
+    if let Ok(mut kl) = AdaptiveKlController::new(inp.bound_a.abs(), inp.bound_b, inp.rho) {
+        let before = kl;
+        match kl.update(inp.delta32, steps) {
+            Ok(b) => assert!(b.is_finite() && b >= 0.0 && b == kl.value, "{kl:?}"),
+            Err(_) => assert_eq!(kl, before),
+        }
+    }
+    let measured = inp.lp.first().copied().unwrap_or(0.0);
+    let mut ent = AdaptiveEntropyController {
+        coef: inp.bound_a,
+        target: inp.bound_b,
+        lr: inp.rho,
+        min: inp.delta32.min(0.0),
+        max: inp.delta32.max(0.0),
+    };
+    let before = ent;
+    match ent.update(measured) {
+        Ok(c) => assert!(c.is_finite() && c >= ent.min && c <= ent.max, "{ent:?}"),
+        Err(_) => assert_eq!(ent, before),
+    }
+    let mut trl = TrlEntropyController {
+        coef: inp.bound_a,
+        target: inp.bound_b,
+        delta: inp.rho,
+        min: inp.delta32.min(0.0),
+        max: inp.delta32.max(0.0),
+        last_entropy: None,
+    };
+    let before = trl;
+    match trl.update(measured) {
+        Ok(c) => {
+            // TRL's rule moves c by δ towards the range and clamps only at the end it moves
+            // towards: a coefficient that starts outside [min, max] may stay outside.
+            let (lo, hi) = (trl.min.min(before.coef), trl.max.max(before.coef));
+            assert!(c.is_finite() && c >= lo && c <= hi, "{trl:?}");
+            let a = trl.applied();
+            assert!(a == c || a == 0.0);
+        }
+        Err(_) => assert_eq!(trl, before),
     }
 });

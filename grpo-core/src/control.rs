@@ -1,5 +1,6 @@
 //! Coefficient controllers updated once per training step: the adaptive KL-penalty
-//! coefficient and an adaptive entropy-bonus coefficient.
+//! coefficient and two adaptive entropy-bonus coefficients (TRL's fixed-step rule and our
+//! proportional one).
 
 use crate::error::{Result, ensure};
 use crate::real::Real;
@@ -80,9 +81,10 @@ impl<T: Real> AdaptiveKlController<T> {
     /// One update with the measured `current_kl` over `n_steps` steps; returns the new β.
     ///
     /// # Errors
-    /// [`Error::NonFinite`](crate::Error::NonFinite) for a NaN/±∞ KL, or the validation errors
-    /// of [`AdaptiveKlController::new`] if the fields were set to invalid values; the state is
-    /// unchanged on `Err`.
+    /// [`Error::NonFinite`](crate::Error::NonFinite) for a NaN/±∞ KL or a β that would
+    /// overflow (`what = "kl coefficient"`: `n_steps/horizon` beyond `T::MAX`), or the
+    /// validation errors of [`AdaptiveKlController::new`] if the fields were set to invalid
+    /// values; the state is unchanged on `Err`.
     pub fn update(&mut self, current_kl: T, n_steps: usize) -> Result<T> {
         self.validate()?;
         if !current_kl.is_finite() {
@@ -95,7 +97,15 @@ impl<T: Real> AdaptiveKlController<T> {
         let err = (current_kl / self.target - T::ONE).clamp(-lim, lim);
         let mult = T::ONE + err * T::from_usize(n_steps) / self.horizon;
         // With n_steps > horizon/0.2 the factor would turn negative: keep β ≥ 0.
-        self.value = (self.value * mult).max(T::ZERO);
+        let value = (self.value * mult).max(T::ZERO);
+        // n_steps/horizon past T::MAX (a tiny horizon) overflows the factor.
+        if !value.is_finite() {
+            return Err(crate::Error::NonFinite {
+                what: "kl coefficient",
+                index: 0,
+            });
+        }
+        self.value = value;
         Ok(self.value)
     }
 }
@@ -106,9 +116,8 @@ impl<T: Real> AdaptiveKlController<T> {
 /// c ← clamp(c + lr·(H_target − H), c_min, c_max)
 ///
 /// so the bonus grows while the measured mean token entropy H is below the target and decays
-/// above it. TRL (f2cd577) is cited for an adaptive entropy coefficient, but its exact update
-/// rule could not be verified from the sources available to us; this controller is therefore
-/// documented as ours rather than as a TRL preset.
+/// above it, in proportion to the gap. TRL's own rule (a fixed step and a gated bonus) is
+/// [`TrlEntropyController`].
 ///
 /// `Default`: c = 0, target 0.2 nats, lr 1e-3, range [0, 0.01] (ours, conservative).
 ///
@@ -153,7 +162,8 @@ impl<T: Real> AdaptiveEntropyController<T> {
     /// # Errors
     /// [`Error::InvalidParam`](crate::Error::InvalidParam) unless `lr` ≥ 0, `target` ≥ 0,
     /// `min ≤ max` and all fields are finite; [`Error::NonFinite`](crate::Error::NonFinite) for
-    /// a NaN/±∞ entropy. The state is unchanged on `Err`.
+    /// a NaN/±∞ entropy, or for a step that is not a number (`what = "entropy coefficient"`:
+    /// `lr = 0` times an overflowing `target − H`). The state is unchanged on `Err`.
     pub fn update(&mut self, entropy: T) -> Result<T> {
         ensure(
             self.lr >= T::ZERO && self.lr.is_finite(),
@@ -177,8 +187,126 @@ impl<T: Real> AdaptiveEntropyController<T> {
                 index: 0,
             });
         }
-        self.coef = (self.coef + self.lr * (self.target - entropy)).clamp(self.min, self.max);
+        let coef = (self.coef + self.lr * (self.target - entropy)).clamp(self.min, self.max);
+        // lr = 0 times an overflowing target − H is NaN, which the clamp keeps.
+        if !coef.is_finite() {
+            return Err(crate::Error::NonFinite {
+                what: "entropy coefficient",
+                index: 0,
+            });
+        }
+        self.coef = coef;
         Ok(self.coef)
+    }
+}
+
+/// TRL's adaptive entropy-bonus coefficient (`GRPOConfig.use_adaptive_entropy`) \[TRL\]:
+/// after each optimizer step, with H the step's mean token entropy (token-weighted over the
+/// accumulation window and every rank: the caller's all-reduced Σ H_t / Σ m_t),
+///
+/// ```text
+/// c ← min(c + δ, c_max)   if H ≤ H_target
+/// c ← max(c − δ, c_min)   otherwise
+/// ```
+///
+/// and the next step's loss subtracts `applied()·H`, where `applied()` is c when that last H
+/// was ≤ H_target and 0 otherwise: the bonus acts only while the entropy is at or below the
+/// target, and the coefficient ramps by δ per step meanwhile. Source: TRL's `_compute_loss`
+/// (the `use_adaptive_entropy` branch: `apply_coef = entropy_coef if _last_world_entropy <=
+/// entropy_target else 0`, then the ±`entropy_coef_delta` update at the optimizer-step
+/// boundary). Before the first update no entropy has been measured; `applied()` is then c
+/// (TRL's initial gate state is not pinned by the sources read, and with its default c = 0
+/// it makes no difference).
+///
+/// A coefficient set outside [c_min, c_max] moves by δ towards the range and is clamped only
+/// at the end it moves towards, as in TRL.
+///
+/// `Default` = TRL's defaults: c = 0 (`entropy_coef`), H_target = 0.2 nats, δ = 0.005,
+/// range [0, 1].
+///
+/// # Example
+/// ```
+/// use grpo_core::control::TrlEntropyController;
+/// let mut c = TrlEntropyController::<f64>::default();
+/// // H = 0.1 ≤ 0.2: c = 0.005, and the next step applies it.
+/// assert_eq!(c.update(0.1).unwrap(), 0.005);
+/// assert_eq!(c.applied(), 0.005);
+/// // H = 0.5 > 0.2: c steps back to 0.0, and the bonus is off.
+/// assert_eq!(c.update(0.5).unwrap(), 0.0);
+/// assert_eq!(c.applied(), 0.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrlEntropyController<T> {
+    /// Current coefficient c (TRL `entropy_coef`, default 0).
+    pub coef: T,
+    /// Target mean token entropy H_target in nats (`entropy_target`, default 0.2).
+    pub target: T,
+    /// Step δ (`entropy_coef_delta`, default 0.005).
+    pub delta: T,
+    /// Lower clamp c_min (`entropy_coef_min`, default 0).
+    pub min: T,
+    /// Upper clamp c_max (`entropy_coef_max`, default 1).
+    pub max: T,
+    /// The entropy of the last update (`None` before the first).
+    pub last_entropy: Option<T>,
+}
+
+impl<T: Real> Default for TrlEntropyController<T> {
+    fn default() -> Self {
+        TrlEntropyController {
+            coef: T::ZERO,
+            target: T::from_f64(0.2),
+            delta: T::from_f64(0.005),
+            min: T::ZERO,
+            max: T::ONE,
+            last_entropy: None,
+        }
+    }
+}
+
+impl<T: Real> TrlEntropyController<T> {
+    /// One update with the step's mean token entropy; returns the new coefficient.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`](crate::Error::InvalidParam) unless `delta` ≥ 0, `min ≤ max`
+    /// and `coef`, `target`, `delta`, `min`, `max` are finite;
+    /// [`Error::NonFinite`](crate::Error::NonFinite) for a NaN/±∞ entropy. The state is
+    /// unchanged on `Err`.
+    pub fn update(&mut self, entropy: T) -> Result<T> {
+        ensure(
+            self.delta >= T::ZERO && self.delta.is_finite(),
+            "delta",
+            "must be finite and >= 0",
+        )?;
+        ensure(self.target.is_finite(), "target", "must be finite")?;
+        ensure(
+            self.min.is_finite() && self.max.is_finite() && self.min <= self.max,
+            "min",
+            "need finite min <= max",
+        )?;
+        ensure(self.coef.is_finite(), "coef", "must be finite")?;
+        if !entropy.is_finite() {
+            return Err(crate::Error::NonFinite {
+                what: "entropy",
+                index: 0,
+            });
+        }
+        self.coef = if entropy <= self.target {
+            (self.coef + self.delta).min(self.max)
+        } else {
+            (self.coef - self.delta).max(self.min)
+        };
+        self.last_entropy = Some(entropy);
+        Ok(self.coef)
+    }
+
+    /// The coefficient the next step's loss applies: `coef` while the last measured entropy is
+    /// at or below the target (or before any measurement), 0 above it.
+    pub fn applied(&self) -> T {
+        match self.last_entropy {
+            Some(h) if h > self.target => T::ZERO,
+            _ => self.coef,
+        }
     }
 }
 
@@ -186,6 +314,59 @@ impl<T: Real> AdaptiveEntropyController<T> {
 mod tests {
     use super::*;
     use crate::Error;
+
+    #[test]
+    fn kl_controller_refuses_an_overflowing_step() {
+        // horizon 1e-37 with 1000 steps: the factor 1 + 0.2·1000/1e-37 overflows f32.
+        let mut c = AdaptiveKlController::new(0.1f32, 0.1, 1e-37).unwrap();
+        let before = c;
+        assert_eq!(
+            c.update(1.0, 1000),
+            Err(Error::NonFinite {
+                what: "kl coefficient",
+                index: 0
+            })
+        );
+        assert_eq!(c, before);
+    }
+
+    #[test]
+    fn trl_entropy_controller_steps_and_gates() {
+        let mut c = TrlEntropyController::<f64> {
+            coef: 0.25,
+            target: 2.0,
+            delta: 0.01,
+            max: 0.27,
+            ..TrlEntropyController::default()
+        };
+        // No measurement yet: the configured coefficient applies.
+        assert_eq!(c.applied(), 0.25);
+        // H = 2.0 = target (≤): up by δ, applied.
+        assert_eq!(c.update(2.0).unwrap(), 0.26);
+        assert_eq!(c.applied(), 0.26);
+        // Up again, then capped at 0.27.
+        assert_eq!(c.update(1.0).unwrap(), 0.27);
+        assert_eq!(c.update(0.0).unwrap(), 0.27);
+        // Above the target: down by δ and gated off.
+        assert_eq!(c.update(2.5).unwrap(), 0.26);
+        assert_eq!(c.applied(), 0.0);
+        // Down to the floor 0.
+        let mut d = TrlEntropyController::<f32> {
+            coef: 0.004,
+            ..TrlEntropyController::default()
+        };
+        assert_eq!(d.update(1.0).unwrap(), 0.0);
+        // Invalid settings or a NaN entropy: Err, state unchanged.
+        let before = d;
+        assert!(d.update(f32::NAN).is_err());
+        d.delta = -1.0;
+        assert!(d.update(0.1).is_err());
+        d.delta = 0.005;
+        d.min = 2.0;
+        assert!(d.update(0.1).is_err());
+        d.min = 0.0;
+        assert_eq!(d, before);
+    }
 
     #[test]
     fn kl_controller_hand_computed() {
