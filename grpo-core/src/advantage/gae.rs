@@ -14,13 +14,17 @@ use super::whiten::{Acc, Summary, WhitenConfig, WhitenReport, prepare};
 /// | preset | `gamma` | `lambda` | `masked` | `whiten` |
 /// |---|---|---|---|---|
 /// | `Paper` (= `Default`), `Verl`, `VerlVectorized`, `Trl` | 1 | 1 | `Skip` | verl (unbiased, `+1e-8`) |
-/// | `OpenRlhf` | 1 | 0.95 | `ZeroFill` | OpenRLHF (population, `max(·, 1e-8)`) |
+/// | `OpenRlhf` | 1 | 1 | `ZeroFill` | OpenRLHF (population, `max(·, 1e-8)`) |
 ///
 /// Sources: verl (b178a3cd) `compute_gae_advantage_return` (`algorithm.gamma` = `lam` = 1.0 by
 /// default; masked positions skipped); OpenRLHF (3c3be62) `get_advantages_and_returns`
-/// (`--gamma 1`, `--lambd 0.95`; values and rewards multiplied by the action mask) followed by
-/// global whitening. The GAE paper \[1506.02438\] has no masks; its recurrence is what every mode
-/// computes on a fully valid sequence.
+/// (`--gamma 1`, `--lambd 1`: the default of every OpenRLHF version with the dual-clip and
+/// `icepop` options the other presets reproduce; older versions, with `--value_clip 0.2`, had
+/// `--lambd 0.95`; values and rewards multiplied by the action mask) followed by global
+/// whitening. TRL's GRPO trainer has no critic, so `Trl` gives the default (TRL's
+/// experimental PPO trainer, λ = 0.95 over its own padding layout, is not reproduced). The
+/// GAE paper \[1506.02438\] has no masks; its recurrence is what every mode computes on a fully
+/// valid sequence.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GaeConfig<T> {
     /// Discount γ ∈ [0, 1].
@@ -45,7 +49,7 @@ impl<T: Real> GaeConfig<T> {
         if preset == Preset::OpenRlhf {
             GaeConfig {
                 gamma: T::ONE,
-                lambda: T::from_f64(0.95),
+                lambda: T::ONE,
                 masked: MaskedTokens::ZeroFill,
                 whiten: Some(WhitenConfig::from_preset(preset)),
             }
@@ -281,8 +285,7 @@ mod tests {
         let d = (0.5f64 + 1e-8).sqrt();
         assert!((a[0] - 0.5 / d).abs() < 1e-15 && (a[1] + 0.5 / d).abs() < 1e-15);
         assert_eq!(g, [2.0, 1.0]);
-        // OpenRLHF (λ = 0.95): ℓ1 = 1, ℓ0 = 1 + 0.95·1 = 1.95: mean 1.475, var_pop = 0.475²
-        // → A = ±1 (up to rounding).
+        // OpenRLHF (λ = 1): ℓ = (2, 1): mean 1.5, var_pop = 0.25 → A = ±0.5/0.5 = ±1.
         gae(
             &r,
             &v,
@@ -296,6 +299,13 @@ mod tests {
             (a[0] - 1.0).abs() < 1e-12 && (a[1] + 1.0).abs() < 1e-12,
             "{a:?}"
         );
+        assert_eq!(g, [2.0, 1.0]);
+        // With λ = 0.95 (older OpenRLHF): ℓ0 = 1 + 0.95·1 = 1.95, returns (1.95, 1).
+        let older = GaeConfig {
+            lambda: 0.95,
+            ..GaeConfig::from_preset(Preset::OpenRlhf)
+        };
+        gae(&r, &v, &t, &older, &mut a, &mut g).unwrap();
         assert!((g[0] - 1.95).abs() < 1e-15 && g[1] == 1.0);
     }
 
