@@ -106,8 +106,11 @@ pub fn dynamic_sampling_keep_correct(
 
 /// DAPO dynamic sampling on a scalar metric: keep group `k` iff the metric has spread, σ > 0,
 /// decided as `max > min` over the group (exact, where a computed σ of two values closer than
-/// ~1e-154 would underflow to 0, and verl's `np.std` would drop the group). With 0/1
-/// correctness as the metric this is [`dynamic_sampling_keep_correct`]; singletons as there.
+/// ~1e-154 would underflow to 0, and verl's `np.std` would drop the group). The other way
+/// round, `np.std` of identical non-dyadic values can be a rounding residue above 0 (1.4e-17
+/// for [0.1, 0.1, 0.1]), and verl keeps such a group; here it has no spread and is dropped
+/// (MATH.md §0: presets reproduce semantics, not rounding defects). With 0/1 correctness as
+/// the metric this is [`dynamic_sampling_keep_correct`]; singletons as there.
 ///
 /// Source: DAPO \[2503.14476\]; \[verl\] `filter_groups` (`np.std(metric) > 0`).
 ///
