@@ -440,9 +440,10 @@ fn agg_total() {
     grad[params.seqs] = l;
 }
 
-// Sequence-ratio losses (loss/seq.rs), one invocation per sequence: x̄ = Σ(lp − old)/n and
-// Ā = ΣA/n over the valid tokens in token order (grpo-core's seq_sum), then
-//   GSPO:       s = e^{clamp(x̄)}, L = ppo_core(s, Ā) on every valid token, ∂L/∂lp_t = ∂L/∂s·s/n;
+// Sequence-ratio losses (loss/seq.rs), one invocation per sequence: x̄ = Σ(lp − old)/n over the
+// valid tokens in token order (grpo-core's seq_sum), then
+//   GSPO:       s = e^{clamp(x̄)}, L = ppo_core(s, A) on every valid token when they share A,
+//               else the mean of ppo_core(s, A_t) over them; ∂L/∂lp_t = ∂L/∂x̄ / n;
 //   GSPO-token: r = e^{min(x̄, max)}, L_t = ppo_core(r, A_t), ∂r/∂lp_t = r (0 when clamped).
 // Masked tokens of the span get 0; valid ones get their event bits as per_token writes them.
 @compute @workgroup_size(256)

@@ -302,6 +302,16 @@ impl<T: Real> TrlEntropyController<T> {
 
     /// The coefficient the next step's loss applies: `coef` while the last measured entropy is
     /// at or below the target (or before any measurement), 0 above it.
+    ///
+    /// ```
+    /// use grpo_core::control::TrlEntropyController;
+    /// let mut c = TrlEntropyController { coef: 0.5f32, delta: 0.125, ..Default::default() };
+    /// assert_eq!(c.applied(), 0.5); // nothing measured yet
+    /// c.update(0.9).unwrap(); // above the 0.2 target: 0.375, gated off
+    /// assert_eq!((c.coef, c.applied()), (0.375, 0.0));
+    /// c.update(0.1).unwrap(); // at or below: 0.5 again, applied
+    /// assert_eq!(c.applied(), 0.5);
+    /// ```
     pub fn applied(&self) -> T {
         match self.last_entropy {
             Some(h) if h > self.target => T::ZERO,

@@ -323,7 +323,7 @@ pub fn tolerance(op: Op, dtype: Dtype) -> Tol {
         // sequence order) with correctly rounded + and ×, the product stored before it is added
         // (no fused multiply-add): bit-identical.
         (Aggregate, _) => Tol::ulp(0),
-        // k3 = e^r − 1 − r after the ±43.36 guard (expm1_minus_x on both sides). For |r| < ½ both
+        // k3 = e^r − 1 − r after the ±20 clamp (expm1_minus_x on both sides). For |r| < ½ both
         // run the same 16-term Taylor series in f32 (a fused multiply-add in a GPU Horner step
         // moves a rounding or two); for ½ ≤ |r| < 2 grpo-core takes libm's expm1(r) − r (≤ 1 ULP,
         // amplified ≤ 4.4× by the subtraction at r = ½) while the GPU keeps the series; beyond,

@@ -304,8 +304,8 @@ impl Stats {
     }
 }
 
-/// grpo-core's per-token statistic (`Measure::K3` is its k3 with the same overflow guard).
-/// grpo-core's token statistic: r clamped to ±20 (verl's SAFETY_BOUND), then k1, k2 or k3.
+/// grpo-core's token statistic: r clamped to ±20 (verl's SAFETY_BOUND), then k1, k2 or k3
+/// (`Measure::K3` is its k3; its overflow guard does not act within ±20).
 fn stat(c: &RejectionCriterion<f32>, r: f32) -> f32 {
     let r = r.clamp(-20.0, 20.0);
     match c.stat {
@@ -720,7 +720,7 @@ fn hand_computed_masks() {
     k.rejection_mask(&[c], &old2, &roll, &tok, &mut keep)
         .unwrap();
     assert_eq!(keep, [false, false, true, true]);
-    // Ratio bounds [1, 1]: k1 ∈ [−0, −0], i.e. r = ±0 exactly. −0 − 0 = −0 (k1 = +0) is kept
+    // Ratio bounds [1, 1]: k1 ∈ [ln 1, ln 1] = [0, 0], i.e. r = ±0 exactly. −0 − 0 = −0 (k1 = +0) is kept
     // like +0 (the masked token 3 holds garbage); r = 2 is not. (grpo-core rejects the
     // smallest subnormal r = 1e-45 too, which WGSL may flush to 0: not asserted.)
     let c = RejectionCriterion::k1(Token, 1.0, 1.0).unwrap();

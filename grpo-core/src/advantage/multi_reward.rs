@@ -129,7 +129,8 @@ impl GdpoConfig {
 /// there (its σ is undefined; TRL's `nanstd` gives NaN, which `nansum` drops). A sample whose
 /// rewards are all NaN is unscorable: it is left out of the batch statistics and gets 0 (TRL
 /// marks it NaN before its batch `nanmean`/`nanstd` and zeroes its advantage). Reading NaN as 0
-/// instead would pull every statistic towards 0.
+/// instead would pull every statistic towards 0 — MATH.md §2's "NaN reward → 0 first" for
+/// GDPO, which TRL's code does not do; this follows TRL and §0's unscorable rule.
 ///
 /// `scratch` needs [`gdpo_scratch_len`]`(num_rewards)` elements (one group's μ_k and σ_k + ε).
 ///

@@ -60,7 +60,8 @@ impl SplitMix64 {
 pub struct ClipCovConfig<T> {
     /// PPO clip interval.
     pub bounds: RatioBounds<T>,
-    /// Fraction of valid tokens to detach: `k = max(⌊ratio·N⌋, 1)` (> 0).
+    /// Fraction of valid tokens to detach: `k = max(⌊ratio·N⌋, 1)` (> 0), verl's
+    /// `int(ratio * N)` for an f32 ratio too (see `select_count`'s slack of one f32 epsilon).
     pub ratio: T,
     /// Candidates need `cov_lb < cov < cov_ub`.
     pub cov_lb: T,
@@ -246,7 +247,8 @@ pub fn clip_cov<T: Real>(
 /// | `log_ratio_clamp` | `None` for `Verl`, else `Some(20)` |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KlCovConfig<T> {
-    /// Fraction of valid tokens to penalise: `k = max(⌊ratio·N⌋, 1)` (> 0).
+    /// Fraction of valid tokens to penalise: `k = max(⌊ratio·N⌋, 1)` (> 0), verl's
+    /// `int(ratio * N)` for an f32 ratio too (see `select_count`'s slack of one f32 epsilon).
     pub ratio: T,
     /// Coefficient of the `|x|` penalty (finite).
     pub coef: T,
