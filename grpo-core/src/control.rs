@@ -175,18 +175,7 @@ impl<T: Real> AdaptiveEntropyController<T> {
             "target",
             "must be finite and >= 0",
         )?;
-        ensure(
-            self.min.is_finite() && self.max.is_finite() && self.min <= self.max,
-            "min",
-            "need finite min <= max",
-        )?;
-        ensure(self.coef.is_finite(), "coef", "must be finite")?;
-        if !entropy.is_finite() {
-            return Err(crate::Error::NonFinite {
-                what: "entropy",
-                index: 0,
-            });
-        }
+        check_entropy_step(self.coef, self.min, self.max, entropy)?;
         let coef = (self.coef + self.lr * (self.target - entropy)).clamp(self.min, self.max);
         // lr = 0 times an overflowing target − H is NaN, which the clamp keeps.
         if !coef.is_finite() {
@@ -198,6 +187,24 @@ impl<T: Real> AdaptiveEntropyController<T> {
         self.coef = coef;
         Ok(self.coef)
     }
+}
+
+/// The checks both entropy controllers make before a step: a finite range `min ≤ max`, a
+/// finite coefficient and a finite measured entropy.
+fn check_entropy_step<T: Real>(coef: T, min: T, max: T, entropy: T) -> Result<()> {
+    ensure(
+        min.is_finite() && max.is_finite() && min <= max,
+        "min",
+        "need finite min <= max",
+    )?;
+    ensure(coef.is_finite(), "coef", "must be finite")?;
+    if !entropy.is_finite() {
+        return Err(crate::Error::NonFinite {
+            what: "entropy",
+            index: 0,
+        });
+    }
+    Ok(())
 }
 
 /// TRL's adaptive entropy-bonus coefficient (`GRPOConfig.use_adaptive_entropy`) \[TRL\]:
@@ -279,18 +286,7 @@ impl<T: Real> TrlEntropyController<T> {
             "must be finite and >= 0",
         )?;
         ensure(self.target.is_finite(), "target", "must be finite")?;
-        ensure(
-            self.min.is_finite() && self.max.is_finite() && self.min <= self.max,
-            "min",
-            "need finite min <= max",
-        )?;
-        ensure(self.coef.is_finite(), "coef", "must be finite")?;
-        if !entropy.is_finite() {
-            return Err(crate::Error::NonFinite {
-                what: "entropy",
-                index: 0,
-            });
-        }
+        check_entropy_step(self.coef, self.min, self.max, entropy)?;
         self.coef = if entropy <= self.target {
             (self.coef + self.delta).min(self.max)
         } else {
