@@ -174,8 +174,13 @@ fn gspo_sequence<T: Real>(c: &GspoConfig<T>, inp: &PolicyInputs<'_, T>, i: usize
             (o.value, o.grad)
         }
         None => {
-            let (sv, _) = seq_sum(&tokens, i, |t| term(inp.adv[t]).value);
-            let (sg, _) = seq_sum(&tokens, i, |t| term(inp.adv[t]).grad);
+            // One evaluation of each token's term, both sums in token order.
+            let (mut sv, mut sg) = (T::ZERO, T::ZERO);
+            for t in tokens.valid_positions(i) {
+                let o = term(inp.adv[t]);
+                sv += o.value;
+                sg += o.grad;
+            }
             (sv / nt, sg / nt)
         }
     };
