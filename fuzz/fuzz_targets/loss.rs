@@ -106,6 +106,7 @@ fuzz_target!(|inp: Input| {
     );
     let gs = GspoConfig {
         bounds: ppo.bounds,
+        dual_clip: inp.dual,
         delta_cap: inp.cap,
         log_ratio_clamp: inp.clamp,
     };

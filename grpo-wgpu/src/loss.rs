@@ -15,7 +15,7 @@
 use bytemuck::{Pod, Zeroable};
 use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
 use grpo_core::divergence::measures::TokenDiagnostics;
-use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
+use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
 use grpo_core::is_correction::{
     IS_NORMALIZE_MIN_MEAN, IsConfig, IsDiagnostics, IsFilter, IsLevel, RejectLevel, RejectStat,
     RejectionCriterion, RejectionDiagnostics,
@@ -387,20 +387,40 @@ impl<'c> LossKernel<'c> {
     }
 
     fn ppo_params(cfg: &PpoClipConfig<f32>, n: usize) -> LossParams {
-        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
+        Self::clip_params(
+            KIND_PPO,
+            n,
+            cfg.bounds,
+            cfg.dual_clip,
+            cfg.delta_cap,
+            cfg.log_ratio_clamp,
+        )
+    }
+
+    /// The parameters of the shader's `ppo_core` (bounds, dual-clip, δ cap) and the log-ratio
+    /// clamp, for PPO-clip (`KIND_PPO`) and GSPO (`KIND_GSPO`, the clamp on the mean).
+    fn clip_params(
+        kind: u32,
+        n: usize,
+        bounds: RatioBounds<f32>,
+        dual_clip: Option<f32>,
+        delta_cap: Option<f32>,
+        log_ratio_clamp: Option<f32>,
+    ) -> LossParams {
+        let (mut flags, clamp) = clamp_flag(log_ratio_clamp);
         let mut p = LossParams {
             n: n as u32,
-            kind: KIND_PPO,
-            lo: cfg.bounds.lo,
-            hi: cfg.bounds.hi,
+            kind,
+            lo: bounds.lo,
+            hi: bounds.hi,
             clamp,
             ..Default::default()
         };
-        if let Some(c) = cfg.dual_clip {
+        if let Some(c) = dual_clip {
             flags |= FLAG_DUAL_CLIP;
             p.dual_c = c;
         }
-        if let Some(d) = cfg.delta_cap {
+        if let Some(d) = delta_cap {
             flags |= FLAG_DELTA_CAP;
             p.delta = d;
         }
@@ -839,7 +859,8 @@ impl<'c> LossKernel<'c> {
     }
 
     /// GSPO, sequence form, grpo-core's [`grpo_core::loss::gspo`]:
-    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·A_i, clip(s_i)·A_i)` on every valid
+    /// `s_i = exp(clamp(x̄_i))`, `L_i = −min(min(s_i, δ)·A_i, clip(s_i)·A_i)` (then at most
+    /// `−c·A_i` for `A_i < 0` under dual-clip) on every valid
     /// token of sequence `i` when its tokens share the advantage `A_i`, else the mean of that
     /// term over its tokens' own `A_t` (OpenRLHF); `∂L_i/∂lp_t = (∂L_i/∂s_i)·s_i/n_i`. One
     /// invocation per sequence (sums in token order, as grpo-core); [`LossLevel::Sequence`]
@@ -856,20 +877,14 @@ impl<'c> LossKernel<'c> {
     ) -> Result<LossDiagnostics<f32>> {
         grpo_core::loss::gspo(cfg, &empty_inputs(), &mut [], &mut [])?;
         validate_inputs(inp, value.len(), grad.len())?;
-        let (mut flags, clamp) = clamp_flag(cfg.log_ratio_clamp);
-        let mut p = LossParams {
-            n: inp.lp.len() as u32,
-            kind: KIND_GSPO,
-            lo: cfg.bounds.lo,
-            hi: cfg.bounds.hi,
-            clamp,
-            ..Default::default()
-        };
-        if let Some(d) = cfg.delta_cap {
-            flags |= FLAG_DELTA_CAP;
-            p.delta = d;
-        }
-        p.flags = flags;
+        let p = Self::clip_params(
+            KIND_GSPO,
+            inp.lp.len(),
+            cfg.bounds,
+            cfg.dual_clip,
+            cfg.delta_cap,
+            cfg.log_ratio_clamp,
+        );
         let o = self.dispatch_seq("seq_ratio", inp, p)?;
         let c = cfg.log_ratio_clamp;
         let ratios = Self::seq_ratios(inp, |x| {

@@ -301,6 +301,16 @@ fn gspo_fd_next_to_sequence_bounds() {
             check_plain(&c, &move |i, v, g| gspo(&capped, i, v, g)).unwrap();
         }
     }
+    // Next to the dual-clip bound: s = 3·e^{±1e-3} with A = −1 (dual-clip c = 3).
+    for off in [-1e-3, 1e-3] {
+        let m = 3f64.ln() + off;
+        let c = Case::row(&[m + 0.3, m - 0.3, m], &[-1.0; 3]);
+        let cfg = GspoConfig::<f64> {
+            dual_clip: Some(3.0),
+            ..GspoConfig::default()
+        };
+        check_plain(&c, &move |i, v, g| gspo(&cfg, i, v, g)).unwrap();
+    }
 }
 
 /// GSPO-token surrogate: r_t = exp(min(lp'_t − lp_t + x̄_i, cap)) with x̄_i frozen.
@@ -505,13 +515,16 @@ proptest! {
             RatioBounds::asymmetric(0.2, 0.28).unwrap(),
             kl3_bounds(),
         ];
-        let ks: Vec<f64> = bounds.iter().flat_map(|b| [b.lo.ln(), b.hi.ln()]).chain([1.5f64.ln()]).collect();
+        // and dual-clip c = 1.3 (OpenRLHF).
+        let ks: Vec<f64> = bounds.iter().flat_map(|b| [b.lo.ln(), b.hi.ln()]).chain([1.5f64.ln(), 1.3f64.ln()]).collect();
         prop_assume!(seq_means(&c).iter().all(|m| ks.iter().all(|k| (m - k).abs() > 1e-4)));
         for b in bounds {
             let cfg = GspoConfig::<f64> { bounds: b, ..GspoConfig::default() };
             check_plain(&c, &move |i, v, g| gspo(&cfg, i, v, g)).map_err(TestCaseError::fail)?;
             let capped = GspoConfig::<f64> { delta_cap: Some(1.5), log_ratio_clamp: None, ..cfg };
             check_plain(&c, &move |i, v, g| gspo(&capped, i, v, g)).map_err(TestCaseError::fail)?;
+            let dual = GspoConfig::<f64> { dual_clip: Some(1.3), ..cfg };
+            check_plain(&c, &move |i, v, g| gspo(&dual, i, v, g)).map_err(TestCaseError::fail)?;
         }
     }
 

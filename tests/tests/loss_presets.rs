@@ -238,6 +238,41 @@ fn gspo_takes_each_tokens_advantage_as_openrlhf() {
 }
 
 #[test]
+fn gspo_dual_clip_as_openrlhf() {
+    // OpenRLHF's PolicyLoss applies --dual_clip after GSPO's sequence ratio: for A < 0 the
+    // term −min(s·A, clip(s)·A) is at most −c·A. One sequence, x = (ln 4, ln 4): s = 4 above
+    // hi = 1 + 4e-4 and above c = 3. A = (−2, −2): −min(−8, −2·hi) = 8 > −c·A = 6, so L = 6
+    // with no gradient on both tokens; without dual-clip L = 8 and ∂L/∂lp_t = (−A·s)/2 = 4.
+    let x = [4f64.ln(), 4f64.ln()];
+    let dual = GspoConfig {
+        dual_clip: Some(3.0),
+        ..GspoConfig::from_preset(Preset::OpenRlhf)
+    };
+    let plain = GspoConfig::from_preset(Preset::OpenRlhf);
+    let r = Row::from_x(&x, &[-2.0, -2.0]);
+    let (v, g, d) = eval(&r, &move |i, v, g| gspo(&dual, i, v, g));
+    assert_eq!((v, g), (vec![6.0, 6.0], vec![0.0, 0.0]));
+    assert_eq!(d.dual_clipped, 2);
+    let (v, g, d) = eval(&r, &move |i, v, g| gspo(&plain, i, v, g));
+    assert!(close(v[0], 8.0) && close(v[1], 8.0), "{v:?}");
+    assert!(close(g[0], 4.0) && close(g[1], 4.0), "{g:?}");
+    assert_eq!(d.dual_clipped, 0);
+    // Per-token advantages A = (−2, 0.5): token 0's term is the bound 6, token 1's the
+    // clipped −0.5·hi (A > 0 above hi); L = (6 − 0.5·hi)/2, no gradient.
+    let hi = 1.0 + 4e-4;
+    let r = Row::from_x(&x, &[-2.0, 0.5]);
+    let (v, g, d) = eval(&r, &move |i, v, g| gspo(&dual, i, v, g));
+    assert!(close(v[0], (6.0 - 0.5 * hi) / 2.0) && v[0] == v[1], "{v:?}");
+    assert_eq!(g, vec![0.0, 0.0]);
+    assert_eq!((d.dual_clipped, d.clipped_high), (1, 1));
+    // s = 2.5 < c: the bound −c·A = 6 lies above −s·A = 5, inactive: L = 5, ∂ = 5/2.
+    let r = Row::from_x(&[2.5f64.ln(), 2.5f64.ln()], &[-2.0, -2.0]);
+    let (v, g, d) = eval(&r, &move |i, v, g| gspo(&dual, i, v, g));
+    assert!(close(v[0], 5.0) && close(g[0], 2.5), "{v:?} {g:?}");
+    assert_eq!(d.dual_clipped, 0);
+}
+
+#[test]
 fn p3o_ess_and_loss() {
     // w = (1, 3): ESS = 16/(2·(10 + 1e-8)) = 0.79999999992. Token 1 (ρ = 3, A = 1, lp = ln 3):
     // KL3 = 1/3 − 1 + ln 3, L = −ESS·ln 3 + (1 − ESS)·(ln 3 − 2/3), ∂ = −ESS + (1 − ESS)·2/3.
@@ -655,6 +690,13 @@ fn bad_parameters_are_rejected_and_outputs_untouched() {
         ..GspoConfig::default()
     };
     assert_untouched(gspo(&gs, &r.inp(), &mut v, &mut g), &v, &g, "gspo delta");
+    for c in [1.0, f64::INFINITY, f64::NAN] {
+        let gs = GspoConfig {
+            dual_clip: Some(c),
+            ..GspoConfig::default()
+        };
+        assert_untouched(gspo(&gs, &r.inp(), &mut v, &mut g), &v, &g, "gspo dual");
+    }
     let gt = GspoTokenConfig {
         seq_log_ratio_max: Some(-1.0),
         ..GspoTokenConfig::default()

@@ -1194,6 +1194,11 @@ fn gspo_and_gspo_token_match_grpo_core() {
             bounds: RatioBounds::new(0.8, 1.2).unwrap(),
             ..GspoConfig::default()
         },
+        GspoConfig {
+            dual_clip: Some(1.3),
+            bounds: RatioBounds::new(0.8, 1.2).unwrap(),
+            ..GspoConfig::from_preset(Preset::OpenRlhf)
+        },
     ];
     for cfg in &gspo_cfgs {
         gpu::runner()

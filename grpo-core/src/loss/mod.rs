@@ -222,6 +222,19 @@ pub(crate) fn mul0<T: Real>(a: T, b: T) -> T {
 // One validation rule for every optional clamp in the crate (finite and > 0).
 pub(crate) use crate::divergence::measures::check_clamp;
 
+/// The dual-clip constant's rule, shared by [`ppo_clip`] and [`gspo`]: finite and `> 1` (at
+/// `c ≤ 1` the bound `−c·A` would cut into the clipped objective itself).
+pub(crate) fn check_dual_clip<T: Real>(c: Option<T>) -> Result<()> {
+    match c {
+        Some(c) => crate::error::ensure(
+            c > T::ONE && c.is_finite(),
+            "dual_clip",
+            "must be finite and > 1",
+        ),
+        None => Ok(()),
+    }
+}
+
 /// Clamps a log-ratio to `[−c, c]`; returns it and whether it was outside (then constant).
 #[inline]
 pub(crate) fn clamp_log_ratio<T: Real>(x: T, c: Option<T>) -> (T, bool) {

@@ -1,8 +1,8 @@
 //! PPO-clip (GRPO, DAPO, ATR-GRPO) with dual-clip and the δ cap: the unified clipped objective.
 
 use super::{
-    LossDiagnostics, LossLevel, PolicyInputs, TokenOut, check_clamp, clamp_log_ratio, drive, mul0,
-    validate_inputs,
+    LossDiagnostics, LossLevel, PolicyInputs, TokenOut, check_clamp, check_dual_clip,
+    clamp_log_ratio, drive, mul0, validate_inputs,
 };
 use crate::divergence::RatioBounds;
 use crate::error::{Result, ensure};
@@ -116,13 +116,7 @@ impl<T: Real> PpoClipConfig<T> {
     /// ```
     pub fn validate(&self) -> Result<()> {
         RatioBounds::new(self.bounds.lo, self.bounds.hi)?;
-        if let Some(c) = self.dual_clip {
-            ensure(
-                c > T::ONE && c.is_finite(),
-                "dual_clip",
-                "must be finite and > 1",
-            )?;
-        }
+        check_dual_clip(self.dual_clip)?;
         if let Some(d) = self.delta_cap {
             ensure(d > T::ONE, "delta_cap", "must be > 1")?;
         }

@@ -1,8 +1,8 @@
 //! Sequence-ratio losses: GSPO (sequence and token form) and GMPO.
 
 use super::{
-    LossDiagnostics, LossLevel, PolicyInputs, TokenOut, check_clamp, clamp_log_ratio, drive, mul0,
-    ppo::ppo_core, seq_sum, validate_inputs,
+    LossDiagnostics, LossLevel, PolicyInputs, TokenOut, check_clamp, check_dual_clip,
+    clamp_log_ratio, drive, mul0, ppo::ppo_core, seq_sum, validate_inputs,
 };
 use crate::divergence::RatioBounds;
 use crate::error::{Result, ensure};
@@ -14,6 +14,7 @@ use crate::real::Real;
 /// | field | Paper | Trl | OpenRlhf | Verl |
 /// |---|---|---|---|---|
 /// | `bounds` | `[1 − 3e-4, 1 + 4e-4]` | same (TRL's recommended GSPO ε) | same | same |
+/// | `dual_clip` | `None` | `None` | `None` (`--dual_clip`, optional there) | `None` |
 /// | `delta_cap` | `None` | `None` | `None` | `None` |
 /// | `log_ratio_clamp` | `Some(20)` | `None` | `None` | `Some(20)` |
 ///
@@ -22,6 +23,10 @@ use crate::real::Real;
 pub struct GspoConfig<T> {
     /// Clip interval of the sequence ratio `s_i`.
     pub bounds: RatioBounds<T>,
+    /// Dual-clip constant `c > 1` applied to the sequence ratio's term: for `A < 0` the term is
+    /// at most `−c·A` \[OpenRLHF: its `PolicyLoss` applies `--dual_clip` after the sequence
+    /// ratio of `gspo` as after the token ratio of `ppo`\].
+    pub dual_clip: Option<T>,
     /// TRL's `delta` applied to the sequence ratio of the unclipped branch (`δ > 1`).
     pub delta_cap: Option<T>,
     /// Clamp `c` of the *mean* log-ratio before `exp` (`None` = TRL/OpenRLHF).
@@ -50,6 +55,7 @@ impl<T: Real> GspoConfig<T> {
         };
         GspoConfig {
             bounds: gspo_bounds(),
+            dual_clip: None,
             delta_cap: None,
             log_ratio_clamp: clamp,
         }
@@ -57,6 +63,7 @@ impl<T: Real> GspoConfig<T> {
 
     fn validate(&self) -> Result<()> {
         RatioBounds::new(self.bounds.lo, self.bounds.hi)?;
+        check_dual_clip(self.dual_clip)?;
         if let Some(d) = self.delta_cap {
             ensure(d > T::ONE, "delta_cap", "must be > 1")?;
         }
@@ -70,6 +77,7 @@ impl<T: Real> GspoConfig<T> {
 /// x̄_i = (1/n_i) Σ_{t∈i} (lp_t − old_t)      (masked mean; clamp to [−c, c] optional)
 /// s_i = exp(x̄_i)
 /// ℓ(A) = −min(min(s_i, δ)·A, clip(s_i, lo, hi)·A)
+///         then min(ℓ(A), −c_d·A) for A < 0     (dual-clip, optional)
 /// L_i = (1/n_i) Σ_{t∈i} ℓ(A_t)                (= ℓ(A_i) when the tokens share A_i)
 /// ```
 ///
@@ -132,7 +140,15 @@ pub fn gspo<T: Real>(
             };
             // The token's own term decides its clip flags (all the sequence's when shared).
             let a = q.shared.unwrap_or(inp.adv[t]);
-            let mut out = ppo_core(q.s, q.ds, a, c.bounds.lo, c.bounds.hi, None, c.delta_cap);
+            let mut out = ppo_core(
+                q.s,
+                q.ds,
+                a,
+                c.bounds.lo,
+                c.bounds.hi,
+                c.dual_clip,
+                c.delta_cap,
+            );
             out.value = q.value;
             out.grad = q.grad;
             out.clamped = q.clamped;
@@ -162,7 +178,7 @@ fn gspo_sequence<T: Real>(c: &GspoConfig<T>, inp: &PolicyInputs<'_, T>, i: usize
     let (x, clamped) = clamp_log_ratio(sx / nt, c.log_ratio_clamp);
     let s = x.exp();
     let ds = if clamped { T::ZERO } else { s };
-    let term = |a: T| ppo_core(s, ds, a, c.bounds.lo, c.bounds.hi, None, c.delta_cap);
+    let term = |a: T| ppo_core(s, ds, a, c.bounds.lo, c.bounds.hi, c.dual_clip, c.delta_cap);
     let mut valid = tokens.valid_positions(i);
     let first = valid.next().map(|t| inp.adv[t]);
     let shared = first.filter(|&a0| valid.all(|t| inp.adv[t] == a0));
