@@ -3,7 +3,9 @@
 //! gradients untouched.
 #![no_main]
 
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
+use grpo_core::aggregate::{
+    AggConfig, AggMode, Denominator, SeqCount, aggregate, scale_gradients, sequence_weights,
+};
 use grpo_core::loss::LossLevel;
 use grpo_core::{Error, Tokens};
 use libfuzzer_sys::fuzz_target;
@@ -71,7 +73,16 @@ fuzz_target!(|inp: Input| {
         1 => Denominator::ClampOne,
         _ => Denominator::PlusEps(inp.eps),
     };
-    let cfg = AggConfig { mode, denominator };
+    let sequences = if (inp.denom / 3) % 2 == 0 {
+        SeqCount::All
+    } else {
+        SeqCount::NonEmpty
+    };
+    let cfg = AggConfig {
+        mode,
+        denominator,
+        sequences,
+    };
     let mut w = vec![0.0f64; n];
     if let Ok(loss) = aggregate(&cfg, tokens, &values, &mut w) {
         assert!(loss.is_finite());
@@ -97,5 +108,21 @@ fuzz_target!(|inp: Input| {
                 assert!(g.iter().all(|&x| x == 1.0));
             }
         }
+    }
+    // The per-sequence weights agree with the per-token ones wherever aggregate succeeds, and
+    // an Err leaves them untouched.
+    let b = tokens.num_sequences();
+    let mut ws = vec![7.0f64; b];
+    match sequence_weights(&cfg, tokens, n, &mut ws) {
+        Ok(()) => {
+            if aggregate(&cfg, tokens, &values, &mut w).is_ok() {
+                for i in 0..b {
+                    for t in tokens.valid_positions(i) {
+                        assert_eq!(w[t].to_bits(), ws[i].to_bits());
+                    }
+                }
+            }
+        }
+        Err(_) => assert!(ws.iter().all(|&x| x == 7.0)),
     }
 });

@@ -7,12 +7,15 @@
 //! in place.
 //!
 //! Notation: `m` = validity, `n_i` = valid tokens of sequence `i`, `N = Σ n_i`, `B` = number of
-//! sequences (rows of a padded batch, segments of a packed one — empty ones included, as
-//! `torch.mean` over rows does).
+//! sequences that count in a mean over sequences ([`SeqCount`]): every row of a padded batch
+//! or segment of a packed one, empty ones included, as `torch.mean` over rows does (TRL,
+//! OpenRLHF; [`SeqCount::All`]), or only the non-empty ones, as verl's `agg_loss` does
+//! (`seq_mask = loss_mask.sum(-1) > 0`, `global_batch_size = seq_mask.sum()`;
+//! [`SeqCount::NonEmpty`], the Verl presets).
 //!
 //! | mode | loss | `w_t` | source |
 //! |---|---|---|---|
-//! | `TokenMean { global_tokens }` | `Σ L m / N'` | `1/N'` | verl `token-mean`; `N' = global_tokens` or the local N |
+//! | `TokenMean { global_tokens }` | `Σ L m / N'` | `1/N'` | verl `token-mean` (one process); `N' = global_tokens` or the local N |
 //! | `SeqMeanTokenMean` | `(1/B) Σ_i Σ_t L m / n_i` | `1/(B·n_i)` | verl `seq-mean-token-mean`, TRL `grpo` |
 //! | `SeqMeanTokenSum` | `(1/B) Σ_i Σ_t L m` | `1/B` | verl `seq-mean-token-sum` |
 //! | `SeqMeanTokenSumNorm { max_len, divide_by_batch: true }` | `Σ L m / (B·L_max)` | `1/(B·L_max)` | Dr. GRPO 2503.20783, TRL `dr_grpo` |
@@ -20,6 +23,12 @@
 //! | `Bnpo` | `Σ L m / N` | `1/N` | TRL `bnpo` |
 //! | `Dapo { global_tokens, processes }` | `Σ L m / (N_global / P)` | `P/N_global` | TRL `dapo` |
 //! | `Luspo` | `(1/B) Σ_i Σ_t L m` | `1/B` | LUSPO 2602.05261, TRL `luspo` |
+//!
+//! verl's data-parallel token mean, `Σ L m / batch_num_tokens · dp_size` (the all-reduced
+//! count and the number of ranks), is `Dapo { global_tokens: batch_num_tokens, processes:
+//! dp_size }`. Its sequence means take a `global_batch_size` the same way; here `B` is the
+//! local count, so a data-parallel caller multiplies the scalar and the weights by
+//! `B / global_batch_size · dp_size`.
 //!
 //! `L_max` is `max_len` if given, else the padded width (padded layout) or the longest segment
 //! (packed layout). TRL's `dr_grpo` divides by its configured `max_completion_length`, not by
@@ -37,9 +46,10 @@
 //!
 //! **Zero denominators** follow [`Denominator`]: `Strict` (default, verl semantics without the
 //! NaN) → [`Error::NoValidTokens`] for a batch-level count/size of 0 and
-//! [`Error::EmptySegment`] for an empty sequence under a per-sequence mean; `ClampOne` (TRL:
-//! every denominator `max(·, 1)`, so the loss is 0 instead); `PlusEps(ε)` (verl `masked_mean`:
-//! token-count denominators `+ ε`; batch sizes and `L_max` stay strict).
+//! [`Error::EmptySegment`] for an empty sequence under a per-sequence mean of all sequences
+//! (with [`SeqCount::NonEmpty`] an empty sequence is left out instead, as verl leaves it out);
+//! `ClampOne` (TRL: every denominator `max(·, 1)`, so the loss is 0 instead); `PlusEps(ε)`
+//! (verl `masked_mean`: token-count denominators `+ ε`; batch sizes and `L_max` stay strict).
 
 use crate::error::{Error, Result, check_len, ensure};
 use crate::layout::{Segments, Tokens};
@@ -93,25 +103,46 @@ pub enum Denominator<T> {
     PlusEps(T),
 }
 
+/// Which sequences a mean over sequences counts (`B` in the [module table](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeqCount {
+    /// Every sequence, empty ones included: `torch.mean` over the rows (TRL, OpenRLHF, the
+    /// papers).
+    #[default]
+    All,
+    /// Only the sequences with at least one valid token: verl's `agg_loss`, whose sequence
+    /// means divide by `seq_mask.sum()` with `seq_mask = loss_mask.sum(-1) > 0` (the version
+    /// MATH.md §6 describes: token-mean without ε, `seq-mean-token-sum-norm` without ÷B). An
+    /// empty sequence then adds nothing and is no error under `SeqMeanTokenMean` (verl's
+    /// `Σ/(n_i + 1e-8)` is 0 there and masked out); a batch without any is
+    /// [`Error::NoValidTokens`] under `Strict` (verl: 0/0 = NaN).
+    NonEmpty,
+}
+
 /// Configuration of [`aggregate`].
 ///
-/// `from_preset(preset, mode)` sets the zero-denominator rule and verl's Dr. GRPO variant:
+/// `from_preset(preset, mode)` sets the zero-denominator rule, the sequences a mean over
+/// sequences counts and verl's Dr. GRPO variant:
 ///
-/// | preset | `denominator` | `SeqMeanTokenSumNorm::divide_by_batch` |
-/// |---|---|---|
-/// | Paper | `Strict` | as given |
-/// | Verl, VerlVectorized | `Strict` | forced `false` (verl divides the batch sum by L_max only) |
-/// | Trl | `ClampOne` | forced `true` |
-/// | OpenRlhf | `Strict` | as given |
+/// | preset | `denominator` | `sequences` | `SeqMeanTokenSumNorm::divide_by_batch` |
+/// |---|---|---|---|
+/// | Paper | `Strict` | `All` | as given |
+/// | Verl, VerlVectorized | `Strict` | `NonEmpty` | forced `false` (verl divides the batch sum by L_max only) |
+/// | Trl | `ClampOne` | `All` | forced `true` |
+/// | OpenRlhf | `Strict` | `All` | as given |
 ///
 /// `PlusEps(1e-8)` is never a preset's aggregation (verl's `agg_loss` token-mean divides by the
-/// exact count, MATH.md §6); it reproduces verl's `masked_mean` helper where a caller wants that.
+/// exact count, MATH.md §6, and its `n_i + 1e-8` in seq-mean-token-mean is `n_i` in f32 for
+/// every `n_i ≥ 1`, empty sequences being masked out); it reproduces verl's `masked_mean`
+/// helper where a caller wants that.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AggConfig<T> {
     /// The formula.
     pub mode: AggMode,
     /// The zero-denominator rule.
     pub denominator: Denominator<T>,
+    /// The sequences a mean over sequences counts.
+    pub sequences: SeqCount,
 }
 
 impl<T: Real> Default for AggConfig<T> {
@@ -122,6 +153,7 @@ impl<T: Real> Default for AggConfig<T> {
                 global_tokens: None,
             },
             denominator: Denominator::Strict,
+            sequences: SeqCount::All,
         }
     }
 }
@@ -140,14 +172,17 @@ impl<T: Real> AggConfig<T> {
             Preset::Verl | Preset::VerlVectorized => AggConfig {
                 mode: force(false),
                 denominator: Denominator::Strict,
+                sequences: SeqCount::NonEmpty,
             },
             Preset::Trl => AggConfig {
                 mode: force(true),
                 denominator: Denominator::ClampOne,
+                sequences: SeqCount::All,
             },
             _ => AggConfig {
                 mode,
                 denominator: Denominator::Strict,
+                sequences: SeqCount::All,
             },
         }
     }
@@ -184,11 +219,140 @@ fn default_max_len(tokens: &Tokens<'_>) -> usize {
 }
 
 /// How each sequence is weighted: `w_t = a_i` for every valid token of sequence `i`.
+#[derive(Clone, Copy)]
 enum SeqWeights<T> {
-    /// One weight for every valid token.
+    /// One weight for every valid token of every counted sequence.
     Uniform(T),
     /// `scale / n_i` per sequence (empty sequences: weight irrelevant).
     PerSequence { scale: T },
+}
+
+/// The per-sequence rule of a configuration whose `PlusEps` passed [`check_eps`]: checks the
+/// other parameters and the zero denominators and returns how each sequence is weighted.
+/// The `PlusEps` rule's check (before the values are read).
+fn check_eps<T: Real>(cfg: &AggConfig<T>) -> Result<()> {
+    match cfg.denominator {
+        Denominator::PlusEps(e) => ensure(
+            e > T::ZERO && e.is_finite(),
+            "denominator eps",
+            "must be finite and > 0",
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn plan<T: Real>(cfg: &AggConfig<T>, tokens: &Tokens<'_>, b: usize) -> Result<SeqWeights<T>> {
+    let rule = cfg.denominator;
+    let local = tokens.total_valid();
+    // `B` of a mean over sequences.
+    let seqs = || match cfg.sequences {
+        SeqCount::All => b,
+        SeqCount::NonEmpty => (0..b).filter(|&i| tokens.valid_count(i) > 0).count(),
+    };
+    Ok(match cfg.mode {
+        AggMode::TokenMean { global_tokens } => SeqWeights::Uniform(inv_count(
+            global_tokens.unwrap_or(local),
+            rule,
+            Error::NoValidTokens,
+        )?),
+        AggMode::Bnpo => SeqWeights::Uniform(inv_count(local, rule, Error::NoValidTokens)?),
+        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
+            SeqWeights::Uniform(inv_size(seqs(), rule, Error::NoValidTokens)?)
+        }
+        AggMode::SeqMeanTokenSumNorm {
+            max_len,
+            divide_by_batch,
+        } => {
+            let l = max_len.unwrap_or_else(|| default_max_len(tokens));
+            let d = if divide_by_batch {
+                seqs().checked_mul(l).ok_or(Error::InvalidParam {
+                    name: "max_len",
+                    reason: "B * max_len overflows usize",
+                })?
+            } else {
+                l
+            };
+            SeqWeights::Uniform(inv_size(d, rule, Error::NoValidTokens)?)
+        }
+        AggMode::Dapo {
+            global_tokens,
+            processes,
+        } => {
+            ensure(processes >= 1, "processes", "must be >= 1")?;
+            let inv = inv_count::<T>(global_tokens, rule, Error::NoValidTokens)?;
+            SeqWeights::Uniform(inv * T::from_usize(processes))
+        }
+        AggMode::SeqMeanTokenMean => {
+            let inv_b = inv_size(seqs(), rule, Error::NoValidTokens)?;
+            if let (Denominator::Strict, SeqCount::All) = (rule, cfg.sequences)
+                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
+            {
+                return Err(Error::EmptySegment { segment });
+            }
+            SeqWeights::PerSequence { scale: inv_b }
+        }
+    })
+}
+
+impl<T: Real> SeqWeights<T> {
+    /// The weight of each valid token of sequence `i`, which has `c` valid tokens; `None` for
+    /// a sequence that contributes nothing (an empty one under a per-sequence mean).
+    fn of(self, i: usize, c: usize, rule: Denominator<T>) -> Option<T> {
+        match self {
+            SeqWeights::Uniform(w) => Some(w),
+            // c > 0 here, so the count rule cannot fail; Strict rejected empty rows in `plan`
+            // unless they are left out (`SeqCount::NonEmpty`).
+            SeqWeights::PerSequence { scale } if c > 0 => {
+                inv_count(c, rule, Error::EmptySegment { segment: i })
+                    .ok()
+                    .map(|inv| inv * scale)
+            }
+            SeqWeights::PerSequence { .. } => None,
+        }
+    }
+}
+
+/// The weight `a_i` that [`aggregate`] gives every valid token of sequence `i`, written to
+/// `out[i]` (0 for a sequence that contributes nothing: an empty one under a per-sequence
+/// mean, whose tokens, having none, get no weight either way) \[ours\]. For a backend that
+/// applies the weights itself (grpo-wgpu's aggregation), so that it has grpo-core's bits
+/// and errors without a second copy of the rules.
+///
+/// `n` is the length of the per-token arrays `tokens` describes.
+///
+/// # Errors
+/// Layout errors against `n`, `LengthMismatch{what: "sequence weights"}` unless `out.len()`
+/// is the number of sequences, then [`aggregate`]'s parameter and zero-denominator errors in
+/// its order (the values are not read, so no `NonFinite`). `out` untouched on `Err`.
+///
+/// ```
+/// use grpo_core::aggregate::{AggConfig, AggMode, sequence_weights};
+/// use grpo_core::{Preset, Tokens};
+/// // Rows with 2, 0 and 1 valid tokens: verl's seq-mean-token-mean counts the two
+/// // non-empty rows, B = 2: weights 1/(2·2), 0, 1/(2·1).
+/// let m = [true, true, false, false, true, false];
+/// let tok = Tokens::padded(3, 2, Some(&m));
+/// let cfg = AggConfig::<f64>::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+/// let mut w = [0.0; 3];
+/// sequence_weights(&cfg, tok, 6, &mut w).unwrap();
+/// assert_eq!(w, [0.25, 0.0, 0.5]);
+/// ```
+pub fn sequence_weights<T: Real>(
+    cfg: &AggConfig<T>,
+    tokens: Tokens<'_>,
+    n: usize,
+    out: &mut [T],
+) -> Result<()> {
+    let b = tokens.validate(n)?;
+    check_len("sequence weights", b, out.len())?;
+    check_eps(cfg)?;
+    let sw = plan(cfg, &tokens, b)?;
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = sw
+            .of(i, tokens.valid_count(i), cfg.denominator)
+            .unwrap_or(T::ZERO);
+    }
+    Ok(())
 }
 
 /// Aggregates per-token losses into a scalar and writes the per-token weights (see the
@@ -220,6 +384,15 @@ enum SeqWeights<T> {
 /// let dr = AggMode::SeqMeanTokenSumNorm { max_len: None, divide_by_batch: true };
 /// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Paper, dr), tok, &v, &mut w).unwrap(), 1.5);
 /// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Verl, dr), tok, &v, &mut w).unwrap(), 3.0);
+/// // A third, empty row: verl's seq-mean-token-sum divides by the 2 non-empty rows (4.5),
+/// // TRL's by all 3 rows (3).
+/// let m3 = [true, true, false, true, false, false, false, false, false];
+/// let v3 = [1.0, 3.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+/// let tok3 = Tokens::padded(3, 3, Some(&m3));
+/// let mut w3 = [0.0; 9];
+/// let sum = AggMode::SeqMeanTokenSum;
+/// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Verl, sum), tok3, &v3, &mut w3), Ok(4.5));
+/// assert_eq!(aggregate(&AggConfig::from_preset(Preset::Trl, sum), tok3, &v3, &mut w3), Ok(3.0));
 /// ```
 pub fn aggregate<T: Real>(
     cfg: &AggConfig<T>,
@@ -230,77 +403,16 @@ pub fn aggregate<T: Real>(
     let n = values.len();
     let b = tokens.validate(n)?;
     check_len("weights", n, weights.len())?;
-    if let Denominator::PlusEps(e) = cfg.denominator {
-        ensure(
-            e > T::ZERO && e.is_finite(),
-            "denominator eps",
-            "must be finite and > 0",
-        )?;
-    }
+    check_eps(cfg)?;
     if let Some(index) = tokens.first_non_finite(values) {
         return Err(Error::NonFinite {
             what: "values",
             index,
         });
     }
+    let sw = plan(cfg, &tokens, b)?;
     let rule = cfg.denominator;
-    let local = tokens.total_valid();
-    let sw = match cfg.mode {
-        AggMode::TokenMean { global_tokens } => SeqWeights::Uniform(inv_count(
-            global_tokens.unwrap_or(local),
-            rule,
-            Error::NoValidTokens,
-        )?),
-        AggMode::Bnpo => SeqWeights::Uniform(inv_count(local, rule, Error::NoValidTokens)?),
-        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
-            SeqWeights::Uniform(inv_size(b, rule, Error::NoValidTokens)?)
-        }
-        AggMode::SeqMeanTokenSumNorm {
-            max_len,
-            divide_by_batch,
-        } => {
-            let l = max_len.unwrap_or_else(|| default_max_len(&tokens));
-            let d = if divide_by_batch {
-                b.checked_mul(l).ok_or(Error::InvalidParam {
-                    name: "max_len",
-                    reason: "B * max_len overflows usize",
-                })?
-            } else {
-                l
-            };
-            SeqWeights::Uniform(inv_size(d, rule, Error::NoValidTokens)?)
-        }
-        AggMode::Dapo {
-            global_tokens,
-            processes,
-        } => {
-            ensure(processes >= 1, "processes", "must be >= 1")?;
-            let inv = inv_count::<T>(global_tokens, rule, Error::NoValidTokens)?;
-            SeqWeights::Uniform(inv * T::from_usize(processes))
-        }
-        AggMode::SeqMeanTokenMean => {
-            let inv_b = inv_size(b, rule, Error::NoValidTokens)?;
-            if let Denominator::Strict = rule
-                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
-            {
-                return Err(Error::EmptySegment { segment });
-            }
-            SeqWeights::PerSequence { scale: inv_b }
-        }
-    };
     // Pass 1: the scalar (refused if it overflows); pass 2: the weights.
-    let seq_weight = |i: usize, c: usize| -> Option<T> {
-        match sw {
-            SeqWeights::Uniform(w) => Some(w),
-            // c > 0 here, so the count rule cannot fail; Strict rejected empty rows above.
-            SeqWeights::PerSequence { scale } if c > 0 => {
-                inv_count(c, rule, Error::EmptySegment { segment: i })
-                    .ok()
-                    .map(|inv| inv * scale)
-            }
-            SeqWeights::PerSequence { .. } => None,
-        }
-    };
     let mut loss = T::ZERO;
     for i in 0..b {
         let mut s = T::ZERO;
@@ -309,7 +421,7 @@ pub fn aggregate<T: Real>(
             s += values[t];
             c += 1;
         }
-        if let Some(w) = seq_weight(i, c) {
+        if let Some(w) = sw.of(i, c, rule) {
             loss += s * w;
         }
     }
@@ -321,7 +433,7 @@ pub fn aggregate<T: Real>(
     }
     weights.fill(T::ZERO);
     for i in 0..b {
-        if let Some(w) = seq_weight(i, tokens.valid_count(i)) {
+        if let Some(w) = sw.of(i, tokens.valid_count(i), rule) {
             for t in tokens.valid_positions(i) {
                 weights[t] = w;
             }
@@ -425,13 +537,89 @@ mod tests {
         let trl = AggConfig::from_preset(Preset::Trl, AggMode::Bnpo);
         assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(0.0));
         assert_eq!(w, [0.0; 4]);
-        let smtm = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+        let smtm = AggConfig::from_preset(Preset::Paper, AggMode::SeqMeanTokenMean);
         let mut w = [7.0; 4];
         assert_eq!(
             aggregate(&smtm, tok, &v, &mut w),
             Err(Error::EmptySegment { segment: 0 })
         );
         assert_eq!(w, [7.0; 4]);
+        // verl counts the non-empty sequences: none, 0/0 in verl, NoValidTokens here, for
+        // every mean over sequences (an all-masked batch is no error under `All`, where
+        // B = 2 rows of token sums 0 give 0, as torch.mean over the rows does).
+        for mode in [
+            AggMode::SeqMeanTokenMean,
+            AggMode::SeqMeanTokenSum,
+            AggMode::Luspo,
+        ] {
+            let verl = AggConfig::from_preset(Preset::Verl, mode);
+            assert_eq!(aggregate(&verl, tok, &v, &mut w), Err(Error::NoValidTokens));
+            assert_eq!(w, [7.0; 4]);
+            let mut ws = [7.0; 2];
+            assert_eq!(
+                sequence_weights(&verl, tok, 4, &mut ws),
+                Err(Error::NoValidTokens)
+            );
+            assert_eq!(ws, [7.0; 2]);
+        }
+        let all = AggConfig::from_preset(Preset::Paper, AggMode::SeqMeanTokenSum);
+        assert_eq!(aggregate(&all, tok, &v, &mut w), Ok(0.0));
+    }
+
+    #[test]
+    fn verl_counts_the_non_empty_sequences() {
+        // Rows (1, 3), (), (5, 7): verl's agg_loss masks the empty row out of its sequence
+        // means (seq_mask.sum() = 2), torch.mean over the rows does not (B = 3).
+        let v = [1.0f64, 3.0, 0.0, 0.0, 5.0, 7.0];
+        let m = [true, true, false, false, true, true];
+        let tok = Tokens::padded(3, 2, Some(&m));
+        let mut w = [0.0; 6];
+        let cases = [
+            // seq-mean-token-sum: (4 + 12)/2 = 8 (verl), /3 (all rows).
+            (AggMode::SeqMeanTokenSum, 8.0, 16.0 / 3.0),
+            // seq-mean-token-mean: (2 + 6)/2 = 4 (verl), /3; the Paper preset is strict on
+            // the empty row, so `All` is checked with ClampOne (TRL's grpo).
+            (AggMode::SeqMeanTokenMean, 4.0, 8.0 / 3.0),
+            (AggMode::Luspo, 8.0, 16.0 / 3.0),
+            // Dr. GRPO ÷(B·L): verl's newer form divides by the non-empty rows too.
+            (
+                AggMode::SeqMeanTokenSumNorm {
+                    max_len: Some(4),
+                    divide_by_batch: true,
+                },
+                2.0,
+                16.0 / 12.0,
+            ),
+        ];
+        for (mode, verl, all) in cases {
+            let non_empty = AggConfig {
+                mode,
+                denominator: Denominator::Strict,
+                sequences: SeqCount::NonEmpty,
+            };
+            assert_eq!(aggregate(&non_empty, tok, &v, &mut w), Ok(verl), "{mode:?}");
+            assert_eq!((w[2], w[3]), (0.0, 0.0));
+            let every = AggConfig {
+                mode,
+                denominator: Denominator::ClampOne,
+                sequences: SeqCount::All,
+            };
+            let got = aggregate(&every, tok, &v, &mut w).unwrap();
+            assert!((got - all).abs() < 1e-15, "{mode:?}: {got}");
+        }
+        // The Verl preset is NonEmpty.
+        let cfg = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+        assert_eq!(cfg.sequences, SeqCount::NonEmpty);
+        assert_eq!(aggregate(&cfg, tok, &v, &mut w), Ok(4.0));
+        assert_eq!(w, [0.25, 0.25, 0.0, 0.0, 0.25, 0.25]);
+        let mut ws = [9.0; 3];
+        sequence_weights(&cfg, tok, 6, &mut ws).unwrap();
+        assert_eq!(ws, [0.25, 0.0, 0.25]);
+        // sequence_weights checks the layout and its own length first.
+        let mut short = [9.0; 2];
+        assert!(sequence_weights(&cfg, tok, 6, &mut short).is_err());
+        assert!(sequence_weights(&cfg, tok, 5, &mut ws).is_err());
+        assert_eq!((short, ws), ([9.0; 2], [0.25, 0.0, 0.25]));
     }
 
     #[test]
@@ -442,6 +630,7 @@ mod tests {
         let cfg = AggConfig::<f64> {
             mode: AggMode::SeqMeanTokenSum,
             denominator: Denominator::Strict,
+            sequences: SeqCount::All,
         };
         assert_eq!(
             aggregate(&cfg, Tokens::padded(1, 2, None), &v, &mut w),
@@ -465,6 +654,7 @@ mod tests {
                 global_tokens: Some(0),
             },
             denominator: Denominator::PlusEps(1.8e-308),
+            sequences: SeqCount::All,
         };
         let mut w = [0.0; 4];
         let loss = aggregate(&cfg, tok, &v, &mut w).unwrap();

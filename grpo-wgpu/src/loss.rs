@@ -13,7 +13,7 @@
 //! grpo-core divides it.
 
 use bytemuck::{Pod, Zeroable};
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator};
+use grpo_core::aggregate::{AggConfig, Denominator, sequence_weights};
 use grpo_core::divergence::measures::TokenDiagnostics;
 use grpo_core::divergence::{KlEstimator, KlPenaltyConfig, RatioBounds};
 use grpo_core::is_correction::{
@@ -25,7 +25,7 @@ use grpo_core::loss::{
     P3oConfig, PolicyInputs, PpoClipConfig, SapoConfig,
 };
 use grpo_core::vocab::canon::CanonicalSum;
-use grpo_core::{Error, Real, Segments, Tokens};
+use grpo_core::{Error, Real, Tokens};
 
 use crate::context::{Arg, GpuContext, Resident};
 use crate::error::{Result, check_len};
@@ -162,92 +162,6 @@ fn validate_aux(tokens: &Tokens<'_>, what: &'static str, n: usize, v: &[f32]) ->
 
 fn clamp_flag(c: Option<f32>) -> (u32, f32) {
     c.map_or((0, 0.0), |c| (FLAG_CLAMP_LOG_RATIO, c))
-}
-
-/// aggregate::inv_count in f32 (the same operations, so the same bits).
-fn inv_count(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
-    match rule {
-        Denominator::Strict if d == 0 => Err(err.into()),
-        Denominator::Strict => Ok(1.0 / d as f32),
-        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
-        Denominator::PlusEps(e) => Ok(1.0 / (d as f32 + e)),
-    }
-}
-
-/// aggregate::inv_size in f32.
-fn inv_size(d: usize, rule: Denominator<f32>, err: Error) -> Result<f32> {
-    match rule {
-        Denominator::ClampOne => Ok(1.0 / d.max(1) as f32),
-        _ if d == 0 => Err(err.into()),
-        _ => Ok(1.0 / d as f32),
-    }
-}
-
-/// The weight `w_i` of every valid token of each sequence, exactly as grpo-core's `aggregate`
-/// computes it (validation included, in its order); 0 where grpo-core skips the sequence (an
-/// empty one under a per-sequence mean, which contributes nothing either way).
-fn aggregation_weights(cfg: &AggConfig<f32>, tokens: &Tokens<'_>, b: usize) -> Result<Vec<f32>> {
-    let rule = cfg.denominator;
-    let local = tokens.total_valid();
-    let uniform = |w: f32| Ok(vec![w; b]);
-    match cfg.mode {
-        AggMode::TokenMean { global_tokens } => uniform(inv_count(
-            global_tokens.unwrap_or(local),
-            rule,
-            Error::NoValidTokens,
-        )?),
-        AggMode::Bnpo => uniform(inv_count(local, rule, Error::NoValidTokens)?),
-        AggMode::SeqMeanTokenSum | AggMode::Luspo => {
-            uniform(inv_size(b, rule, Error::NoValidTokens)?)
-        }
-        AggMode::SeqMeanTokenSumNorm {
-            max_len,
-            divide_by_batch,
-        } => {
-            let l = max_len.unwrap_or_else(|| match tokens.segments {
-                Segments::Padded { cols, .. } => cols,
-                Segments::Packed(_) => (0..b).map(|i| tokens.span(i).len()).max().unwrap_or(0),
-            });
-            let d = if divide_by_batch {
-                b.checked_mul(l).ok_or(Error::InvalidParam {
-                    name: "max_len",
-                    reason: "B * max_len overflows usize",
-                })?
-            } else {
-                l
-            };
-            uniform(inv_size(d, rule, Error::NoValidTokens)?)
-        }
-        AggMode::Dapo {
-            global_tokens,
-            processes,
-        } => {
-            if processes == 0 {
-                return Err(Error::InvalidParam {
-                    name: "processes",
-                    reason: "must be >= 1",
-                }
-                .into());
-            }
-            let inv = inv_count(global_tokens, rule, Error::NoValidTokens)?;
-            uniform(inv * processes as f32)
-        }
-        AggMode::SeqMeanTokenMean => {
-            let scale = inv_size(b, rule, Error::NoValidTokens)?;
-            if let Denominator::Strict = rule
-                && let Some(segment) = (0..b).find(|&i| tokens.valid_count(i) == 0)
-            {
-                return Err(Error::EmptySegment { segment }.into());
-            }
-            Ok((0..b)
-                .map(|i| match tokens.valid_count(i) {
-                    0 => 0.0,
-                    c => inv_count(c, rule, Error::EmptySegment { segment: i })
-                        .map_or(0.0, |inv| inv * scale),
-                })
-                .collect())
-        }
-    }
 }
 
 struct Outputs {
@@ -719,12 +633,13 @@ impl<'c> LossKernel<'c> {
     }
 
     /// Aggregation of per-token losses into the scalar that is differentiated, grpo-core's
-    /// [`grpo_core::aggregate::aggregate`] (every [`AggMode`]: token-mean, seq-mean-token-mean,
+    /// [`grpo_core::aggregate::aggregate`] (every
+    /// [`AggMode`](grpo_core::aggregate::AggMode): token-mean, seq-mean-token-mean,
     /// seq-mean-token-sum, seq-mean-token-sum-norm in Dr. GRPO's and verl's variants, BNPO,
     /// DAPO, LUSPO): `loss = Σ_i w_i·Σ_{t∈i} m_t·L_t` and `weights[t] = w_i·m_t`.
     ///
-    /// The per-sequence weights `w_i` are functions of counts and are computed on the host with
-    /// grpo-core's f32 operations. The reduction runs in grpo-core's order: one invocation per
+    /// The per-sequence weights `w_i` are functions of counts and are computed on the host by
+    /// grpo-core itself ([`grpo_core::aggregate::sequence_weights`]). The reduction runs in grpo-core's order: one invocation per
     /// sequence sums its valid values in token order and multiplies by `w_i` (`agg_seq`, which
     /// also writes the per-token weights), then one invocation adds the B products in sequence
     /// order (`agg_total`). WGSL rounds `+` and `×` correctly and the product is stored before
@@ -760,7 +675,9 @@ impl<'c> LossKernel<'c> {
             }
             .into());
         }
-        let w = aggregation_weights(cfg, &tokens, b)?;
+        // grpo-core's own per-sequence weights (its rules, its f32 operations, its errors).
+        let mut w = vec![0f32; b];
+        sequence_weights(cfg, tokens, n, &mut w)?;
         // Bindings: values in `lp`, w_i in `old`, the mask then the B spans in `flags`, the
         // per-token weights in `value`, the B products then the scalar in `grad`.
         self.ctx

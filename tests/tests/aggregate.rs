@@ -2,7 +2,9 @@
 //! get weight 0, and `scale_gradients` gives the sequence mass for sequence-level losses, or
 //! refuses a non-finite result with the gradients untouched.
 
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
+use grpo_core::aggregate::{
+    AggConfig, AggMode, Denominator, SeqCount, aggregate, scale_gradients, sequence_weights,
+};
 use grpo_core::loss::LossLevel;
 use grpo_core::{Error, Tokens};
 use proptest::prelude::*;
@@ -49,40 +51,55 @@ proptest! {
     fn weights_sum_as_documented(b in batch(), global in 1usize..100, procs in 1usize..8) {
         let tok = Tokens::padded(b.rows, b.cols, Some(&b.mask));
         let n_valid = b.mask.iter().filter(|&&m| m).count() as f64;
-        let rows = b.rows as f64;
         let nonempty = (0..b.rows).filter(|&i| tok.valid_count(i) > 0).count() as f64;
         let l = b.cols as f64;
-        let cases: Vec<(AggMode, f64)> = vec![
-            // token-mean: Σ w = 1 over valid tokens (N ≥ 1), with a global count N/N_global.
-            (AggMode::TokenMean { global_tokens: None }, if n_valid > 0.0 { 1.0 } else { 0.0 }),
-            (AggMode::TokenMean { global_tokens: Some(global) }, n_valid / global as f64),
-            (AggMode::Bnpo, if n_valid > 0.0 { 1.0 } else { 0.0 }),
-            // seq-mean-token-mean: each non-empty sequence has mass 1/B.
-            (AggMode::SeqMeanTokenMean, nonempty / rows),
-            (AggMode::SeqMeanTokenSum, n_valid / rows),
-            (AggMode::Luspo, n_valid / rows),
-            (AggMode::SeqMeanTokenSumNorm { max_len: None, divide_by_batch: true }, n_valid / (rows * l)),
-            (AggMode::SeqMeanTokenSumNorm { max_len: Some(11), divide_by_batch: false }, n_valid / 11.0),
-            (AggMode::Dapo { global_tokens: global, processes: procs }, n_valid * procs as f64 / global as f64),
-        ];
-        for (mode, want) in cases {
-            let cfg = AggConfig { mode, denominator: Denominator::ClampOne };
-            let mut w = vec![f64::NAN; b.values.len()];
-            let loss = aggregate(&cfg, tok, &b.values, &mut w).unwrap();
-            let sum: f64 = w.iter().sum();
-            prop_assert!(close(sum, want), "{:?}: Σw = {} want {}", mode, sum, want);
-            let dot: f64 = (0..w.len()).filter(|&t| b.mask[t]).map(|t| w[t] * b.values[t]).sum();
-            prop_assert!(close(loss, dot), "{:?}: loss {} Σ w L {}", mode, loss, dot);
-            for t in 0..w.len() {
-                if !b.mask[t] {
-                    prop_assert_eq!(w[t], 0.0);
+        // B of a mean over sequences: every row, or the non-empty ones (verl), ClampOne's
+        // max(B, 1) where none is.
+        for (sequences, rows) in [(SeqCount::All, b.rows as f64), (SeqCount::NonEmpty, nonempty.max(1.0))] {
+            let cases: Vec<(AggMode, f64)> = vec![
+                // token-mean: Σ w = 1 over valid tokens (N ≥ 1), with a global count N/N_global.
+                (AggMode::TokenMean { global_tokens: None }, if n_valid > 0.0 { 1.0 } else { 0.0 }),
+                (AggMode::TokenMean { global_tokens: Some(global) }, n_valid / global as f64),
+                (AggMode::Bnpo, if n_valid > 0.0 { 1.0 } else { 0.0 }),
+                // seq-mean-token-mean: each non-empty sequence has mass 1/B.
+                (AggMode::SeqMeanTokenMean, nonempty / rows),
+                (AggMode::SeqMeanTokenSum, n_valid / rows),
+                (AggMode::Luspo, n_valid / rows),
+                (AggMode::SeqMeanTokenSumNorm { max_len: None, divide_by_batch: true }, n_valid / (rows * l)),
+                (AggMode::SeqMeanTokenSumNorm { max_len: Some(11), divide_by_batch: false }, n_valid / 11.0),
+                (AggMode::Dapo { global_tokens: global, processes: procs }, n_valid * procs as f64 / global as f64),
+            ];
+            for (mode, want) in cases {
+                let cfg = AggConfig { mode, denominator: Denominator::ClampOne, sequences };
+                let mut w = vec![f64::NAN; b.values.len()];
+                let loss = aggregate(&cfg, tok, &b.values, &mut w).unwrap();
+                let sum: f64 = w.iter().sum();
+                prop_assert!(close(sum, want), "{:?} {:?}: Σw = {} want {}", mode, sequences, sum, want);
+                let dot: f64 = (0..w.len()).filter(|&t| b.mask[t]).map(|t| w[t] * b.values[t]).sum();
+                prop_assert!(close(loss, dot), "{:?}: loss {} Σ w L {}", mode, loss, dot);
+                for t in 0..w.len() {
+                    if !b.mask[t] {
+                        prop_assert_eq!(w[t], 0.0);
+                    }
                 }
-            }
-            if mode == AggMode::SeqMeanTokenMean {
+                // sequence_weights gives each valid token's weight (0 for an empty sequence
+                // under a per-sequence mean), with the same bits.
+                let mut ws = vec![f64::NAN; b.rows];
+                sequence_weights(&cfg, tok, b.values.len(), &mut ws).unwrap();
                 for i in 0..b.rows {
-                    let mass: f64 = tok.valid_positions(i).map(|t| w[t]).sum();
-                    if tok.valid_count(i) > 0 {
-                        prop_assert!(close(mass, 1.0 / rows));
+                    for t in tok.valid_positions(i) {
+                        prop_assert_eq!(w[t].to_bits(), ws[i].to_bits());
+                    }
+                    if mode == AggMode::SeqMeanTokenMean && tok.valid_count(i) == 0 {
+                        prop_assert_eq!(ws[i], 0.0);
+                    }
+                }
+                if mode == AggMode::SeqMeanTokenMean {
+                    for i in 0..b.rows {
+                        let mass: f64 = tok.valid_positions(i).map(|t| w[t]).sum();
+                        if tok.valid_count(i) > 0 {
+                            prop_assert!(close(mass, 1.0 / rows));
+                        }
                     }
                 }
             }
@@ -92,7 +109,7 @@ proptest! {
     #[test]
     fn sequence_level_scaling_uses_sequence_mass(b in batch()) {
         let tok = Tokens::padded(b.rows, b.cols, Some(&b.mask));
-        let cfg = AggConfig { mode: AggMode::SeqMeanTokenSum, denominator: Denominator::ClampOne };
+        let cfg = AggConfig { mode: AggMode::SeqMeanTokenSum, denominator: Denominator::ClampOne, sequences: SeqCount::All };
         let mut w = vec![0.0; b.values.len()];
         aggregate(&cfg, tok, &b.values, &mut w).unwrap();
         let mut g = vec![1.0; b.values.len()];
@@ -158,7 +175,7 @@ proptest! {
         let padded = Tokens::padded(b.rows, b.cols, Some(&b.mask));
         let packed = Tokens::packed(&cu, Some(&b.mask));
         for mode in [AggMode::SeqMeanTokenMean, AggMode::TokenMean { global_tokens: None }, AggMode::Luspo] {
-            let cfg = AggConfig { mode, denominator: Denominator::ClampOne };
+            let cfg = AggConfig { mode, denominator: Denominator::ClampOne, sequences: SeqCount::All };
             let (mut w1, mut w2) = (vec![0.0; b.values.len()], vec![0.0; b.values.len()]);
             let l1 = aggregate(&cfg, padded, &b.values, &mut w1).unwrap();
             let l2 = aggregate(&cfg, packed, &b.values, &mut w2).unwrap();
@@ -188,12 +205,14 @@ fn strict_all_masked_is_an_error_and_clamp_one_is_zero() {
         let strict = AggConfig::<f64> {
             mode,
             denominator: Denominator::Strict,
+            sequences: SeqCount::All,
         };
         assert!(aggregate(&strict, tok, &v, &mut w).is_err(), "{mode:?}");
         assert_eq!(w, [5.0; 6]);
         let trl = AggConfig::<f64> {
             mode,
             denominator: Denominator::ClampOne,
+            sequences: SeqCount::All,
         };
         assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(0.0), "{mode:?}");
         assert_eq!(w, [0.0; 6]);
@@ -201,9 +220,12 @@ fn strict_all_masked_is_an_error_and_clamp_one_is_zero() {
     // No sequences at all under seq-mean: B = 0.
     let cu = [0usize];
     let mut w: [f64; 0] = [];
-    let cfg = AggConfig::<f64> {
-        mode: AggMode::SeqMeanTokenSum,
-        denominator: Denominator::Strict,
-    };
-    assert!(aggregate(&cfg, Tokens::packed(&cu, None), &[], &mut w).is_err());
+    for sequences in [SeqCount::All, SeqCount::NonEmpty] {
+        let cfg = AggConfig::<f64> {
+            mode: AggMode::SeqMeanTokenSum,
+            denominator: Denominator::Strict,
+            sequences,
+        };
+        assert!(aggregate(&cfg, Tokens::packed(&cu, None), &[], &mut w).is_err());
+    }
 }

@@ -7,7 +7,7 @@
 //! surrogate with the detached factors frozen at the base point, written out here from the
 //! formula; the implementation's values are checked against that surrogate at the base point.
 
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate, scale_gradients};
+use grpo_core::aggregate::{AggConfig, AggMode, Denominator, SeqCount, aggregate, scale_gradients};
 use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::*;
 use grpo_core::{Preset, Tokens};
@@ -112,6 +112,7 @@ fn agg_modes() -> Vec<AggConfig<f64>> {
         .map(|&mode| AggConfig {
             mode,
             denominator: Denominator::ClampOne,
+            sequences: SeqCount::All,
         })
         .collect()
 }

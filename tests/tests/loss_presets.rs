@@ -2,7 +2,7 @@
 //! inputs (|lp − old| up to 1000, garbage in padding, A = 0 with an overflowing ratio), and
 //! bad input (Err with every output untouched).
 
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate};
+use grpo_core::aggregate::{AggConfig, AggMode, Denominator, SeqCount, aggregate};
 use grpo_core::divergence::RatioBounds;
 use grpo_core::loss::*;
 use grpo_core::{Error, Preset, Tokens};
@@ -353,13 +353,21 @@ fn aggregation_denominator_presets() {
     let m = [true, true, false, false];
     let tok = Tokens::padded(2, 2, Some(&m));
     let mut w = [9.0; 4];
-    // verl seq-mean-token-mean on an empty row: NaN in verl → Err here, weights untouched.
-    let verl = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+    // A mean over every row (torch.mean, strict) refuses the empty row, weights untouched.
+    let paper = AggConfig::from_preset(Preset::Paper, AggMode::SeqMeanTokenMean);
     assert_eq!(
-        aggregate(&verl, tok, &v, &mut w),
+        aggregate(&paper, tok, &v, &mut w),
         Err(Error::EmptySegment { segment: 1 })
     );
     assert_eq!(w, [9.0; 4]);
+    // verl's agg_loss leaves it out: Σ/(n + 1e-8) = 4/2 on row 0 (the ε is below f32's
+    // resolution at 2), seq_mask.sum() = 1 sequence: 2.
+    let verl = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+    assert_eq!(aggregate(&verl, tok, &v, &mut w), Ok(2.0));
+    assert_eq!(w, [0.5, 0.5, 0.0, 0.0]);
+    // and its seq-mean-token-sum divides the token sum 4 by that one sequence.
+    let verl = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenSum);
+    assert_eq!(aggregate(&verl, tok, &v, &mut w), Ok(4.0));
     // TRL grpo: ((1 + 3)/max(2, 1) + 0/max(0, 1))/2 = 1.
     let trl = AggConfig::from_preset(Preset::Trl, AggMode::SeqMeanTokenMean);
     assert_eq!(aggregate(&trl, tok, &v, &mut w), Ok(1.0));
@@ -370,6 +378,7 @@ fn aggregation_denominator_presets() {
             global_tokens: None,
         },
         denominator: Denominator::PlusEps(1e-8),
+        sequences: SeqCount::All,
     };
     let loss = aggregate(&orl, tok, &v, &mut w).unwrap();
     assert!(close(loss, 4.0 / (2.0 + 1e-8)));
@@ -379,6 +388,7 @@ fn aggregation_denominator_presets() {
             global_tokens: Some(8),
         },
         denominator: Denominator::Strict,
+        sequences: SeqCount::All,
     };
     assert_eq!(aggregate(&g, tok, &v, &mut w), Ok(0.5));
 }
@@ -931,6 +941,7 @@ fn bad_shapes_and_values_are_rejected_and_outputs_untouched() {
             processes: 0,
         },
         denominator: Denominator::Strict,
+        sequences: SeqCount::All,
     };
     assert!(aggregate(&d, tok, &lp, &mut w).is_err());
     assert!(aggregate(&AggConfig::default(), tok, &nan_lp, &mut w).is_err());

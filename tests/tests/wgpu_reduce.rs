@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 
-use grpo_core::aggregate::{AggConfig, AggMode, Denominator, aggregate};
+use grpo_core::aggregate::{AggConfig, AggMode, Denominator, SeqCount, aggregate};
 use grpo_core::{Error, Preset, Tokens};
 use grpo_tests::gpu;
 use grpo_tests::tolerance::{Dtype, Op, tolerance, ulp_distance};
@@ -107,6 +107,13 @@ fn configs() -> Vec<AggConfig<f32>> {
         v.push(AggConfig {
             mode,
             denominator: Denominator::PlusEps(1e-8),
+            sequences: SeqCount::All,
+        });
+        // Non-empty sequences with TRL's clamp (the Verl preset is Strict).
+        v.push(AggConfig {
+            mode,
+            denominator: Denominator::ClampOne,
+            sequences: SeqCount::NonEmpty,
         });
     }
     v
@@ -214,10 +221,17 @@ fn aggregate_errors_match_grpo_core_and_leave_weights_untouched() {
     let cases: Vec<(AggConfig<f32>, Tokens<'_>, &[f32], Error)> = vec![
         (AggConfig::default(), all_masked, &nan, Error::NoValidTokens),
         (
-            AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean),
+            AggConfig::from_preset(Preset::Paper, AggMode::SeqMeanTokenMean),
             all_masked,
             &nan,
             Error::EmptySegment { segment: 0 },
+        ),
+        // verl counts the non-empty sequences: none.
+        (
+            AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean),
+            all_masked,
+            &nan,
+            Error::NoValidTokens,
         ),
         (
             AggConfig::default(),
@@ -232,6 +246,7 @@ fn aggregate_errors_match_grpo_core_and_leave_weights_untouched() {
             AggConfig {
                 mode: AggMode::SeqMeanTokenSum,
                 denominator: Denominator::Strict,
+                sequences: SeqCount::All,
             },
             full,
             &big,
@@ -247,6 +262,7 @@ fn aggregate_errors_match_grpo_core_and_leave_weights_untouched() {
                     global_tokens: 4,
                     processes: 0,
                 },
+                sequences: SeqCount::All,
                 denominator: Denominator::Strict,
             },
             full,
@@ -260,6 +276,7 @@ fn aggregate_errors_match_grpo_core_and_leave_weights_untouched() {
             AggConfig {
                 mode: AggMode::Bnpo,
                 denominator: Denominator::PlusEps(-1.0),
+                sequences: SeqCount::All,
             },
             full,
             &big,
