@@ -562,8 +562,8 @@ fn backward(@builtin(workgroup_id) wid: vec3<u32>,
 // in the last three (from the host, as the uniform parameters of `jsd`).
 const SAVED_COEF: u32 = 12u;
 const KL_NONE: u32 = 0u;
-const KL_FORWARD: u32 = 1u;
-const KL_REVERSE: u32 = 2u;
+const KL_STUDENT_TEACHER: u32 = 1u;
+const KL_TEACHER_STUDENT: u32 = 2u;
 const KL_JSD: u32 = 3u;
 
 struct SavedCoef {
@@ -608,7 +608,7 @@ fn saved_log_prob(z: f32, mx: f32, neg_ln_sum: f32) -> f32 {
 // grpo-core — this shader's results are not grpo-core's: a non-finite shift counts as masked,
 // and e^{lpc} overflows to +∞ past 88.72):
 //   k = g_H·(lpc + H) + g_lp,  o = g_lp·1[v = y]
-//   forward KL: k −= g_KL·(lp − lq − KL);  reverse KL: k −= g_KL, o −= g_KL·q_v
+//   KL(p‖q): k −= g_KL·(lp − lq − KL);  KL(q‖p): k −= g_KL, o −= g_KL·q_v
 //   grad = (o − p·k)/T.
 fn saved_grad(z: f32, w: f32, is_target: bool, c: SavedCoef, kl: u32) -> f32 {
     if kl == KL_JSD {
@@ -619,10 +619,10 @@ fn saved_grad(z: f32, w: f32, is_target: bool, c: SavedCoef, kl: u32) -> f32 {
     let p = exp(lpc);
     var k = fma(c.g_h, lpc + c.h, c.g_lp);
     var o = select(0.0, c.g_lp, is_target);
-    if kl == KL_FORWARD {
+    if kl == KL_STUDENT_TEACHER {
         let lq = saved_log_prob(w, c.q_max, c.q_neg_ln_sum);
         k = fma(-c.g_kl, (lp - lq) - c.kl, k);
-    } else if kl == KL_REVERSE {
+    } else if kl == KL_TEACHER_STUDENT {
         let lq = saved_log_prob(w, c.q_max, c.q_neg_ln_sum);
         k = k - c.g_kl;
         o = fma(-c.g_kl, exp(rmax(LOGP_MIN, lq)), o);
@@ -745,15 +745,15 @@ fn backward_saved(@builtin(workgroup_id) wid: vec3<u32>,
 }
 
 @compute @workgroup_size(256)
-fn backward_saved_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
+fn backward_saved_kl_student_teacher(@builtin(workgroup_id) wid: vec3<u32>,
                              @builtin(local_invocation_index) lid: u32) {
-    saved_row(wid.x, lid, KL_FORWARD);
+    saved_row(wid.x, lid, KL_STUDENT_TEACHER);
 }
 
 @compute @workgroup_size(256)
-fn backward_saved_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
+fn backward_saved_kl_teacher_student(@builtin(workgroup_id) wid: vec3<u32>,
                              @builtin(local_invocation_index) lid: u32) {
-    saved_row(wid.x, lid, KL_REVERSE);
+    saved_row(wid.x, lid, KL_TEACHER_STUDENT);
 }
 
 @compute @workgroup_size(256)
@@ -763,15 +763,15 @@ fn backward_saved_in_place(@builtin(workgroup_id) wid: vec3<u32>,
 }
 
 @compute @workgroup_size(256)
-fn backward_saved_in_place_kl_forward(@builtin(workgroup_id) wid: vec3<u32>,
+fn backward_saved_in_place_kl_student_teacher(@builtin(workgroup_id) wid: vec3<u32>,
                                       @builtin(local_invocation_index) lid: u32) {
-    saved_row_in_place(wid.x, lid, KL_FORWARD);
+    saved_row_in_place(wid.x, lid, KL_STUDENT_TEACHER);
 }
 
 @compute @workgroup_size(256)
-fn backward_saved_in_place_kl_reverse(@builtin(workgroup_id) wid: vec3<u32>,
+fn backward_saved_in_place_kl_teacher_student(@builtin(workgroup_id) wid: vec3<u32>,
                                       @builtin(local_invocation_index) lid: u32) {
-    saved_row_in_place(wid.x, lid, KL_REVERSE);
+    saved_row_in_place(wid.x, lid, KL_TEACHER_STUDENT);
 }
 
 @compute @workgroup_size(256)
@@ -797,7 +797,7 @@ fn jsd_backward_saved_in_place(@builtin(workgroup_id) wid: vec3<u32>,
 //
 // Status per row, 4 words: word 0 = first column where either row holds NaN or +∞ (NO_INDEX if
 // none); word 1 = flags (FLAG_EMPTY_ROW: a row has no usable logit; FLAG_KL_INFINITE: the teacher
-// is −∞ where the student has mass; FLAG_KL_REVERSE_INFINITE: the other way round;
+// is −∞ where the student has mass; FLAG_KL_TEACHER_STUDENT_INFINITE: the other way round;
 // FLAG_SCALE_OVERFLOW: a finite logit of either row has a non-finite z/T); words 2, 3 unused. Any
 // of these (or a non-finite value) sends the row to grpo-core on the host, which gives the exact
 // error or the value (the host reads the support flag of the direction it asked for).
@@ -814,7 +814,7 @@ fn kl(@builtin(workgroup_id) wid: vec3<u32>,
 // kl_rows_saved]: grpo-core's PairState in binding 6 (`grad`, 8 floats per row: the student's
 // reference = raw maximum, Σ e^{dp}, Σ e^{dp}·dp, the teacher's three, u = Σ e^{dp}(⌊dp⌋ − ⌊dq⌋),
 // v = Σ e^{dq}(⌊dq⌋ − ⌊dp⌋)), and KL(q‖p) = (ln S_p − ln S_q) + v/S_q in stats slot 2. The
-// host passes the student as the first row whatever the direction; FLAG_KL_REVERSE_INFINITE
+// host passes the student as the first row whatever the direction; FLAG_KL_TEACHER_STUDENT_INFINITE
 // marks a row where the student is −∞ where the teacher has mass (KL(q‖p) = +∞).
 @compute @workgroup_size(256)
 fn kl_saved(@builtin(workgroup_id) wid: vec3<u32>,
@@ -822,7 +822,7 @@ fn kl_saved(@builtin(workgroup_id) wid: vec3<u32>,
     kl_row(wid.x, lid, true);
 }
 
-const FLAG_KL_REVERSE_INFINITE: u32 = 32u;
+const FLAG_KL_TEACHER_STUDENT_INFINITE: u32 = 32u;
 
 fn kl_row(row: u32, lid: u32, save: bool) {
     let row_ok = row < params.rows;
@@ -852,7 +852,7 @@ fn kl_row(row: u32, lid: u32, save: bool) {
                 atomicOr(&wflags, FLAG_KL_INFINITE);
             }
             if p_masked && !q_masked {
-                atomicOr(&wflags, FLAG_KL_REVERSE_INFINITE);
+                atomicOr(&wflags, FLAG_KL_TEACHER_STUDENT_INFINITE);
             }
             sp = pair_push(sp, zp);
             sq = pair_push(sq, zq);

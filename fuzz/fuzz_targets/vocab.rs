@@ -53,7 +53,7 @@ const EDGE: [f32; 12] = [
     f32::NAN,
 ];
 
-const DIRECTIONS: [KlDirection; 2] = [KlDirection::Forward, KlDirection::Reverse];
+const DIRECTIONS: [KlDirection; 2] = [KlDirection::StudentTeacher, KlDirection::TeacherStudent];
 
 /// What the outputs are filled with before each call. No function writes a NaN on `Ok`, and
 /// the payload tells this one apart from any NaN a broken kernel might compute.
@@ -402,9 +402,9 @@ fuzz_target!(|inp: Input| {
             teacher: &w[..],
             grad: &weights[..],
             direction: if inp.bf16 {
-                KlDirection::Forward
+                KlDirection::StudentTeacher
             } else {
-                KlDirection::Reverse
+                KlDirection::TeacherStudent
             },
         }),
     };
@@ -446,7 +446,7 @@ fuzz_target!(|inp: Input| {
     let kl_dir = terms
         .kl
         .map(|k| k.direction)
-        .unwrap_or(KlDirection::Forward);
+        .unwrap_or(KlDirection::StudentTeacher);
     let n_pairs = match inp.states % 8 {
         k @ 0..6 => usize::from(k),
         _ => rows,

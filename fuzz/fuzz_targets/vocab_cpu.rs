@@ -20,7 +20,7 @@ struct Input {
     rows: u8,
     temperature: u8,
     beta: u8,
-    /// Bit 0: reverse KL; bit 1: `logprob_entropy_rows` also writes entropies; bits 2–4: leave
+    /// Bit 0: KL(q‖p) (`TeacherStudent`); bit 1: `logprob_entropy_rows` also writes entropies; bits 2–4: leave
     /// the backward's log-probability, entropy, KL term out; bits 5–6: the executors' pool.
     flags: u8,
     /// Which length is off by one, if any ([`Slot`]).
@@ -305,7 +305,7 @@ fn backward<S: Storage>(c: &Case<'_>, z: &[S]) {
     let mut kl = vec![SENTINEL; c.out];
     let _ = vocab::kl_rows_saved(z, c.teacher, v, t, c.dir, &mut kl, &mut pairs);
     from_saved(c, z, &pairs, &c.terms);
-    // The same pair states with other teacher logits (the student's): the reverse KL's teacher
+    // The same pair states with other teacher logits (the student's): the KL(q‖p) term's teacher
     // exponential meets log-probabilities past 88 too.
     let zf: Vec<f32> = z.iter().map(|x| x.to_f32()).collect();
     let foreign = GradTerms {
@@ -404,9 +404,9 @@ fuzz_target!(|inp: Input| {
     );
     let t = [1.0f32, 0.5, 2.0, 0.0, -1.0, f32::NAN, 1e-30, 7.0][usize::from(inp.temperature % 8)];
     let dir = if inp.flags & 1 == 0 {
-        KlDirection::Forward
+        KlDirection::StudentTeacher
     } else {
-        KlDirection::Reverse
+        KlDirection::TeacherStudent
     };
     let has = |bit: u8| inp.flags & (4 << bit) == 0;
     let pool = usize::from(inp.flags >> 5) % 4;

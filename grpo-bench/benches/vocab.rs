@@ -55,15 +55,23 @@ fn bench_dtype<S: Storage>(c: &mut Criterion, dtype: &str) {
         g.throughput(Throughput::Bytes(2 * bytes));
         g.bench_function(id("kl"), |bench| {
             bench.iter(|| {
-                cpu.kl_rows(&z, &w, VOCAB, 1.0, KlDirection::Forward, &mut a)
+                cpu.kl_rows(&z, &w, VOCAB, 1.0, KlDirection::StudentTeacher, &mut a)
                     .unwrap()
             })
         });
         let mut pairs = vec![PairState::EMPTY; ROWS];
         g.bench_function(id("kl_saved"), |bench| {
             bench.iter(|| {
-                cpu.kl_rows_saved(&z, &w, VOCAB, 1.0, KlDirection::Forward, &mut a, &mut pairs)
-                    .unwrap()
+                cpu.kl_rows_saved(
+                    &z,
+                    &w,
+                    VOCAB,
+                    1.0,
+                    KlDirection::StudentTeacher,
+                    &mut a,
+                    &mut pairs,
+                )
+                .unwrap()
             })
         });
         g.bench_function(id("jsd"), |bench| {
@@ -96,7 +104,7 @@ fn bench_dtype<S: Storage>(c: &mut Criterion, dtype: &str) {
                     .unwrap()
             })
         });
-        // With a forward KL term: from the pair states of one KL forward (not timed).
+        // With a KL(p‖q) term: from the pair states of one KL forward (not timed).
         g.throughput(Throughput::Bytes(2 * bytes + (ROWS * VOCAB * 4) as u64));
         g.bench_function(id("backward_kl_saved"), |bench| {
             let terms: GradTerms<'_, u32, S> = GradTerms {
@@ -105,11 +113,19 @@ fn bench_dtype<S: Storage>(c: &mut Criterion, dtype: &str) {
                 kl: Some(KlTerm {
                     teacher: &w,
                     grad: &ones,
-                    direction: KlDirection::Forward,
+                    direction: KlDirection::StudentTeacher,
                 }),
             };
-            cpu.kl_rows_saved(&z, &w, VOCAB, 1.0, KlDirection::Forward, &mut a, &mut pairs)
-                .unwrap();
+            cpu.kl_rows_saved(
+                &z,
+                &w,
+                VOCAB,
+                1.0,
+                KlDirection::StudentTeacher,
+                &mut a,
+                &mut pairs,
+            )
+            .unwrap();
             bench.iter(|| {
                 cpu.backward_rows_saved(&z, VOCAB, 1.0, &pairs, &terms, &mut grad)
                     .unwrap()

@@ -178,7 +178,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             "backward_in_place" => (n * size, n * size),
             _ => (n * size, 0),
         };
-        // `backward_kl` and `backward_kl_saved` add a forward KL(p‖q) term towards the teacher
+        // `backward_kl` and `backward_kl_saved` add a KL(p‖q) (student‖teacher) term towards the teacher
         // row.
         let with_kl = matches!(kernel, "backward_kl" | "backward_kl_saved");
         let terms: GradTerms<'_, u32, S> = GradTerms {
@@ -187,7 +187,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
             kl: with_kl.then_some(KlTerm {
                 teacher: &w,
                 grad: &halves,
-                direction: KlDirection::Forward,
+                direction: KlDirection::StudentTeacher,
             }),
         };
         // `backward_saved`: the row states of the forward a trainer has run anyway (untimed).
@@ -219,7 +219,7 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
         }
         let mut pairs = vec![PairState::EMPTY; c.rows];
         if kernel == "backward_kl_saved" {
-            let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
+            let (v, t, d) = (c.vocab, c.temperature, KlDirection::StudentTeacher);
             c.cpus[0]
                 .kl_rows_saved(&z, &w, v, t, d, &mut a, &mut pairs)
                 .map_err(|e| format!("{kernel}: {e}"))?;
@@ -256,11 +256,16 @@ fn run<S: Storage>(c: &Config<'_>, conv: impl Fn(f32) -> S) -> Result<(), String
                         cpu.logprob_entropy_rows(&z, c.vocab, &targets, c.temperature, &mut a, None)
                     }
                     "stats" => cpu.stats_rows(&z, c.vocab, c.temperature, &mut a, &mut b),
-                    "kl" => {
-                        cpu.kl_rows(&z, &w, c.vocab, c.temperature, KlDirection::Forward, &mut a)
-                    }
+                    "kl" => cpu.kl_rows(
+                        &z,
+                        &w,
+                        c.vocab,
+                        c.temperature,
+                        KlDirection::StudentTeacher,
+                        &mut a,
+                    ),
                     "kl_saved" => {
-                        let (v, t, d) = (c.vocab, c.temperature, KlDirection::Forward);
+                        let (v, t, d) = (c.vocab, c.temperature, KlDirection::StudentTeacher);
                         cpu.kl_rows_saved(&z, &w, v, t, d, &mut a, &mut pairs)
                     }
                     "jsd_saved" => {

@@ -386,7 +386,7 @@ impl Cpu {
     /// let z = [1.0f32, 2.0, 0.0, 0.0];
     /// let w = [1.0f32, 2.0, 0.0, 3f32.ln()];
     /// let mut out = [9.0f32; 2];
-    /// cpu.kl_rows(&z, &w, 2, 1.0, KlDirection::Forward, &mut out).unwrap();
+    /// cpu.kl_rows(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut out).unwrap();
     /// assert!(out[0].abs() < 1e-7 && (out[1] - 0.1438410).abs() < 1e-6);
     /// ```
     pub fn kl_rows<S: Load, U: Load>(
@@ -415,7 +415,7 @@ impl Cpu {
     /// // p = [½, ½], q = [¼, ¾] → KL(p‖q) = 0.1438410, and KL(q‖p) from the same state
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let (mut kl, mut saved) = ([0.0f32; 1], [PairState::EMPTY; 1]);
-    /// cpu.kl_rows_saved(&z, &w, 2, 1.0, KlDirection::Forward, &mut kl, &mut saved).unwrap();
+    /// cpu.kl_rows_saved(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut kl, &mut saved).unwrap();
     /// assert!((kl[0] - 0.1438410).abs() < 1e-6);
     /// assert!((finish_kl(&saved[0]).1 - 0.1308120).abs() < 1e-6);
     /// ```
@@ -471,14 +471,14 @@ impl Cpu {
         }
         let need = match (direction, saved_out.is_some()) {
             (_, true) => PairNeed::Saved,
-            (KlDirection::Forward, false) => PairNeed::KlForward,
-            (KlDirection::Reverse, false) => PairNeed::KlReverse,
+            (KlDirection::StudentTeacher, false) => PairNeed::KlStudentTeacher,
+            (KlDirection::TeacherStudent, false) => PairNeed::KlTeacherStudent,
         };
         let st = self.pair_states(student, teacher, vocab, tau, need, Pass::kl::<S, U>());
         let ok = st.iter().all(|(s, f)| {
             let support = match direction {
-                KlDirection::Forward => !f.forward,
-                KlDirection::Reverse => !f.reverse,
+                KlDirection::StudentTeacher => !f.pq_infinite,
+                KlDirection::TeacherStudent => !f.qp_infinite,
             };
             support && pair_ok(s, tau)
         });
@@ -488,13 +488,22 @@ impl Cpu {
         for ((s, _), o) in st.iter().zip(out.iter_mut()) {
             let (f, r) = finish_kl(s);
             *o = match direction {
-                KlDirection::Forward => f,
-                KlDirection::Reverse => r,
+                KlDirection::StudentTeacher => f,
+                KlDirection::TeacherStudent => r,
             };
         }
         if let Some(saved) = saved_out {
-            for (d, (s, _)) in saved.iter_mut().zip(&st) {
-                *d = *s;
+            // grpo-core records an infinite KL(p‖q), which a KL(q‖p) forward accepts, as
+            // `u = +∞` (its `kl_rows_saved`).
+            for (d, (s, f)) in saved.iter_mut().zip(&st) {
+                *d = if direction == KlDirection::TeacherStudent && f.pq_infinite {
+                    PairState {
+                        u: f32::INFINITY,
+                        ..*s
+                    }
+                } else {
+                    *s
+                };
             }
         }
         Ok(())
@@ -894,15 +903,15 @@ impl Cpu {
         let (st, kl_grad): (Vec<(LseState, GradCoef)>, KlGrad) = match &terms.kl {
             Some(k) => {
                 let need = match k.direction {
-                    KlDirection::Forward => PairNeed::GradForward,
-                    KlDirection::Reverse => PairNeed::GradReverse,
+                    KlDirection::StudentTeacher => PairNeed::GradStudentTeacher,
+                    KlDirection::TeacherStudent => PairNeed::GradTeacherStudent,
                 };
                 let st = self.pair_states(logits, k.teacher, vocab, tau, need, Pass::General);
                 let mut v = Vec::with_capacity(rows);
                 for (r, (s, f)) in st.iter().enumerate() {
                     let support = match k.direction {
-                        KlDirection::Forward => !f.forward,
-                        KlDirection::Reverse => !f.reverse,
+                        KlDirection::StudentTeacher => !f.pq_infinite,
+                        KlDirection::TeacherStudent => !f.qp_infinite,
                     };
                     if !support || !pair_ok(s, tau) {
                         return None;
@@ -1090,6 +1099,9 @@ impl Cpu {
         let mut ys = Vec::with_capacity(if terms.logp.is_some() { rows } else { 0 });
         for (r, st) in saved.iter().enumerate() {
             grpo_core::vocab::validate::saved(st, tau, r).ok()?;
+            if let Some(k) = &terms.kl {
+                st.check_kl_term(k.direction, r).ok()?;
+            }
             let g_lp = match terms.logp {
                 Some((t, g)) => {
                     let y = t[r].index();
@@ -1142,7 +1154,7 @@ impl Cpu {
     /// assert_eq!(g, [0.5, -0.5]);
     /// ```
     ///
-    /// Distillation (forward KL towards a teacher), from the states of the KL forward:
+    /// Distillation (KL(p‖q), student‖teacher), from the states of the KL forward:
     ///
     /// ```
     /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
@@ -1150,8 +1162,8 @@ impl Cpu {
     /// // identical rows: KL = 0 and its gradient p_v (log p_v − log q_v − KL)/T is 0
     /// let (z, w) = ([0.5f32, -1.0, 2.0], [0.5f32, -1.0, 2.0]);
     /// let (mut kl, mut saved) = ([0.0f32; 1], [PairState::EMPTY; 1]);
-    /// cpu.kl_rows_saved(&z, &w, 3, 1.0, KlDirection::Forward, &mut kl, &mut saved).unwrap();
-    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Forward };
+    /// cpu.kl_rows_saved(&z, &w, 3, 1.0, KlDirection::StudentTeacher, &mut kl, &mut saved).unwrap();
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::StudentTeacher };
     /// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
     /// let mut g = [9.0f32; 3];
     /// cpu.backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();
@@ -1328,12 +1340,12 @@ mod tests {
             GradTerms {
                 logp: Some((&y[..], &g[..])),
                 entropy: None,
-                kl: Some(kl(KlDirection::Forward)),
+                kl: Some(kl(KlDirection::StudentTeacher)),
             },
             GradTerms {
                 logp: None,
                 entropy: Some(&g[..]),
-                kl: Some(kl(KlDirection::Reverse)),
+                kl: Some(kl(KlDirection::TeacherStudent)),
             },
         ];
         let mut saved = vec![LseState::EMPTY; rows];
@@ -1353,7 +1365,7 @@ mod tests {
             &w,
             vocab,
             t,
-            KlDirection::Forward,
+            KlDirection::StudentTeacher,
             &mut vec![0.0; rows],
             &mut pairs,
         );
@@ -1403,7 +1415,7 @@ mod tests {
                 }),
             ),
         ];
-        for d in [KlDirection::Forward, KlDirection::Reverse] {
+        for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             ops.push((
                 "kl",
                 Box::new(move |cpu| {
@@ -1456,7 +1468,7 @@ mod tests {
         ops.extend(from_saved(z, vocab, t, saved, lse_terms));
         // The KL forward that saves its pair states, and the backwards from grpo-core's states
         // with every term set.
-        for d in [KlDirection::Forward, KlDirection::Reverse] {
+        for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             ops.push((
                 "kl_rows_saved",
                 Box::new(move |cpu| {

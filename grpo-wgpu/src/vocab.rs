@@ -143,7 +143,7 @@ const FLAG_TARGET_NON_FINITE: u32 = 2;
 const FLAG_KL_INFINITE: u32 = 4;
 const FLAG_TEACHER_EMPTY: u32 = 8;
 const FLAG_SCALE_OVERFLOW: u32 = 16;
-const FLAG_KL_REVERSE_INFINITE: u32 = 32;
+const FLAG_KL_TEACHER_STUDENT_INFINITE: u32 = 32;
 const NO_INDEX: u32 = u32::MAX;
 /// Floats per row of `backward_saved`'s coefficients (`SAVED_COEF` in shaders/vocab.wgsl).
 const SAVED_COEF: usize = 12;
@@ -464,7 +464,7 @@ impl<'c> VocabKernel<'c> {
             }
             ResidentVocab::BackwardKlSaved { teacher } => {
                 let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
-                let forward = KlDirection::Forward;
+                let forward = KlDirection::StudentTeacher;
                 grpo_core::vocab::kl_rows_saved(
                     logits, teacher, vocab, 1.0, forward, &mut kl, &mut saved,
                 )?;
@@ -853,8 +853,8 @@ impl<'c> VocabKernel<'c> {
     /// 2306.13649\].
     ///
     /// With `p = softmax(student/T)` and `q = softmax(teacher/T)`: `out[r] = KL(p‖q) =
-    /// Σ_v p_v (log p_v − log q_v)` for [`KlDirection::Forward`], `KL(q‖p)` for
-    /// [`KlDirection::Reverse`] (the shader computes the forward form with the rows' roles
+    /// Σ_v p_v (log p_v − log q_v)` for [`KlDirection::StudentTeacher`], `KL(q‖p)` for
+    /// [`KlDirection::TeacherStudent`] (the shader computes the forward form with the rows' roles
     /// swapped). `rows = out.len()`; both slices `[rows, vocab]`, row-major, the same storage
     /// type. −∞ logits (masked entries) are allowed; columns where both rows are −∞ contribute 0.
     /// One dispatch, two reads of each row: the online max/sum of both rows, then grpo-core's
@@ -878,12 +878,12 @@ impl<'c> VocabKernel<'c> {
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let k = VocabKernel::new(&ctx);
     /// let (mut f, mut r) = ([0.0f32], [0.0f32]);
-    /// k.kl(&z, &w, 2, 1.0, KlDirection::Forward, &mut f)?;
-    /// k.kl(&z, &w, 2, 1.0, KlDirection::Reverse, &mut r)?;
+    /// k.kl(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut f)?;
+    /// k.kl(&z, &w, 2, 1.0, KlDirection::TeacherStudent, &mut r)?;
     /// assert!((f[0] - 0.1438410).abs() < 3e-6 && (r[0] - 0.1308120).abs() < 3e-6);
     /// // The teacher is −∞ where the student has mass: KL(p‖q) = +∞ is an error, as in grpo-core.
     /// let w = [0.0f32, f32::NEG_INFINITY];
-    /// assert!(k.kl(&z, &w, 2, 1.0, KlDirection::Forward, &mut f).is_err());
+    /// assert!(k.kl(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut f).is_err());
     /// # Ok::<(), grpo_wgpu::GpuError>(())
     /// ```
     ///
@@ -932,7 +932,7 @@ impl<'c> VocabKernel<'c> {
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let mut f = [0.0f32];
     /// let k = VocabKernel::new(&ctx);
-    /// let fut = k.kl_async(&z, &w, 2, 1.0, KlDirection::Forward, &mut f);
+    /// let fut = k.kl_async(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut f);
     /// // Any executor drives the future; pollster blocks on it here.
     /// pollster::block_on(fut)?;
     /// assert!((f[0] - 0.1438410).abs() < 3e-6);
@@ -987,10 +987,10 @@ impl<'c> VocabKernel<'c> {
     /// // p = [½, ½], q = [¼, ¾]: KL(q‖p) = 0.1308120.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let (mut kl, mut saved) = ([0.0f32], [PairState::EMPTY]);
-    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::Reverse, &mut kl, &mut saved)?;
+    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::TeacherStudent, &mut kl, &mut saved)?;
     /// assert!((kl[0] - 0.1308120).abs() < 3e-6);
     /// // Its gradient from the saved state: ∂KL(q‖p)/∂z = p − q = (¼, −¼).
-    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Reverse };
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::TeacherStudent };
     /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
     /// let mut grad = [0.0f32; 2];
     /// k.backward_saved(&z, 2, 1.0, &saved, &terms, &mut grad)?;
@@ -1082,8 +1082,8 @@ impl<'c> VocabKernel<'c> {
         let Some(saved) = saved else {
             // `kl` computes KL(first‖second).
             let (first, second) = match direction {
-                KlDirection::Forward => (student, teacher),
-                KlDirection::Reverse => (teacher, student),
+                KlDirection::StudentTeacher => (student, teacher),
+                KlDirection::TeacherStudent => (teacher, student),
             };
             flagged |= FLAG_KL_INFINITE;
             let vals = self
@@ -1111,12 +1111,12 @@ impl<'c> VocabKernel<'c> {
         };
         // `kl_saved` takes the student first whatever the direction, and gives both.
         let slot = match direction {
-            KlDirection::Forward => {
+            KlDirection::StudentTeacher => {
                 flagged |= FLAG_KL_INFINITE;
                 3
             }
-            KlDirection::Reverse => {
-                flagged |= FLAG_KL_REVERSE_INFINITE;
+            KlDirection::TeacherStudent => {
+                flagged |= FLAG_KL_TEACHER_STUDENT_INFINITE;
                 2
             }
         };
@@ -1145,6 +1145,11 @@ impl<'c> VocabKernel<'c> {
                     let finite = sv.iter().all(|x| x.is_finite()) && st[slot].is_finite();
                     if w[0] != NO_INDEX || w[1] & flagged != 0 || !finite {
                         host(row)
+                    } else if w[1] & FLAG_KL_INFINITE != 0 {
+                        // An infinite KL(p‖q), which the KL(q‖p) direction accepts: recorded
+                        // as `u = +∞`, as grpo-core's `kl_rows_saved` does.
+                        let u = f32::INFINITY;
+                        Ok((st[slot], PairState { u, ..state }))
                     } else {
                         Ok((st[slot], state))
                     }
@@ -2190,12 +2195,12 @@ impl<'c> VocabKernel<'c> {
     /// // Without an adapter there is nothing to run on.
     /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
     /// let k = VocabKernel::new(&ctx);
-    /// // Distillation with a forward KL, p = [½, ½], q = [¼, ¾]:
+    /// // Distillation with KL(p‖q) (student‖teacher), p = [½, ½], q = [¼, ¾]:
     /// // ∂KL(p‖q)/∂z_v = p_v (log p_v − log q_v − KL).
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let (mut kl, mut saved) = ([0.0f32], [PairState::EMPTY]);
-    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::Forward, &mut kl, &mut saved)?;
-    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Forward };
+    /// k.kl_saved(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut kl, &mut saved)?;
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::StudentTeacher };
     /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
     /// let mut grad = [0.0f32; 2];
     /// k.backward_saved(&z, 2, 1.0, &saved, &terms, &mut grad)?;
@@ -2379,16 +2384,16 @@ impl<'c> VocabKernel<'c> {
     /// use grpo_wgpu::{GpuContext, VocabKernel};
     /// // Without an adapter there is nothing to run on.
     /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
-    /// // Reverse KL against the teacher q = [¼, ¾] (p = [½, ½]): ∂KL(q‖p)/∂z = p − q.
+    /// // KL(q‖p) (teacher‖student) against the teacher q = [¼, ¾] (p = [½, ½]): ∂KL(q‖p)/∂z = p − q.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
-    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Reverse };
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::TeacherStudent };
     /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
     /// let mut grad = [0.0f32; 2];
     /// VocabKernel::new(&ctx).backward_rows(&z, 2, 1.0, &terms, &mut grad)?;
     /// assert!((grad[0] - 0.25).abs() < 1e-6 && (grad[1] + 0.25).abs() < 1e-6);
     /// // A teacher of −∞ where the student has mass: KL(p‖q) = +∞, grpo-core's error.
     /// let w = [0.0f32, f32::NEG_INFINITY];
-    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::Forward };
+    /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::StudentTeacher };
     /// let terms: GradTerms<'_, u32, f32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
     /// assert!(VocabKernel::new(&ctx).backward_rows(&z, 2, 1.0, &terms, &mut grad).is_err());
     /// # Ok::<(), grpo_wgpu::GpuError>(())
@@ -2741,11 +2746,15 @@ impl<'c> VocabKernel<'c> {
         }
         let entry = match (terms.kl.as_ref().map(|k| k.direction), in_place) {
             (None, false) => "backward_saved",
-            (Some(KlDirection::Forward), false) => "backward_saved_kl_forward",
-            (Some(KlDirection::Reverse), false) => "backward_saved_kl_reverse",
+            (Some(KlDirection::StudentTeacher), false) => "backward_saved_kl_student_teacher",
+            (Some(KlDirection::TeacherStudent), false) => "backward_saved_kl_teacher_student",
             (None, true) => "backward_saved_in_place",
-            (Some(KlDirection::Forward), true) => "backward_saved_in_place_kl_forward",
-            (Some(KlDirection::Reverse), true) => "backward_saved_in_place_kl_reverse",
+            (Some(KlDirection::StudentTeacher), true) => {
+                "backward_saved_in_place_kl_student_teacher"
+            }
+            (Some(KlDirection::TeacherStudent), true) => {
+                "backward_saved_in_place_kl_teacher_student"
+            }
         };
         (coef, targets, entry)
     }

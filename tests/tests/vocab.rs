@@ -85,13 +85,13 @@ proptest! {
         }
         // teacher rows are finite everywhere: KL(p‖q) is defined, ≥ 0, and 0 against itself
         let mut kl = vec![0.0f32; r];
-        if kl_rows(&z, &w, v, t, KlDirection::Forward, &mut kl).is_ok() {
+        if kl_rows(&z, &w, v, t, KlDirection::StudentTeacher, &mut kl).is_ok() {
             for &k in &kl {
                 prop_assert!(k >= -1e-5, "KL = {}", k);
             }
         }
         let mut self_kl = vec![1.0f32; r];
-        if kl_rows(&w, &w, v, t, KlDirection::Reverse, &mut self_kl).is_ok() {
+        if kl_rows(&w, &w, v, t, KlDirection::TeacherStudent, &mut self_kl).is_ok() {
             prop_assert!(self_kl.iter().all(|&k| k == 0.0), "{:?}", self_kl);
         }
     }
@@ -125,7 +125,7 @@ proptest! {
         let terms = GradTerms {
             logp: Some((&ys[..], &g[..])),
             entropy: Some(&g[..]),
-            kl: Some(KlTerm { teacher: &w[..], grad: &g[..], direction: KlDirection::Reverse }),
+            kl: Some(KlTerm { teacher: &w[..], grad: &g[..], direction: KlDirection::TeacherStudent }),
         };
         let mut out = vec![7.0f32; zz.len()];
         match backward_rows(&zz, v, t, &terms, &mut out) {

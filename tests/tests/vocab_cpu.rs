@@ -167,10 +167,10 @@ impl Case<f32> {
 /// log-prob, two KL, JSD), the JSD's gradient (weighted by `g_kl`) out of place and in place,
 /// four backward term sets × out of place and in place, the forward
 /// that saves its row states and two term sets × two backwards from them, the KL forward that
-/// saves its pair states in both directions and the four term sets × two backwards from them,
-/// the JSD forward that saves its states and the JSD's gradient from them out of place and in
-/// place.
-const CALLS: usize = 34;
+/// saves its pair states in both directions and the four term sets × two backwards from each
+/// direction's states, the JSD forward that saves its states and the JSD's gradient from them
+/// out of place and in place.
+const CALLS: usize = 42;
 
 /// What [`check_all`] saw: calls handed to grpo-core by the `Cpu`s, and grpo-core's `Err`s
 /// among its [`CALLS`] calls.
@@ -202,8 +202,8 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
     let s0b = grpo_core::vocab::logprob_entropy_rows(z, v, &c.targets, t, &mut q0, None);
     // KL both directions, JSD
     let (mut kf0, mut kr0, mut j0) = (out(), out(), out());
-    let k0f = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::Forward, &mut kf0);
-    let k0r = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::Reverse, &mut kr0);
+    let k0f = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::StudentTeacher, &mut kf0);
+    let k0r = grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::TeacherStudent, &mut kr0);
     let j0r = grpo_core::vocab::jsd_rows(z, w, v, c.beta, t, &mut j0);
     let mut jg0 = grad();
     let jb0 = grpo_core::vocab::jsd_backward_rows(z, w, v, c.beta, t, &c.g_kl, &mut jg0);
@@ -236,7 +236,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             kl: Some(KlTerm {
                 teacher: w,
                 grad: &c.g_kl,
-                direction: KlDirection::Forward,
+                direction: KlDirection::StudentTeacher,
             }),
         },
         GradTerms {
@@ -245,7 +245,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             kl: Some(KlTerm {
                 teacher: w,
                 grad: &c.g_kl,
-                direction: KlDirection::Reverse,
+                direction: KlDirection::TeacherStudent,
             }),
         },
     ];
@@ -280,10 +280,10 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         bs0.push((r, g, ri, zi));
     }
     // The KL forwards that save their pair states (the same states either way), and the
-    // backwards from the forward direction's with every term set (`EMPTY` states where it
+    // backwards from the KL(p‖q) direction's with every term set (`EMPTY` states where it
     // failed).
     let mut kls0 = Vec::new();
-    for d in [KlDirection::Forward, KlDirection::Reverse] {
+    for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let (mut o, mut st) = (out(), vec![PairState::EMPTY; rows]);
         let r = grpo_core::vocab::kl_rows_saved(z, w, v, t, d, &mut o, &mut st);
         kls0.push((d, r, o, st));
@@ -296,6 +296,17 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let mut zi = c.z.clone();
         let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, pairs0, terms);
         bp0.push((r, g, ri, zi));
+    }
+    // And from the KL(q‖p) direction's states, which record KL(p‖q) = +∞ (`u = +∞`) where
+    // that direction accepts a teacher masked where the student is not.
+    let pairs_qp = &kls0[1].3;
+    let mut bq0 = Vec::new();
+    for terms in &term_sets {
+        let mut g = grad();
+        let r = grpo_core::vocab::backward_rows_saved(z, v, t, pairs_qp, terms, &mut g);
+        let mut zi = c.z.clone();
+        let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, pairs_qp, terms);
+        bq0.push((r, g, ri, zi));
     }
 
     let untouched = |x: &[f32]| x.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
@@ -364,7 +375,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let same = kls0[0].3 == kls0[1].3;
         assert!(same, "{what}: the pair states depend on the direction");
     }
-    for (k, (r, g, ri, zi)) in b0.iter().chain(&bs0).chain(&bp0).enumerate() {
+    for (k, (r, g, ri, zi)) in b0.iter().chain(&bs0).chain(&bp0).chain(&bq0).enumerate() {
         if r.is_err() {
             errors += 1;
             assert!(untouched(g), "{what}: backward {k} wrote on {r:?}");
@@ -398,13 +409,13 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
 
         let (mut kf, mut kr, mut j) = (out(), out(), out());
         assert_eq!(
-            cpu.kl_rows(z, w, v, t, KlDirection::Forward, &mut kf),
+            cpu.kl_rows(z, w, v, t, KlDirection::StudentTeacher, &mut kf),
             k0f,
             "kl fwd {tag}"
         );
         assert_eq!(bits(&kf), bits(&kf0), "kl fwd {tag}");
         assert_eq!(
-            cpu.kl_rows(z, w, v, t, KlDirection::Reverse, &mut kr),
+            cpu.kl_rows(z, w, v, t, KlDirection::TeacherStudent, &mut kr),
             k0r,
             "kl rev {tag}"
         );
@@ -520,6 +531,19 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
                 bits_s(zi_ref),
                 "pair-saved backward_in_place {k} {tag}"
             );
+            let (rq_ref, gq_ref, riq_ref, ziq_ref) = &bq0[k];
+            let mut gq = grad();
+            let rq = cpu.backward_rows_saved(z, v, t, pairs_qp, terms, &mut gq);
+            assert_eq!(&rq, rq_ref, "KL(q‖p)-saved backward {k} {tag}");
+            assert_eq!(bits(&gq), bits(gq_ref), "KL(q‖p)-saved backward {k} {tag}");
+            let mut ziq = c.z.clone();
+            let riq = cpu.backward_rows_in_place_saved(&mut ziq, v, t, pairs_qp, terms);
+            assert_eq!(&riq, riq_ref, "KL(q‖p)-saved backward_in_place {k} {tag}");
+            assert_eq!(
+                bits_s(&ziq),
+                bits_s(ziq_ref),
+                "KL(q‖p)-saved backward_in_place {k} {tag}"
+            );
             // From the states of a valid KL forward, the bits of the backward that recomputes
             // them — the KL term's in either direction, and the terms without one.
             if kls0[0].1.is_ok() && b0[k].0.is_ok() {
@@ -561,6 +585,7 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             .iter()
             .chain(&bs0)
             .chain(&bp0)
+            .chain(&bq0)
             .all(|b| b.0.is_ok() && b.2.is_ok());
     if all_ok {
         assert_eq!(fallbacks, 0, "{what}: valid input took the grpo-core path");
@@ -639,13 +664,13 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     let set = |x: &mut [S], i: usize, v: f32| x[i] = S::from_f32(v);
     let ninf = f32::NEG_INFINITY;
     // Calls that read the teacher: both KLs, the JSD and its two gradients, two KL term sets ×
-    // two backwards, both saving KLs — and the eight backwards from the pair states —, the
+    // two backwards, both saving KLs — and the sixteen backwards from their pair states —, the
     // saving JSD and the two gradients from its states.
-    const TEACHER: usize = 22;
+    const TEACHER: usize = 30;
     // Calls that take targets: two forward, three term sets × two backwards, the saving
     // forward — and the four backwards from its states — and three term sets × two
-    // backwards from the pair states.
-    const TARGETS: usize = 19;
+    // backwards from each direction's pair states.
+    const TARGETS: usize = 25;
     let expect = |c: &Case<S>, what: &str, errors: usize| {
         let seen = check_all(c, &format!("{name} {what}"));
         assert_eq!(seen.errors, errors, "{name} {what}: grpo-core's Err count");
@@ -681,12 +706,20 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     oob.targets[1] = 40;
     expect(&oob, "target out of range", TARGETS);
     let mut sup = case();
-    set(&mut sup.w, 2 * 40 + 5, ninf); // forward KL support violated
-    set(&mut sup.z, 3 * 40 + 6, ninf); // reverse KL support violated
+    set(&mut sup.w, 2 * 40 + 5, ninf); // KL(p‖q) support violated
+    set(&mut sup.z, 3 * 40 + 6, ninf); // KL(q‖p) support violated
     // Each KL direction once, and its term set in both backwards, each saving KL once, and
-    // the eight backwards from the (forward direction's, failed) pair states; the JSD has no
+    // the sixteen backwards from the (failed) pair states of both directions; the JSD has no
     // support rule.
-    expect(&sup, "support", 16);
+    expect(&sup, "support", 24);
+    // Only the teacher masked where the student is not: KL(p‖q)'s forward, its term set in
+    // both backwards and its saving forward fail (4), and the eight backwards from the failed
+    // KL(p‖q) states; the KL(q‖p) direction's states record KL(p‖q) = +∞, so its KL(p‖q)
+    // term set fails in both backwards from them too (2), where before it wrote a huge
+    // finite gradient.
+    let mut pq = case();
+    set(&mut pq.w, 2 * 40 + 5, ninf);
+    expect(&pq, "KL(p‖q) support", 14);
     let mut huge = Case::<S>::new(4, 40, 11, 1e-30);
     set(&mut huge.z, 0, 3e38); // +∞ in f16: rejected either way
     expect(&huge, "max/T overflow", CALLS);
@@ -697,24 +730,24 @@ fn errors_in<S: Storage + std::fmt::Debug>(name: &str) {
     }
     let mut small = case();
     // Valid for the forward operations (|z|/T stays far below f32::MAX), but gradients scale
-    // with 1/T and the backwards require T ≥ 1e-6: all twenty backward calls and the JSD's
-    // four gradients fail.
+    // with 1/T and the backwards require T ≥ 1e-6: all twenty-eight backward calls and the
+    // JSD's four gradients fail.
     small.temperature = 1e-7;
-    expect(&small, "temperature 1e-7", 24);
+    expect(&small, "temperature 1e-7", 32);
     let mut beta = case();
     beta.beta = 1.0;
     // The JSD, its two gradients, the saving JSD and the two gradients from its (empty) states.
     expect(&beta, "beta = 1", 6);
     let mut wts = case();
     wts.g_lp[2] = f32::NAN;
-    // The seven term sets with a log-prob term (one from saved row states, three from saved
-    // pair states), out of place and in place.
-    expect(&wts, "NaN logp weight", 14);
+    // The ten term sets with a log-prob term (one from saved row states, three from each
+    // direction's saved pair states), out of place and in place.
+    expect(&wts, "NaN logp weight", 20);
     let mut big = case();
     big.g_kl[1] = 2e9;
-    // The two KL term sets, recomputing and from pair states, out of place and in place, and
-    // the JSD's four gradients (which take the same weights).
-    expect(&big, "KL weight too large", 12);
+    // The two KL term sets, recomputing and from both directions' pair states, out of place
+    // and in place, and the JSD's four gradients (which take the same weights).
+    expect(&big, "KL weight too large", 16);
     let mut short = case();
     short.z.pop();
     expect(&short, "short logits", CALLS);
@@ -759,8 +792,8 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         Some(cpu) => cpu.logprob_entropy_rows(z, v, y, t, a, None),
     };
     let kl = |cpu: Option<&Cpu>, a: &mut [f32], _: &mut [f32]| match cpu {
-        None => grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::Reverse, a),
-        Some(cpu) => cpu.kl_rows(z, w, v, t, KlDirection::Reverse, a),
+        None => grpo_core::vocab::kl_rows(z, w, v, t, KlDirection::TeacherStudent, a),
+        Some(cpu) => cpu.kl_rows(z, w, v, t, KlDirection::TeacherStudent, a),
     };
     let jsd = |cpu: Option<&Cpu>, a: &mut [f32], _: &mut [f32]| match cpu {
         None => grpo_core::vocab::jsd_rows(z, w, v, 0.5, t, a),
@@ -808,7 +841,7 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
     // The saving KL forward with `b.len()` pair states (as `saving`).
     let saving_kl = |cpu: Option<&Cpu>, a: &mut [f32], b: &mut [f32]| {
         let mut st = vec![PairState::EMPTY; b.len()];
-        let d = KlDirection::Forward;
+        let d = KlDirection::StudentTeacher;
         let r = match cpu {
             None => grpo_core::vocab::kl_rows_saved(z, w, v, t, d, a, &mut st),
             Some(cpu) => cpu.kl_rows_saved(z, w, v, t, d, a, &mut st),
@@ -818,7 +851,7 @@ fn wrong_output_lengths_match_core_and_leave_outputs_untouched() {
         r
     };
     let mut pairs = vec![PairState::EMPTY; 4];
-    let d = KlDirection::Forward;
+    let d = KlDirection::StudentTeacher;
     grpo_core::vocab::kl_rows_saved(z, w, v, t, d, &mut [0.0; 4], &mut pairs).unwrap();
     let kl_terms: GradTerms<'_, u32> = GradTerms {
         logp: Some((y, &c.g_lp[..])),
@@ -958,7 +991,7 @@ fn gradients_from_states_of_other_logits_match_core() {
     )
     .unwrap();
     let mut pair_st = [vec![PairState::EMPTY; 2], vec![PairState::EMPTY; 2]];
-    let dirs = [KlDirection::Forward, KlDirection::Reverse];
+    let dirs = [KlDirection::StudentTeacher, KlDirection::TeacherStudent];
     for (st, dir) in pair_st.iter_mut().zip(dirs) {
         grpo_core::vocab::kl_rows_saved(&z, &w, vocab, t, dir, &mut [0.0; 2], st).unwrap();
     }
@@ -979,8 +1012,8 @@ fn gradients_from_states_of_other_logits_match_core() {
     let ops: [(&str, Out<'_>, Over<'_>, bool); 4] = [
         ("jsd", jsd, jsd_over, true),
         ("log-softmax states", &lse, &lse_over, false),
-        ("pair states, forward KL", &fwd, &fwd_over, true),
-        ("pair states, reverse KL", &rev, &rev_over, true),
+        ("pair states, KL(p‖q)", &fwd, &fwd_over, true),
+        ("pair states, KL(q‖p)", &rev, &rev_over, true),
     ];
 
     // A student logit of row 0 whose log-probability under its log-softmax state is 88.7 (in

@@ -263,18 +263,18 @@ fn kl_matches_f64_reference() {
                 &teacher,
                 c.vocab,
                 c.temp,
-                KlDirection::Forward,
+                KlDirection::StudentTeacher,
                 &mut kl,
             )
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            // The reverse direction needs the student's support to cover the teacher's (the
+            // KL(q‖p) needs the student's support to cover the teacher's (the
             // teacher here is finite everywhere): only rows without a −∞ student logit.
             let reverse = k.kl(
                 &c.logits,
                 &teacher,
                 c.vocab,
                 c.temp,
-                KlDirection::Reverse,
+                KlDirection::TeacherStudent,
                 &mut rev,
             );
             let mut core_rev = vec![0f32; c.rows];
@@ -283,7 +283,7 @@ fn kl_matches_f64_reference() {
                 &teacher,
                 c.vocab,
                 c.temp,
-                KlDirection::Reverse,
+                KlDirection::TeacherStudent,
                 &mut core_rev,
             );
             prop_assert_eq!(reverse.clone().err(), core.err().map(GpuError::Core));
@@ -304,7 +304,7 @@ fn kl_matches_f64_reference() {
                     let want = kl_reference(&b, a, c.temp as f64);
                     prop_assert!(
                         tolerance(Op::Kl, Dtype::F32).accepts(rev[r], want),
-                        "reverse kl {} vs {want}",
+                        "KL(q‖p) {} vs {want}",
                         rev[r]
                     );
                 }
@@ -626,7 +626,7 @@ fn hand_computed_values() {
         &[0.0f32, 0.0],
         2,
         1.0,
-        KlDirection::Forward,
+        KlDirection::StudentTeacher,
         &mut kl,
     )
     .unwrap();
@@ -719,7 +719,14 @@ fn chunked_rows_give_the_same_bits() {
     // The KL hook validates its teacher as `kl` does.
     let short = &teacher[1..];
     let mut out = vec![0f32; rows];
-    let kl_err = k.kl(&logits, short, vocab, 1.0, KlDirection::Forward, &mut out);
+    let kl_err = k.kl(
+        &logits,
+        short,
+        vocab,
+        1.0,
+        KlDirection::StudentTeacher,
+        &mut out,
+    );
     assert!(kl_err.is_err());
     assert_eq!(
         k.resident(&logits, vocab, ResidentVocab::Kl { teacher: short })
@@ -1506,10 +1513,14 @@ fn jsd_long_rows(k: &VocabKernel<'_>, vocab: usize) {
         );
     }
     for temp in [1.0f32, 0.7] {
-        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             // Row 1's student is −∞ at column 5 and its teacher is not: KL(q‖p) is +∞ there, an
-            // error; reverse KL is compared on row 0 alone.
-            let rows = if dir == KlDirection::Forward { 2 } else { 1 };
+            // error; KL(q‖p) is compared on row 0 alone.
+            let rows = if dir == KlDirection::StudentTeacher {
+                2
+            } else {
+                1
+            };
             let (s, t) = (&student[..rows * vocab], &teacher[..rows * vocab]);
             let mut want = [0f32; 2];
             grpo_core::vocab::kl_rows(s, t, vocab, temp, dir, &mut want[..rows]).unwrap();
@@ -1519,7 +1530,7 @@ fn jsd_long_rows(k: &VocabKernel<'_>, vocab: usize) {
             assert_eq!(
                 k.kl(&student, &teacher, vocab, temp, dir, &mut all)
                     .is_err(),
-                dir == KlDirection::Reverse
+                dir == KlDirection::TeacherStudent
             );
             for r in 0..rows {
                 assert!(
@@ -1532,8 +1543,8 @@ fn jsd_long_rows(k: &VocabKernel<'_>, vocab: usize) {
             let row = |x: &[f32]| -> Vec<f64> { x[..vocab].iter().map(|&z| z as f64).collect() };
             let (a, b) = (row(&student), row(&teacher));
             let exact = match dir {
-                KlDirection::Forward => kl_reference(&a, &b, temp as f64),
-                KlDirection::Reverse => kl_reference(&b, &a, temp as f64),
+                KlDirection::StudentTeacher => kl_reference(&a, &b, temp as f64),
+                KlDirection::TeacherStudent => kl_reference(&b, &a, temp as f64),
             };
             eprintln!(
                 "kl V={vocab} T={temp} {dir:?}: gpu {got:?}, grpo-core {want:?}, f64 (row 0) {exact}"
@@ -1699,7 +1710,7 @@ fn kl_errors_and_edge_rows_match_grpo_core() {
     ];
     let mut errors = 0;
     for (z, w, vocab, temp) in cases {
-        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             let mut want = [7f32; 2];
             let core = grpo_core::vocab::kl_rows(&z, &w, vocab, temp, dir, &mut want);
             let mut out = [7f32; 2];
@@ -1729,7 +1740,7 @@ fn kl_errors_and_edge_rows_match_grpo_core() {
     w[5] = half::bf16::NAN;
     let mut out = [7f32; 2];
     assert_eq!(
-        k.kl(&z, &w, 3, 1.0, KlDirection::Forward, &mut out),
+        k.kl(&z, &w, 3, 1.0, KlDirection::StudentTeacher, &mut out),
         Err(GpuError::Core(Error::NonFinite {
             what: "teacher",
             index: 5
@@ -1998,7 +2009,7 @@ fn extreme_logits_of_opposite_signs_match_grpo_core() {
         (vec![big, -big, 0.0, 1.0], vec![0.5, 0.0, 1.0, 0.0], 1e10),
     ];
     for (z, w, temp) in pairs {
-        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             let what = format!("{z:?} {w:?} T={temp} {dir:?}");
             let mut want = [7f32];
             let core = grpo_core::vocab::kl_rows(&z, &w, 4, temp, dir, &mut want);
@@ -2140,7 +2151,7 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
     assert_eq!(backward(true), grad);
     assert!(grad.iter().any(|&b| f32::from_bits(b) != 0.0));
 
-    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+    for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let (mut a, mut b) = (vec![7f32; rows], vec![7f32; rows]);
         k.kl(&logits, &teacher, vocab, temp, dir, &mut a).unwrap();
         block_on(k.kl_async(&logits, &teacher, vocab, temp, dir, &mut b)).unwrap();
@@ -2164,7 +2175,7 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
     };
     let (lp, lse_states) = forward_saved(false);
     assert_eq!(forward_saved(true), (lp, lse_states.clone()));
-    let dir = KlDirection::Reverse;
+    let dir = KlDirection::TeacherStudent;
     let kl_saved = |asynchronous: bool| {
         let (mut kl, mut st) = (vec![7f32; rows], vec![PairState::EMPTY; rows]);
         let r = if asynchronous {
@@ -2257,7 +2268,7 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
             &teacher,
             vocab,
             temp,
-            KlDirection::Forward,
+            KlDirection::StudentTeacher,
             &mut kl,
         ),
         k.jsd_async(&logits, &teacher, vocab, 0.3, temp, &mut js),
@@ -2270,7 +2281,7 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
         &teacher,
         vocab,
         temp,
-        KlDirection::Forward,
+        KlDirection::StudentTeacher,
         &mut want,
     )
     .unwrap();
@@ -2298,7 +2309,7 @@ fn check_async<L: LogitStorage>(k: &VocabKernel<'_>, conv: fn(f32) -> L) {
     assert_eq!(got, nan);
     assert_eq!(grad, vec![7f32; rows * vocab]);
     let mut out = vec![7f32; rows];
-    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+    for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let want = k.kl(&bad, &teacher, vocab, temp, dir, &mut out);
         assert!(want.is_err());
         let got = block_on(k.kl_async(&bad, &teacher, vocab, temp, dir, &mut out));
@@ -2390,8 +2401,15 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
 
     // KL(p‖q), the student being the logits: slot 3 of binding 2.
     let mut kl = vec![0f32; rows];
-    k.kl(&logits, &teacher, vocab, 1.0, KlDirection::Forward, &mut kl)
-        .unwrap();
+    k.kl(
+        &logits,
+        &teacher,
+        vocab,
+        1.0,
+        KlDirection::StudentTeacher,
+        &mut kl,
+    )
+    .unwrap();
     let stats = floats(
         resident(ResidentVocab::Kl { teacher: &teacher })
             .read(2)
@@ -2440,7 +2458,7 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
         &teacher,
         vocab,
         1.0,
-        KlDirection::Forward,
+        KlDirection::StudentTeacher,
         &mut kl,
         &mut saved,
     )
@@ -2448,7 +2466,7 @@ fn resident_matches_public<L: LogitStorage + grpo_core::vocab::Logit>(
     let kl_term = KlTerm {
         teacher: &teacher[..],
         grad: &ones[..],
-        direction: KlDirection::Forward,
+        direction: KlDirection::StudentTeacher,
     };
     let terms = GradTerms {
         kl: Some(kl_term),

@@ -34,8 +34,8 @@ impl Case {
     fn direction(&self) -> Option<KlDirection> {
         match self.terms >> 2 {
             0 => None,
-            1 => Some(KlDirection::Forward),
-            _ => Some(KlDirection::Reverse),
+            1 => Some(KlDirection::StudentTeacher),
+            _ => Some(KlDirection::TeacherStudent),
         }
     }
 }
@@ -59,7 +59,9 @@ fn logit() -> impl Strategy<Value = f32> {
 
 /// Teachers are the student plus noise, or independent; both rows share the student's masked
 /// entries, except in one case in six, where the masks are independent (a support violation
-/// of the KL is then likely: both backends must give the same error).
+/// of the KL is then likely: both backends must give the same error), and in another, where
+/// the teacher masks its own entries as well as the student's (KL(p‖q) is then +∞ where
+/// KL(q‖p) is finite, which a KL(q‖p) forward records in its states).
 fn case() -> impl Strategy<Value = Case> {
     (
         vocab_len(),
@@ -80,6 +82,7 @@ fn case() -> impl Strategy<Value = Case> {
         .prop_map(
             |(mut student, other, targets, (near, masks, terms), weights, (vocab, rows, temp))| {
                 let independent_masks = masks == 0;
+                let teacher_masks_more = masks == 1;
                 let mut teacher: Vec<f32> = student
                     .iter()
                     .zip(&other)
@@ -92,7 +95,7 @@ fn case() -> impl Strategy<Value = Case> {
                         match (independent_masks, z.is_finite()) {
                             (true, _) => w,
                             (false, false) => f32::NEG_INFINITY,
-                            (false, true) if w.is_finite() => w,
+                            (false, true) if w.is_finite() || teacher_masks_more => w,
                             (false, true) => 0.5,
                         }
                     })
@@ -136,7 +139,7 @@ fn terms_of<'a, L>(c: &'a Case, teacher: &'a [L], g: &'a [Vec<f32>; 3]) -> GradT
 
 /// The f64 gradient of row `r` of `terms` (MATH.md §5): with log p and log q of the stored
 /// rows, `(g_lp·(1[v = y] − p_v) − g_H·p_v(log p_v + H) + g_KL·K_v)/T`, where `K_v = p_v(log p_v
-/// − log q_v − KL(p‖q))` (forward) or `p_v − q_v` (reverse). Also returns the scale the
+/// − log q_v − KL(p‖q))` (KL(p‖q)) or `p_v − q_v` (KL(q‖p)). Also returns the scale the
 /// tolerance's absolute part is multiplied by: the size of the terms the GPU rounds.
 fn grad64(
     z: &[f64],
@@ -179,17 +182,17 @@ fn grad64(
             d += g[2]
                 * match kl {
                     None => 0.0,
-                    Some(KlDirection::Forward) if on(v) => p[v] * (lp[v] - lq[v] - kl_pq),
-                    Some(KlDirection::Forward) => 0.0,
-                    Some(KlDirection::Reverse) => p[v] - q[v],
+                    Some(KlDirection::StudentTeacher) if on(v) => p[v] * (lp[v] - lq[v] - kl_pq),
+                    Some(KlDirection::StudentTeacher) => 0.0,
+                    Some(KlDirection::TeacherStudent) => p[v] - q[v],
                 };
             d / t
         })
         .collect();
     let kl_scale = match kl {
         None => 0.0,
-        Some(KlDirection::Forward) => g[2].abs() * (1.0 + max_ratio + kl_pq.abs()),
-        Some(KlDirection::Reverse) => 2.0 * g[2].abs(),
+        Some(KlDirection::StudentTeacher) => g[2].abs() * (1.0 + max_ratio + kl_pq.abs()),
+        Some(KlDirection::TeacherStudent) => 2.0 * g[2].abs(),
     };
     let scale = (g[0].abs() + g[1].abs() * (1.0 + h + min_lp.abs()) + kl_scale) / t;
     (grad, scale)
@@ -329,9 +332,9 @@ fn check_case<L: LogitStorage>(
     }
 
     // The saving KL forward: grpo-core's errors, the plain kernel's value (bits, in the
-    // forward direction, where both run the same code), and states whose KL values meet the
+    // KL(p‖q) direction, where both run the same code), and states whose KL values meet the
     // contract in both directions.
-    let direction = c.direction().unwrap_or(KlDirection::Forward);
+    let direction = c.direction().unwrap_or(KlDirection::StudentTeacher);
     let mut kl = vec![0f32; rows];
     let mut pair_states = vec![PairState::EMPTY; rows];
     let gpu = k.kl_saved(&z, &w, v, t, direction, &mut kl, &mut pair_states);
@@ -344,7 +347,7 @@ fn check_case<L: LogitStorage>(
     gpu.map_err(fail)?;
     let mut plain_kl = vec![0f32; rows];
     k.kl(&z, &w, v, t, direction, &mut plain_kl).map_err(fail)?;
-    if direction == KlDirection::Forward {
+    if direction == KlDirection::StudentTeacher {
         prop_assert_eq!(&kl, &plain_kl);
     }
     for (r, st) in pair_states.iter().enumerate() {
@@ -359,9 +362,22 @@ fn check_case<L: LogitStorage>(
                 prop_assert!(tol.accepts(got, want), "KL {got} vs {want} ({st:?})");
             }
         }
+        // An infinite KL(p‖q), which only the KL(q‖p) direction accepts, is recorded as
+        // grpo-core records it (u = +∞), so a KL(p‖q) term is refused on this state.
+        let ninf = f64::NEG_INFINITY;
+        let pq_infinite = zr.iter().zip(wr).any(|(&a, &b)| b == ninf && a != ninf);
+        prop_assert_eq!(
+            st.u == f32::INFINITY,
+            pq_infinite,
+            "row {}: u = {} (core {})",
+            r,
+            st.u,
+            core_pairs[r].u
+        );
+        prop_assert_eq!(core_pairs[r].u == f32::INFINITY, pq_infinite);
         let want = match direction {
-            KlDirection::Forward => finish_kl(st).0,
-            KlDirection::Reverse => finish_kl(st).1,
+            KlDirection::StudentTeacher => finish_kl(st).0,
+            KlDirection::TeacherStudent => finish_kl(st).1,
         };
         prop_assert!(
             tol.accepts(kl[r], want as f64),
@@ -489,13 +505,17 @@ fn saved_backward_agrees_with_central_differences() {
         let h: f64 = -lp.iter().map(|l| l.exp() * l).sum::<f64>();
         let d = match kl {
             None => 0.0,
-            Some(KlDirection::Forward) => kl_f64(zz, &w64, t as f64),
-            Some(KlDirection::Reverse) => kl_f64(&w64, zz, t as f64),
+            Some(KlDirection::StudentTeacher) => kl_f64(zz, &w64, t as f64),
+            Some(KlDirection::TeacherStudent) => kl_f64(&w64, zz, t as f64),
         };
         a as f64 * lp[y] + b as f64 * h + c as f64 * d
     };
     let g_kl = [c];
-    for kl in [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)] {
+    for kl in [
+        None,
+        Some(KlDirection::StudentTeacher),
+        Some(KlDirection::TeacherStudent),
+    ] {
         let terms = GradTerms {
             logp: Some((&[y as u32][..], &[a][..])),
             entropy: Some(&[b][..]),
@@ -508,7 +528,7 @@ fn saved_backward_agrees_with_central_differences() {
         let mut grad = [0f32; 7];
         let mut value = [0f32];
         let mut pair = [PairState::EMPTY];
-        let direction = kl.unwrap_or(KlDirection::Forward);
+        let direction = kl.unwrap_or(KlDirection::StudentTeacher);
         k.kl_saved(&z, &w, 7, t, direction, &mut value, &mut pair)
             .unwrap();
         k.backward_saved(&z, 7, t, &pair, &terms, &mut grad)
@@ -547,7 +567,7 @@ fn saved_backward_agrees_with_central_differences() {
     }
 }
 
-/// The inputs of one `backward_saved` call with every term (forward KL), valid as built.
+/// The inputs of one `backward_saved` call with every term (KL(p‖q)), valid as built.
 #[derive(Clone)]
 struct Args {
     z: Vec<f32>,
@@ -568,7 +588,7 @@ impl Args {
             kl: Some(KlTerm {
                 teacher: &self.w[..],
                 grad: &self.g[2][..],
-                direction: KlDirection::Forward,
+                direction: KlDirection::StudentTeacher,
             }),
         }
     }
@@ -589,7 +609,7 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         &w,
         3,
         1.0,
-        KlDirection::Forward,
+        KlDirection::StudentTeacher,
         &mut [0.0; 2],
         &mut saved,
     )
@@ -769,7 +789,7 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
         &base.w,
         3,
         1.0,
-        KlDirection::Reverse,
+        KlDirection::TeacherStudent,
         &mut kl,
         &mut pairs,
     );
@@ -779,7 +799,7 @@ fn saved_errors_match_grpo_core_and_leave_outputs_untouched() {
     // The states' length comes before this backend's own limit (a vocabulary too large for
     // one binding), as grpo-core has no such limit: no rows, one state.
     let (none, huge) = ([0f32; 0], u32::MAX as usize / 2 + 1);
-    let fwd = KlDirection::Forward;
+    let fwd = KlDirection::StudentTeacher;
     let one_too_many = Error::LengthMismatch {
         what: "saved_out",
         expected: 0,
@@ -836,19 +856,19 @@ fn saved_kl_support_and_host_rows_are_grpo_cores() {
     // finite: the saving forward checks the support of the direction it is asked for.
     let z = [0.0f32, 1.0, 0.5, /* row 1 */ 0.0, ninf, 0.5];
     let w = [0.3f32, 0.2, 0.1, /* row 1 */ 0.0, 1.0, 0.5];
-    for direction in [KlDirection::Forward, KlDirection::Reverse] {
+    for direction in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let (mut kl, mut st) = ([7.0f32; 2], [PairState::EMPTY; 2]);
         let got = k.kl_saved(&z, &w, 3, 1.0, direction, &mut kl, &mut st);
         let (mut core_kl, mut core_st) = ([0f32; 2], [PairState::EMPTY; 2]);
         let want = vocab::kl_rows_saved(&z, &w, 3, 1.0, direction, &mut core_kl, &mut core_st);
         match direction {
-            KlDirection::Forward => {
+            KlDirection::StudentTeacher => {
                 assert_eq!((got, want), (Ok(()), Ok(())));
                 for r in 0..2 {
                     assert!((kl[r] - core_kl[r]).abs() < 2e-6, "{kl:?} vs {core_kl:?}");
                 }
             }
-            KlDirection::Reverse => {
+            KlDirection::TeacherStudent => {
                 assert!(want.is_err());
                 assert_eq!(got, Err(GpuError::Core(want.unwrap_err())));
                 assert_eq!((kl, st), ([7.0; 2], [PairState::EMPTY; 2]));
@@ -860,7 +880,7 @@ fn saved_kl_support_and_host_rows_are_grpo_cores() {
     // value and state are grpo-core's bits.
     let z = [1.0f32, -3.0e38, 0.0, /* row 1 */ 0.25, 0.5, -0.5];
     let w = [0.5f32, 0.0, 0.0, /* row 1 */ 0.0, 0.0, 1.0];
-    for direction in [KlDirection::Forward, KlDirection::Reverse] {
+    for direction in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let (mut kl, mut st) = ([0f32; 2], [PairState::EMPTY; 2]);
         k.kl_saved(&z, &w, 3, 0.5, direction, &mut kl, &mut st)
             .unwrap();
@@ -896,15 +916,23 @@ fn chunked_saved_rows_give_the_same_bits() {
         k.forward_saved(&z, vocab, &targets, 0.9, out, &mut lse)
             .unwrap();
         let (mut kl, mut pair) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
-        k.kl_saved(&z, &w, vocab, 0.9, KlDirection::Reverse, &mut kl, &mut pair)
-            .unwrap();
+        k.kl_saved(
+            &z,
+            &w,
+            vocab,
+            0.9,
+            KlDirection::TeacherStudent,
+            &mut kl,
+            &mut pair,
+        )
+        .unwrap();
         let terms = GradTerms {
             logp: Some((&targets[..], &g[0][..])),
             entropy: Some(&g[1][..]),
             kl: Some(KlTerm {
                 teacher: &w[..],
                 grad: &g[2][..],
-                direction: KlDirection::Forward,
+                direction: KlDirection::StudentTeacher,
             }),
         };
         let mut grad = vec![0f32; rows * vocab];
@@ -964,7 +992,11 @@ fn backward_rows_uploads_each_input_once() {
         run();
         ctx.bytes_uploaded() - before
     };
-    for kl in [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)] {
+    for kl in [
+        None,
+        Some(KlDirection::StudentTeacher),
+        Some(KlDirection::TeacherStudent),
+    ] {
         let terms = GradTerms {
             logp: Some((&targets[..], &g[..])),
             entropy: Some(&g[..]),

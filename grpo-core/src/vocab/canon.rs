@@ -749,7 +749,7 @@ pub struct GradCoef {
     pub g_kl: f32,
     /// Log-softmax of the teacher row (unused without a KL term).
     pub q: LogSoftmax,
-    /// KL(p‖q) of the row (used by the forward direction only).
+    /// KL(p‖q) of the row (used by the KL(p‖q) direction only).
     pub kl: f32,
 }
 
@@ -805,10 +805,10 @@ impl GradCoef {
 pub enum KlGrad {
     /// No KL term.
     None,
-    /// KL(p‖q): `∂/∂z_v = p_v (log p_v − log q_v − KL)/T`.
-    Forward,
-    /// KL(q‖p): `∂/∂z_v = (p_v − q_v)/T`.
-    Reverse,
+    /// KL(p‖q) (student‖teacher): `∂/∂z_v = p_v (log p_v − log q_v − KL)/T`.
+    StudentTeacher,
+    /// KL(q‖p) (teacher‖student): `∂/∂z_v = (p_v − q_v)/T`.
+    TeacherStudent,
 }
 
 /// The per-element step of the fused backward: `∂(g_lp·logp(y) + g_H·H + g_KL·KL)/∂z_v`.
@@ -819,10 +819,10 @@ pub enum KlGrad {
 /// lpc = clamp_grad_arg(lp);  p = exp_nonpos_clamped(lpc)   // min_r(D_MAX, max_r(D_MIN, lp))
 /// k   = fma(g_h, lpc + h, g_lp)
 /// o   = select(v == y, g_lp, 0)
-/// Forward KL: lq = fma(w − q.max, τ, q.neg_ln_sum)
-///             k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
-/// Reverse KL: lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(clamp_grad_arg(lq))
-///             k  = k − g_kl;  o = fma(−g_kl, q, o)
+/// KL(p‖q): lq = fma(w − q.max, τ, q.neg_ln_sum)
+///          k  = fma(−g_kl, (max_r(LOG_RATIO_FLOOR, lp) − max_r(LOG_RATIO_FLOOR, lq)) − kl, k)
+/// KL(q‖p): lq = fma(w − q.max, τ, q.neg_ln_sum);  q = exp_nonpos_clamped(clamp_grad_arg(lq))
+///          k  = k − g_kl;  o = fma(−g_kl, q, o)
 /// grad = fma(−p, k, o) · τ
 /// ```
 /// (`w` is ignored without a KL term.) The upper clamp of [`clamp_grad_arg`] changes nothing
@@ -847,12 +847,12 @@ pub fn grad_step(z: f32, w: f32, is_target: bool, c: &GradCoef, kl: KlGrad) -> f
     let mut o = if is_target { c.g_lp } else { 0.0 };
     match kl {
         KlGrad::None => {}
-        KlGrad::Forward => {
+        KlGrad::StudentTeacher => {
             let lq = log_prob(w, c.tau, &c.q);
             let g = max_r(LOG_RATIO_FLOOR, lp) - max_r(LOG_RATIO_FLOOR, lq);
             k = fma(-c.g_kl, g - c.kl, k);
         }
-        KlGrad::Reverse => {
+        KlGrad::TeacherStudent => {
             let lq = log_prob(w, c.tau, &c.q);
             let q = exp_nonpos_clamped(clamp_grad_arg(lq));
             k -= c.g_kl;

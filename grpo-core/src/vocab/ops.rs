@@ -33,13 +33,36 @@ macro_rules! token_id {
 token_id!(u32, u64, usize, i32, i64);
 
 /// Direction of a KL divergence between the student distribution p (from `student` logits)
-/// and the teacher distribution q (from `teacher` logits).
+/// and the teacher distribution q (from `teacher` logits), named by its arguments in order.
+///
+/// The names "forward" and "reverse" are not used because the fields disagree on them. In
+/// distillation (GKD 2306.13649, MiniLLM, on-policy distillation, TRL's `beta`) the *forward*
+/// KL is KL(teacher‖student), the mean-seeking one of supervised distillation, and the
+/// *reverse* KL is KL(student‖teacher), the mode-seeking one; TRL's generalized JSD is
+/// [`TeacherStudent`](KlDirection::TeacherStudent)'s KL in the limit `beta → 0` and
+/// [`StudentTeacher`](KlDirection::StudentTeacher)'s in the limit `beta → 1` (after dividing
+/// by `beta` or `1 − beta`; see [`jsd_rows`]), which its code computes directly at
+/// `beta = 0` and `beta = 1`.
+///
+/// ```
+/// use grpo_core::vocab::{kl_rows, KlDirection};
+/// // p = [½, ½] (student), q = [¼, ¾] (teacher).
+/// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
+/// let mut kl = [0.0f32];
+/// kl_rows(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut kl).unwrap();
+/// assert!((kl[0] - 0.1438410).abs() < 1e-6); // ½ ln 2 + ½ ln (2/3): the reverse KL of GKD
+/// kl_rows(&z, &w, 2, 1.0, KlDirection::TeacherStudent, &mut kl).unwrap();
+/// assert!((kl[0] - 0.1308120).abs() < 1e-6); // ¼ ln ½ + ¾ ln (3/2): GKD's forward KL
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KlDirection {
-    /// Forward KL(p‖q) = Σ p (log p − log q) ("KL(student ‖ teacher)").
-    Forward,
-    /// Reverse KL(q‖p) = Σ q (log q − log p).
-    Reverse,
+    /// KL(p‖q) = KL(student‖teacher) = Σ p (log p − log q): the mode-seeking KL, which the
+    /// distillation literature and TRL call the *reverse* KL (TRL GKD `beta = 1`).
+    StudentTeacher,
+    /// KL(q‖p) = KL(teacher‖student) = Σ q (log q − log p): the mean-seeking KL of supervised
+    /// distillation, which the distillation literature and TRL call the *forward* KL (TRL GKD
+    /// `beta = 0`).
+    TeacherStudent,
 }
 
 impl From<KlDirection> for KlGrad {
@@ -47,12 +70,12 @@ impl From<KlDirection> for KlGrad {
     ///
     /// ```
     /// use grpo_core::vocab::{canon::KlGrad, KlDirection};
-    /// assert_eq!(KlGrad::from(KlDirection::Reverse), KlGrad::Reverse);
+    /// assert_eq!(KlGrad::from(KlDirection::TeacherStudent), KlGrad::TeacherStudent);
     /// ```
     fn from(d: KlDirection) -> KlGrad {
         match d {
-            KlDirection::Forward => KlGrad::Forward,
-            KlDirection::Reverse => KlGrad::Reverse,
+            KlDirection::StudentTeacher => KlGrad::StudentTeacher,
+            KlDirection::TeacherStudent => KlGrad::TeacherStudent,
         }
     }
 }
@@ -204,8 +227,8 @@ pub fn target<S: super::Logit>(
 /// ```
 /// use grpo_core::vocab::{validate::support, KlDirection};
 /// let (z, w) = ([0.0f32, 0.0], [0.0f32, f32::NEG_INFINITY]);
-/// assert!(support(&z, &w, Some(KlDirection::Forward), 0).is_err());
-/// assert!(support(&z, &w, Some(KlDirection::Reverse), 0).is_ok());
+/// assert!(support(&z, &w, Some(KlDirection::StudentTeacher), 0).is_err());
+/// assert!(support(&z, &w, Some(KlDirection::TeacherStudent), 0).is_ok());
 /// ```
 pub fn support<S: super::Logit, U: super::Logit>(
     z: &[S],
@@ -217,13 +240,17 @@ pub fn support<S: super::Logit, U: super::Logit>(
     for (v, (&a, &b)) in z.iter().zip(w).enumerate() {
         let (a, b) = (a.to_f32(), b.to_f32());
         let bad = match dir {
-            KlDirection::Forward => b == f32::NEG_INFINITY && a > f32::NEG_INFINITY,
-            KlDirection::Reverse => a == f32::NEG_INFINITY && b > f32::NEG_INFINITY,
+            KlDirection::StudentTeacher => b == f32::NEG_INFINITY && a > f32::NEG_INFINITY,
+            KlDirection::TeacherStudent => a == f32::NEG_INFINITY && b > f32::NEG_INFINITY,
         };
         if bad {
             let what = match dir {
-                KlDirection::Forward => "teacher (−∞ where the student is not: KL(p‖q) = +∞)",
-                KlDirection::Reverse => "student (−∞ where the teacher is not: KL(q‖p) = +∞)",
+                KlDirection::StudentTeacher => {
+                    "teacher (−∞ where the student is not: KL(p‖q) = +∞)"
+                }
+                KlDirection::TeacherStudent => {
+                    "student (−∞ where the teacher is not: KL(q‖p) = +∞)"
+                }
             };
             return Err(Error::NonFinite {
                 what,
@@ -367,8 +394,8 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// KL divergence between the student `p = softmax(z/T)` and the teacher `q = softmax(w/T)`
 /// of one row, in one pass \[ours; the distillation losses of arXiv 2306.13649\].
 ///
-/// Formula: `KL(p‖q) = Σ p (log p − log q)` (Forward) or `KL(q‖p) = Σ q (log q − log p)`
-/// (Reverse), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
+/// Formula: `KL(p‖q) = Σ p (log p − log q)` (`StudentTeacher`) or `KL(q‖p) = Σ q (log q −
+/// log p)` (`TeacherStudent`), computed as `(ln s_w − ln s_z) + u/s_z` from the pair reduction of [`canon`]
 /// (the row maxima cancel exactly). Elements where both logits are −∞ contribute 0. Log-ratios
 /// are floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]) before they are weighted, so the result
 /// is finite for finite input.
@@ -378,8 +405,8 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// `NonFinite{what: "student" | "teacher", index}` for NaN/+∞, `EmptySegment{segment: 0}` for an
 /// all-−∞ row, `NonFinite{what: "student / temperature" | "teacher / temperature"}` when a
 /// row's maximum overflows once divided by T, and `NonFinite` when the expectation's
-/// distribution is positive where the other is 0 (the KL is +∞): Forward needs
-/// `w_v = −∞ ⇒ z_v = −∞`, Reverse the converse.
+/// distribution is positive where the other is 0 (the KL is +∞): `StudentTeacher` needs
+/// `w_v = −∞ ⇒ z_v = −∞`, `TeacherStudent` the converse.
 ///
 /// ```
 /// use grpo_core::vocab::{kl_divergence, KlDirection};
@@ -387,8 +414,8 @@ fn scan_pair<S: super::Logit, U: super::Logit>(
 /// // KL(p‖q) = ½ ln(½/¼) + ½ ln(½/¾) = ½ ln 2 + ½ ln(2/3) = 0.1438410
 /// // KL(q‖p) = ¼ ln(¼/½) + ¾ ln(¾/½) = −0.1732868 + 0.3040988 = 0.1308120
 /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
-/// let f = kl_divergence(&z, &w, 1.0, KlDirection::Forward).unwrap();
-/// let r = kl_divergence(&z, &w, 1.0, KlDirection::Reverse).unwrap();
+/// let f = kl_divergence(&z, &w, 1.0, KlDirection::StudentTeacher).unwrap();
+/// let r = kl_divergence(&z, &w, 1.0, KlDirection::TeacherStudent).unwrap();
 /// assert!((f - 0.1438410).abs() < 1e-6 && (r - 0.1308120).abs() < 1e-6);
 /// ```
 pub fn kl_divergence<S: super::Logit, U: super::Logit>(
@@ -403,8 +430,8 @@ pub fn kl_divergence<S: super::Logit, U: super::Logit>(
     scan_pair(student, teacher, tau, Some(direction), 0, 0)?;
     let (f, r) = canon::finish_kl(&canon::pair_row(student, teacher, tau));
     Ok(match direction {
-        KlDirection::Forward => f,
-        KlDirection::Reverse => r,
+        KlDirection::StudentTeacher => f,
+        KlDirection::TeacherStudent => r,
     })
 }
 
@@ -422,8 +449,11 @@ fn beta_of(beta: f32) -> Result<(f32, f32)> {
 ///
 /// Formula: with `p = softmax(z/T)` (student), `q = softmax(w/T)` (teacher) and the mixture
 /// `m = β q + (1 − β) p`: `JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)` for `0 < β < 1` (TRL's GKD
-/// loss uses the same definition; its β = 0 / β = 1 endpoints are the KL divergences, see
-/// [`kl_divergence`]). Two passes: the pair statistics, then `Σ_v β q_v (log q_v − log m_v) +
+/// loss uses the same definition). `JSD_β` itself tends to 0 at both ends; TRL's code
+/// computes its limits after division instead — at `β = 0` KL(teacher‖student)
+/// (`JSD_β/β → KL(q‖p)`, [`KlDirection::TeacherStudent`]) and at `β = 1`
+/// KL(student‖teacher) (`JSD_β/(1 − β) → KL(p‖q)`, [`KlDirection::StudentTeacher`]): for
+/// those endpoints use [`kl_divergence`] / [`kl_rows`]. Two passes: the pair statistics, then `Σ_v β q_v (log q_v − log m_v) +
 /// (1−β) p_v (log p_v − log m_v)` in the canonical order with `log p_v = z_v/T − lse_z`.
 /// Masked entries (−∞ in either row) are allowed: JSD is always finite.
 ///
@@ -697,7 +727,7 @@ fn logprob_entropy_rows_to<S: super::Logit, I: TokenId>(
 /// let z = [1.0f32, 2.0, 0.0, 0.0];
 /// let w = [1.0f32, 2.0, 0.0, 3f32.ln()];
 /// let mut out = [9.0f32; 2];
-/// kl_rows(&z, &w, 2, 1.0, KlDirection::Forward, &mut out).unwrap();
+/// kl_rows(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut out).unwrap();
 /// assert!(out[0].abs() < 1e-7 && (out[1] - 0.1438410).abs() < 1e-6);
 /// ```
 pub fn kl_rows<S: super::Logit, U: super::Logit>(
@@ -729,9 +759,13 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// the sums costs up to three more FMAs per element pair than [`kl_rows`]' one (a
 /// compute-bound loop in 16-bit storage), nothing in memory traffic: eight `f32` per row.
 ///
-/// The state does not depend on `direction`; its support check does: a state saved by the
-/// forward direction's call may serve a reverse KL term's gradient (finite: `(p_v − q_v)/T`)
-/// even where KL(q‖p) itself is +∞.
+/// The state does not depend on `direction`, except where KL(p‖q) is +∞ (the teacher is −∞
+/// where the student is not, which a `TeacherStudent` call accepts): there the state records
+/// it as `u = +∞`, so `finish_kl` gives KL(p‖q) = +∞ and [`backward_rows_saved`] refuses a
+/// KL(p‖q) term on it as [`backward_rows`] does (`NonFinite{what: "saved KL(p‖q)"}`); the
+/// other sums keep their bits. A state saved by a `StudentTeacher` call may serve a
+/// `TeacherStudent` KL term's gradient (finite: `(p_v − q_v)/T`) even where KL(q‖p) itself is
+/// +∞.
 ///
 /// # Errors
 /// As [`kl_rows`], plus `LengthMismatch{what: "saved_out"}` (after the rows' lengths). On
@@ -743,7 +777,7 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// // p = [½, ½], q = [¼, ¾] → KL(p‖q) = 0.1438410; the state also gives KL(q‖p)
 /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
 /// let (mut kl, mut saved) = ([0.0f32; 1], [PairState::EMPTY; 1]);
-/// kl_rows_saved(&z, &w, 2, 1.0, KlDirection::Forward, &mut kl, &mut saved).unwrap();
+/// kl_rows_saved(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut kl, &mut saved).unwrap();
 /// assert!((kl[0] - 0.1438410).abs() < 1e-6);
 /// let (forward, reverse) = finish_kl(&saved[0]);
 /// assert_eq!(forward, kl[0]);
@@ -796,14 +830,41 @@ fn kl_rows_to<S: super::Logit, U: super::Logit>(
         let st = canon::pair_row(row_of(student, vocab, r), row_of(teacher, vocab, r), tau);
         let (f, rev) = canon::finish_kl(&st);
         *o = match direction {
-            KlDirection::Forward => f,
-            KlDirection::Reverse => rev,
+            KlDirection::StudentTeacher => f,
+            KlDirection::TeacherStudent => rev,
         };
         if let Some(saved) = saved_out.as_deref_mut() {
-            saved[r] = st;
+            saved[r] = mark_student_teacher_support(
+                st,
+                direction,
+                row_of(student, vocab, r),
+                row_of(teacher, vocab, r),
+            );
         }
     }
     Ok(())
+}
+
+/// A saved pair state with `u = +∞` where KL(p‖q) is +∞ (the teacher is −∞ where the student
+/// is not): a [`KlDirection::TeacherStudent`] forward accepts such rows, and the state must
+/// not serve a KL(p‖q) term's gradient ([`SavedState::check_kl_term`](super::SavedState::check_kl_term)). A
+/// [`KlDirection::StudentTeacher`] forward has refused them already.
+fn mark_student_teacher_support<S: super::Logit, U: super::Logit>(
+    st: PairState,
+    direction: KlDirection,
+    z: &[S],
+    w: &[U],
+) -> PairState {
+    let refused = direction == KlDirection::TeacherStudent
+        && support(z, w, Some(KlDirection::StudentTeacher), 0).is_err();
+    if refused {
+        PairState {
+            u: f32::INFINITY,
+            ..st
+        }
+    } else {
+        st
+    }
 }
 
 /// The checks the row-pair forwards ([`kl_rows`], [`jsd_rows`] and their saving forms) make

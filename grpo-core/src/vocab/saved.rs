@@ -8,8 +8,8 @@
 
 use super::canon::{self, GradCoef, JsdParams, LogSoftmax, LseState, PairState};
 use super::ops::{
-    GradTerms, TokenId, check_backward_args, grad_row_into, grad_row_over, gradient_temperature,
-    row_of, rows_of, target, weights, weights_of,
+    GradTerms, KlDirection, TokenId, check_backward_args, grad_row_into, grad_row_over,
+    gradient_temperature, row_of, rows_of, target, weights, weights_of,
 };
 #[cfg(doc)]
 use super::ops::{
@@ -71,6 +71,18 @@ pub trait SavedState: sealed::Sealed + Copy {
     /// The row's backward coefficients for the weights `g_lp`, `g_h` and `g_kl` (read only
     /// with a teacher): [`GradCoef::from_lse`] or [`GradCoef::from_pair`].
     fn coef(&self, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef;
+
+    /// Whether the state may serve a KL term in `direction` (after [`check`](Self::check)):
+    /// a [`PairState`] whose KL(p‖q) is +∞ (`u = +∞`, which a
+    /// [`KlDirection::TeacherStudent`] forward writes where the teacher is −∞ and the student
+    /// is not) cannot serve a KL(p‖q) term, whose gradient is infinite there.
+    ///
+    /// # Errors
+    /// `NonFinite{what: "saved KL(p‖q)", index}` in that case.
+    fn check_kl_term(&self, direction: KlDirection, index: usize) -> Result<()> {
+        let _ = (direction, index);
+        Ok(())
+    }
 }
 
 impl SavedState for LseState {
@@ -111,15 +123,17 @@ impl SavedState for PairState {
     fn check(&self, tau: f32, index: usize) -> Result<()> {
         self.student().check(tau, index)?;
         self.teacher().check(tau, index)?;
+        // KL(p‖q) = +∞ is a state's record that the teacher is −∞ where the student is not
+        // (`check_kl_term` refuses it for a KL(p‖q) term; nothing else reads it).
         let (forward, reverse) = canon::finish_kl(self);
-        if !(forward.is_finite() && reverse.is_finite()) {
+        if !((forward.is_finite() || forward == f32::INFINITY) && reverse.is_finite()) {
             return Err(Error::NonFinite {
                 what: "saved",
                 index,
             });
         }
         crate::error::ensure(
-            forward.abs() <= MAX_SAVED_KL,
+            forward == f32::INFINITY || forward.abs() <= MAX_SAVED_KL,
             "saved",
             "not a forward's pair state: |KL(p‖q)| > 2^65",
         )
@@ -127,6 +141,16 @@ impl SavedState for PairState {
 
     fn coef(&self, tau: f32, g_lp: f32, g_h: f32, g_kl: f32) -> GradCoef {
         GradCoef::from_pair(self, tau, g_lp, g_h, g_kl)
+    }
+
+    fn check_kl_term(&self, direction: KlDirection, index: usize) -> Result<()> {
+        if direction == KlDirection::StudentTeacher && canon::finish_kl(self).0 == f32::INFINITY {
+            return Err(Error::NonFinite {
+                what: "saved KL(p‖q)",
+                index,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -144,8 +168,11 @@ impl SavedState for PairState {
 /// or the log-sum-exp or entropy they imply, is not finite; `InvalidParam{name: "saved"}`
 /// when `sum < 0.5` or `|H| >` [`MAX_SAVED_ENTROPY`]. For a [`PairState`]: those checks of
 /// the student's half, then of the teacher's, then `NonFinite{what: "saved", index}` when
-/// either KL direction ([`canon::finish_kl`]) is not finite and `InvalidParam{name:
-/// "saved"}` when `|KL(p‖q)| >` [`MAX_SAVED_KL`].
+/// KL(q‖p) ([`canon::finish_kl`]) is not finite or KL(p‖q) is NaN or −∞, and
+/// `InvalidParam{name: "saved"}` when `|KL(p‖q)| >` [`MAX_SAVED_KL`] but finite. KL(p‖q) =
+/// +∞ is a valid state: the record a KL(q‖p) forward leaves where the teacher is −∞ and the
+/// student is not ([`kl_rows_saved`]); [`SavedState::check_kl_term`] refuses it for a
+/// KL(p‖q) term.
 ///
 /// ```
 /// use grpo_core::vocab::{validate::saved, LseState, PairState};
@@ -163,7 +190,8 @@ pub fn saved<St: SavedState>(st: &St, tau: f32, index: usize) -> Result<()> {
 
 /// The checks of [`backward_rows_saved`] (with `out = Some(out.len())`) and
 /// [`backward_rows_in_place_saved`] (`out = None`), in their order, with their errors: the
-/// arguments, then row by row the saved state ([`saved`]) and the target logit ([`target`],
+/// arguments, then row by row the saved state ([`saved`], then
+/// [`SavedState::check_kl_term`] with a KL term) and the target logit ([`target`],
 /// against the student state's reference maximum). Returns `(τ, rows)`. Public so that other
 /// backends (grpo-wgpu) reject exactly what these functions reject.
 ///
@@ -190,6 +218,9 @@ pub fn backward_saved<S: super::Logit, I: TokenId, U: super::Logit, St: SavedSta
     let (tau, rows) = check_backward_args(logits.len(), vocab, temperature, terms, out, n)?;
     for (r, st) in saved_states.iter().enumerate() {
         saved(st, tau, r)?;
+        if let Some(k) = &terms.kl {
+            st.check_kl_term(k.direction, r)?;
+        }
         if let Some((t, _)) = terms.logp {
             let z = row_of(logits, vocab, r);
             target(z, t[r].index(), st.student().max, tau, r * vocab, r)?;
@@ -225,7 +256,10 @@ fn coef_of_saved<I: TokenId, U, St: SavedState>(
 /// **The logits are not validated**: they (and the teacher's) must be the ones the states
 /// were saved from, unchanged, and `temperature` the forward's. Only the target logits are
 /// read before the gradient is written (the check of `logits[target]`); the KL support is
-/// not checked (the saving forward checked its direction's). For other logits the result is
+/// not read from the logits: the saving forward checked its direction's and records an
+/// infinite KL(p‖q) in the state, so that a KL(p‖q) term is refused where [`backward_rows`]
+/// refuses it ([`SavedState::check_kl_term`]; KL(q‖p)'s gradient `(p_v − q_v)/T` is finite
+/// whatever the support). For other logits the result is
 /// meaningless, and a NaN or +∞ logit gives a NaN, infinite or huge gradient, not an error
 /// (never a panic); a log-probability above 88 enters the exponential as 88
 /// ([`clamp_grad_arg`](super::exp_ln::clamp_grad_arg)), so every backend gives these bits.
@@ -236,9 +270,10 @@ fn coef_of_saved<I: TokenId, U, St: SavedState>(
 /// `InvalidParam{name: "kl"}` when `terms.kl` is given with `LseState`s (the KL term needs
 /// the teacher's state), `LengthMismatch{what: "targets" | "grad_logp" | "grad_entropy" |
 /// "teacher" | "grad_kl"}`, the weights' `NonFinite` / `InvalidParam`, `TokenOutOfRange`,
-/// then row by row the state ([`validate::saved`](saved)) and `NonFinite{what:
-/// "logits[target]", index: r·V + y}` when `(z_y − max)·τ` is not finite. On `Err`, `out` is
-/// untouched.
+/// then row by row the state ([`validate::saved`](saved)), `NonFinite{what: "saved KL(p‖q)",
+/// index: r}` for a KL(p‖q) term on a state whose KL(p‖q) is +∞
+/// ([`SavedState::check_kl_term`]) and `NonFinite{what: "logits[target]", index: r·V + y}`
+/// when `(z_y − max)·τ` is not finite. On `Err`, `out` is untouched.
 ///
 /// ```
 /// use grpo_core::vocab::{backward_rows, backward_rows_saved, logprob_entropy_rows_saved};
@@ -266,9 +301,9 @@ fn coef_of_saved<I: TokenId, U, St: SavedState>(
 /// let z = [0.5f32, -1.0, 2.0, /* row 1 */ 0.0, 0.0, 1.0];
 /// let w = [0.0f32, -1.0, 2.5, /* row 1 */ 1.0, 0.0, 0.0];
 /// let (mut kl, mut saved) = ([0.0f32; 2], [PairState::EMPTY; 2]);
-/// kl_rows_saved(&z, &w, 3, 1.0, KlDirection::Reverse, &mut kl, &mut saved).unwrap();
+/// kl_rows_saved(&z, &w, 3, 1.0, KlDirection::TeacherStudent, &mut kl, &mut saved).unwrap();
 /// // loss = Σ_r KL_r(q‖p)
-/// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0, 1.0], direction: KlDirection::Reverse };
+/// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0, 1.0], direction: KlDirection::TeacherStudent };
 /// let terms: GradTerms<'_, u32> = GradTerms { logp: None, entropy: None, kl: Some(kl_term) };
 /// let (mut g, mut g_again) = ([0.0f32; 6], [0.0f32; 6]);
 /// backward_rows_saved(&z, 3, 1.0, &saved, &terms, &mut g).unwrap();

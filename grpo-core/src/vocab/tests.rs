@@ -138,14 +138,14 @@ fn accuracy_against_f64_at_large_vocabularies() {
                 .map(|&x| x + (0.05 * rng.normal()) as f32)
                 .collect();
             for other in [&w, &wz] {
-                for dir in [KlDirection::Forward, KlDirection::Reverse] {
-                    if dir == KlDirection::Forward && k == 1 && other == &w {
+                for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
+                    if dir == KlDirection::StudentTeacher && k == 1 && other == &w {
                         // student masked where the teacher is not: forward is fine,
                     }
                     let got = kl_divergence(&z, other, t, dir);
                     let want = match dir {
-                        KlDirection::Forward => kl64(&z, other, t64),
-                        KlDirection::Reverse => kl64(other, &z, t64),
+                        KlDirection::StudentTeacher => kl64(&z, other, t64),
+                        KlDirection::TeacherStudent => kl64(other, &z, t64),
                     };
                     if !want.is_finite() {
                         assert!(matches!(got, Err(Error::NonFinite { .. })));
@@ -264,7 +264,7 @@ fn hand_computed_small_rows() {
     // KL of identical rows is exactly 0; JSD of disjoint supports is ln 2 for β = ½
     let w = [1.0f32, -2.0, 0.5];
     assert_eq!(
-        kl_divergence(&w, &w, 0.8, KlDirection::Forward).unwrap(),
+        kl_divergence(&w, &w, 0.8, KlDirection::StudentTeacher).unwrap(),
         0.0
     );
     // JSD_β, β = 0.25, p = [½, ½], q = [¼, ¾]: m = ¼q + ¾p = [0.4375, 0.5625];
@@ -366,7 +366,14 @@ fn invalid_inputs_are_rejected_and_outputs_untouched() {
     let nan_at = |what| Err(Error::NonFinite { what, index: 2 });
     assert_eq!(stats_rows(&bad, 2, 1.0, &mut out, &mut h), nan_at("logits"));
     assert_eq!(
-        kl_rows(&bad, &good[..4], 2, 1.0, KlDirection::Forward, &mut out),
+        kl_rows(
+            &bad,
+            &good[..4],
+            2,
+            1.0,
+            KlDirection::StudentTeacher,
+            &mut out
+        ),
         nan_at("student")
     );
     assert_eq!(
@@ -386,15 +393,15 @@ fn invalid_inputs_are_rejected_and_outputs_untouched() {
     let z = [0.0f32, 0.0];
     let w = [0.0f32, ninf];
     assert!(matches!(
-        kl_divergence(&z, &w, 1.0, KlDirection::Forward),
+        kl_divergence(&z, &w, 1.0, KlDirection::StudentTeacher),
         Err(Error::NonFinite { index: 1, .. })
     ));
-    assert!(kl_divergence(&z, &w, 1.0, KlDirection::Reverse).is_ok());
+    assert!(kl_divergence(&z, &w, 1.0, KlDirection::TeacherStudent).is_ok());
     assert!(matches!(
-        kl_divergence(&w, &z, 1.0, KlDirection::Reverse),
+        kl_divergence(&w, &z, 1.0, KlDirection::TeacherStudent),
         Err(Error::NonFinite { index: 1, .. })
     ));
-    assert!(kl_divergence(&z, &w[..1], 1.0, KlDirection::Forward).is_err());
+    assert!(kl_divergence(&z, &w[..1], 1.0, KlDirection::StudentTeacher).is_err());
     // backward: out and logits untouched
     let mut g = [s; 8];
     let terms: GradTerms<'_, u32> = GradTerms {
@@ -448,7 +455,7 @@ fn invalid_inputs_are_rejected_and_outputs_untouched() {
         kl: Some(KlTerm {
             teacher: &w,
             grad: &[1.0, 1.0],
-            direction: KlDirection::Forward,
+            direction: KlDirection::StudentTeacher,
         }),
     };
     assert_eq!(
@@ -756,7 +763,7 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
     assert!(jsd(&ok.z, &ok.w, ok.beta, ok.t).is_ok());
     assert!(logprob_entropy_rows(&zz, 5, &[0, ok.y], ok.t, &mut o, None).is_ok());
     assert!(jsd_rows(&zz, &ww, 5, ok.beta, ok.t, &mut o).is_ok());
-    for dir in [KlDirection::Forward, KlDirection::Reverse] {
+    for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         assert!(kl_divergence(&ok.z, &ok.w, ok.t, dir).is_ok());
         assert!(kl_rows(&zz, &ww, 5, ok.t, dir, &mut o).is_ok());
     }
@@ -794,7 +801,7 @@ fn single_row_errors_are_exact_and_match_the_batched_ops() {
                 "{l}: logprob_entropy_rows wrote"
             );
         }
-        for dir in [KlDirection::Forward, KlDirection::Reverse] {
+        for dir in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
             let Some(e) = kl else { break };
             let got = kl_divergence(z, w, t, dir).map(|_| ());
             assert_eq!(got, Err(e), "{l}: kl_divergence {dir:?}");
@@ -853,8 +860,12 @@ fn loss64(z: &[f64], w: &[f32], y: usize, t: f64, g: [f64; 3], dir: Option<KlDir
     let lq = logp64(w, t);
     let kl = match dir {
         None => 0.0,
-        Some(KlDirection::Forward) => lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum(),
-        Some(KlDirection::Reverse) => lp.iter().zip(&lq).map(|(&a, &b)| b.exp() * (b - a)).sum(),
+        Some(KlDirection::StudentTeacher) => {
+            lp.iter().zip(&lq).map(|(&a, &b)| a.exp() * (a - b)).sum()
+        }
+        Some(KlDirection::TeacherStudent) => {
+            lp.iter().zip(&lq).map(|(&a, &b)| b.exp() * (b - a)).sum()
+        }
     };
     g[0] * lp[y] + g[1] * h + g[2] * kl
 }
@@ -872,7 +883,7 @@ fn grad64(
     let lq = logp64(w, t);
     let h = entropy64(z, t);
     let kl = match dir {
-        Some(KlDirection::Forward) => kl64(z, w, t),
+        Some(KlDirection::StudentTeacher) => kl64(z, w, t),
         _ => 0.0,
     };
     (0..z.len())
@@ -887,8 +898,8 @@ fn grad64(
             d += g[2]
                 * match dir {
                     None => 0.0,
-                    Some(KlDirection::Forward) => p * (lp[v] - lq[v] - kl),
-                    Some(KlDirection::Reverse) => p - lq[v].exp(),
+                    Some(KlDirection::StudentTeacher) => p * (lp[v] - lq[v] - kl),
+                    Some(KlDirection::TeacherStudent) => p - lq[v].exp(),
                 };
             d / t
         })
@@ -902,7 +913,10 @@ fn backward_matches_finite_differences_and_the_analytic_form() {
     // Each term alone as well as fused: an absent term must contribute nothing (weight 0,
     // no target). `(logp, entropy, kl)`; the fused sets come first so that the first runs
     // (V = 37, T = 0.8) draw the rows this test always used.
-    let (fw, rv) = (Some(KlDirection::Forward), Some(KlDirection::Reverse));
+    let (fw, rv) = (
+        Some(KlDirection::StudentTeacher),
+        Some(KlDirection::TeacherStudent),
+    );
     let sets = [
         (true, true, None),
         (true, true, fw),
@@ -941,7 +955,7 @@ fn backward_matches_finite_differences_and_the_analytic_form() {
         // 1e-6·KL, see the module docs) is left unscaled; e.g. at V = 37, T = 1, KL alone:
         // KL = 4.0115 off by 1.2e-6, gradient 9.23e-6 vs 9.63e-6.
         let kl_slack: Vec<f64> = match dir {
-            Some(KlDirection::Forward) => {
+            Some(KlDirection::StudentTeacher) => {
                 let kl = kl64(&z, &w, t as f64);
                 let lp = logp64(&z, t as f64);
                 let s = g64[2].abs() * (1e-5 + 1e-6 * kl) / t as f64;
@@ -1001,12 +1015,19 @@ fn backward_is_accurate_at_a_large_vocabulary_and_zero_on_masked_entries() {
         kl: Some(KlTerm {
             teacher: &w[..],
             grad: &g[2..3],
-            direction: KlDirection::Forward,
+            direction: KlDirection::StudentTeacher,
         }),
     };
     let mut out = vec![0.0f32; v];
     backward_rows(&z, v, 1.0, &terms, &mut out).unwrap();
-    let an = grad64(&z, &w, 3, 1.0, [1.0, 0.5, 0.25], Some(KlDirection::Forward));
+    let an = grad64(
+        &z,
+        &w,
+        3,
+        1.0,
+        [1.0, 0.5, 0.25],
+        Some(KlDirection::StudentTeacher),
+    );
     let mut worst = 0.0f64;
     for i in 0..v {
         let e = (out[i] as f64 - an[i]).abs();
@@ -1030,8 +1051,8 @@ fn backward_is_accurate_at_a_large_vocabulary_and_zero_on_masked_entries() {
 fn kl_matches_f64(z: &[f32], w: &[f32], t: f32) {
     let t64 = t as f64;
     for (dir, want) in [
-        (KlDirection::Forward, kl64(z, w, t64)),
-        (KlDirection::Reverse, kl64(w, z, t64)),
+        (KlDirection::StudentTeacher, kl64(z, w, t64)),
+        (KlDirection::TeacherStudent, kl64(w, z, t64)),
     ] {
         let got = kl_divergence(z, w, t, dir).unwrap() as f64;
         assert!(
@@ -1370,7 +1391,7 @@ fn saved_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
         kl: Some(KlTerm {
             teacher: &teacher,
             grad: &[1.0, 1.0],
-            direction: KlDirection::Forward,
+            direction: KlDirection::StudentTeacher,
         }),
     };
     let mut out = [s; 8];
@@ -1502,7 +1523,7 @@ fn pair_batch(
 }
 
 #[test]
-fn pair_states_give_the_kl_forward_and_backward_bits() {
+fn pair_states_give_the_kl_student_teacher_and_backward_bits() {
     let mut rng = Rng(37);
     let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (v, masked) in [(5usize, 0usize), (67, 3), (2 * BLOCK + 77, 40)] {
@@ -1513,7 +1534,7 @@ fn pair_states_give_the_kl_forward_and_backward_bits() {
             let tau = 1.0 / t;
             // The saving forward: kl_rows' bits, and the same full state in either direction.
             let mut states = Vec::new();
-            for d in [KlDirection::Forward, KlDirection::Reverse] {
+            for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
                 let (mut kl, mut kl2) = (vec![0.0f32; rows], vec![0.0f32; rows]);
                 let mut saved = vec![PairState::EMPTY; rows];
                 kl_rows(&z, &w, v, t, d, &mut kl).unwrap();
@@ -1544,7 +1565,11 @@ fn pair_states_give_the_kl_forward_and_backward_bits() {
             let g_kl = [0.4f32, -1.5, 1.0];
             let logps = [Some((&y[..], &g_lp[..])), None];
             let entropies = [Some(&g_h[..]), None];
-            let kls = [None, Some(KlDirection::Forward), Some(KlDirection::Reverse)];
+            let kls = [
+                None,
+                Some(KlDirection::StudentTeacher),
+                Some(KlDirection::TeacherStudent),
+            ];
             for (logp, entropy, kl) in itertools3(&logps, &entropies, &kls) {
                 let terms: GradTerms<'_, u32> = GradTerms {
                     logp,
@@ -1572,14 +1597,23 @@ fn pair_states_give_the_kl_forward_and_backward_bits() {
     let zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
     let mut saved = vec![PairState::EMPTY; 2];
     let mut kl = [0.0f32; 2];
-    kl_rows_saved(&zb, &w, v, t, KlDirection::Forward, &mut kl, &mut saved).unwrap();
+    kl_rows_saved(
+        &zb,
+        &w,
+        v,
+        t,
+        KlDirection::StudentTeacher,
+        &mut kl,
+        &mut saved,
+    )
+    .unwrap();
     let terms: GradTerms<'_, u32> = GradTerms {
         logp: Some((&y, &[0.7, -0.2])),
         entropy: Some(&[-0.3, 0.1]),
         kl: Some(KlTerm {
             teacher: &w,
             grad: &[0.45, 1.0],
-            direction: KlDirection::Forward,
+            direction: KlDirection::StudentTeacher,
         }),
     };
     let (mut gb, mut zbi) = (vec![0.0f32; 2 * v], zb.clone());
@@ -1590,7 +1624,7 @@ fn pair_states_give_the_kl_forward_and_backward_bits() {
     // and against the f64 analytic gradient on one row, each KL direction with the other terms
     let (z, w, y) = pair_batch(&mut rng, 1, v, 2);
     let y = y[0] as usize;
-    for d in [KlDirection::Forward, KlDirection::Reverse] {
+    for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let mut saved = [PairState::EMPTY];
         kl_rows_saved(&z, &w, v, t, d, &mut [0.0], &mut saved).unwrap();
         let terms: GradTerms<'_, u32> = GradTerms {
@@ -1633,7 +1667,7 @@ fn pair_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     let s = 7.25f32; // sentinel
     let z = [0.0f32, 1.0, 2.0, 3.0, 0.5, 0.5, 0.5, f32::NEG_INFINITY];
     let w = [1.0f32, 0.0, 2.0, -1.0, 0.5, 1.5, -0.5, f32::NEG_INFINITY];
-    let fwd = KlDirection::Forward;
+    let fwd = KlDirection::StudentTeacher;
     // The forward: `saved_out`'s length after the rows'; nothing written on `Err`.
     let (mut kl, mut short) = ([s; 2], [PairState::EMPTY; 1]);
     assert_eq!(
@@ -1665,7 +1699,7 @@ fn pair_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
         (kl.map(f32::to_bits), saved),
         ([s.to_bits(); 2], [PairState::EMPTY; 2])
     );
-    let rev = KlDirection::Reverse;
+    let rev = KlDirection::TeacherStudent;
     kl_rows_saved(&z, &w_masked, 4, 1.0, rev, &mut kl, &mut saved).unwrap();
     kl_rows_saved(&z, &w, 4, 1.0, fwd, &mut kl, &mut saved).unwrap();
 
@@ -1687,7 +1721,7 @@ fn pair_state_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
         kl: Some(KlTerm {
             teacher,
             grad: g,
-            direction: KlDirection::Forward,
+            direction: KlDirection::StudentTeacher,
         }),
     };
     static W: [f32; 8] = [1.0, 0.0, 2.0, -1.0, 0.5, 1.5, -0.5, f32::NEG_INFINITY];
@@ -2226,4 +2260,91 @@ fn jsd_saved_backward_rejects_invalid_inputs_and_leaves_outputs_untouched() {
     let mut out = [0.0f32; 8];
     jsd_backward_rows_saved(&zn, &w, 4, 1.0, &st, &g, &mut out).unwrap();
     assert!(out[1].is_nan() && out[4..].iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn a_state_whose_kl_pq_is_infinite_refuses_a_kl_pq_term() {
+    // Row 0: p = [½, ½], the teacher masks column 1 (q = [1, 0]): KL(p‖q) = +∞, KL(q‖p) = ln 2.
+    // Row 1: p = q = [½, ½] (both KLs 0).
+    let ninf = f32::NEG_INFINITY;
+    let (z, w) = ([0.0f32, 0.0, 0.0, 0.0], [0.0f32, ninf, 0.0, 0.0]);
+    let (mut kl, mut saved) = ([0.0f32; 2], [PairState::EMPTY; 2]);
+    kl_rows_saved(
+        &z,
+        &w,
+        2,
+        1.0,
+        KlDirection::TeacherStudent,
+        &mut kl,
+        &mut saved,
+    )
+    .unwrap();
+    assert!((kl[0] - core::f32::consts::LN_2).abs() < 1e-6 && kl[1] == 0.0);
+    // The state records KL(p‖q) = +∞ (u = +∞) on row 0 only; its other sums are those of
+    // the pair reduction.
+    let plain = canon::pair_row(&z[..2], &w[..2], 1.0);
+    assert_eq!(
+        saved[0],
+        PairState {
+            u: f32::INFINITY,
+            ..plain
+        }
+    );
+    assert_eq!(canon::finish_kl(&saved[0]).0, f32::INFINITY);
+    assert_eq!(saved[1], canon::pair_row(&z[2..], &w[2..], 1.0));
+    for (r, st) in saved.iter().enumerate() {
+        assert_eq!(validate::saved(st, 1.0, r), Ok(()));
+    }
+    let grad_kl = [1.0f32, 1.0];
+    let terms = |direction| GradTerms::<'_, u32> {
+        logp: None,
+        entropy: Some(&[0.5, 0.5]),
+        kl: Some(KlTerm {
+            teacher: &w,
+            grad: &grad_kl,
+            direction,
+        }),
+    };
+    // A KL(p‖q) term: refused as backward_rows refuses it, outputs untouched.
+    let s = 7.25f32;
+    let mut out = [s; 4];
+    let pq = terms(KlDirection::StudentTeacher);
+    assert_eq!(
+        backward_rows_saved(&z, 2, 1.0, &saved, &pq, &mut out),
+        Err(Error::NonFinite {
+            what: "saved KL(p‖q)",
+            index: 0
+        })
+    );
+    assert_eq!(out, [s; 4]);
+    let mut zi = z;
+    assert!(backward_rows_in_place_saved(&mut zi, 2, 1.0, &saved, &pq).is_err());
+    assert_eq!(zi, z);
+    assert!(matches!(
+        backward_rows(&z, 2, 1.0, &pq, &mut out),
+        Err(Error::NonFinite { index: 1, .. })
+    ));
+    // A KL(q‖p) term (finite gradient (p_v − q_v)/T, here ±½ plus the entropy's 0): the
+    // bits of the backward that recomputes the states.
+    let qp = terms(KlDirection::TeacherStudent);
+    let mut again = [s; 4];
+    backward_rows_saved(&z, 2, 1.0, &saved, &qp, &mut out).unwrap();
+    backward_rows(&z, 2, 1.0, &qp, &mut again).unwrap();
+    assert_eq!(out, again);
+    assert_eq!(out, [-0.5, 0.5, 0.0, 0.0]);
+    // A StudentTeacher forward refuses the row and writes nothing.
+    let mut none = [PairState::EMPTY; 2];
+    assert!(
+        kl_rows_saved(
+            &z,
+            &w,
+            2,
+            1.0,
+            KlDirection::StudentTeacher,
+            &mut kl,
+            &mut none
+        )
+        .is_err()
+    );
+    assert_eq!(none, [PairState::EMPTY; 2]);
 }

@@ -270,9 +270,9 @@ struct PairScan {
     zlow: f32,
     wlow: f32,
     /// Some `w = −∞ < z`: KL(p‖q) = +∞.
-    forward: bool,
+    pq_infinite: bool,
     /// Some `z = −∞ < w`: KL(q‖p) = +∞.
-    reverse: bool,
+    qp_infinite: bool,
 }
 
 /// Both raw block maxima and minima of a student/teacher block pair and its support flags.
@@ -302,8 +302,8 @@ fn pair_max_support<V: F32x16, S: Load, U: Load>(
         wmax: fold_tail_max(mw.reduce_max(), wt),
         zlow: lz.reduce_min(),
         wlow: lw.reduce_min(),
-        forward: V::mask_any(fwd) || tf,
-        reverse: V::mask_any(rev) || tr,
+        pq_infinite: V::mask_any(fwd) || tf,
+        qp_infinite: V::mask_any(rev) || tr,
     }
 }
 
@@ -1060,10 +1060,10 @@ pub(crate) fn lse_row<V: F32x16, S: Load, const DOT: bool>(z: &[S], tau: f32) ->
 /// | need          | reader                                  | sums              |
 /// |---------------|-----------------------------------------|-------------------|
 /// | `Jsd`         | the JSD's log-softmax of both rows (and `jsd_rows_saved`'s states) | — |
-/// | `KlForward`   | `finish_kl(..).0`                       | `u`               |
-/// | `KlReverse`   | `finish_kl(..).1`                       | `v`               |
-/// | `GradForward` | `GradCoef::from_pair` with `KlGrad::Forward` (entropy, KL(p‖q)) | `tz`, `u` |
-/// | `GradReverse` | `GradCoef::from_pair` with `KlGrad::Reverse` (entropy; `kl` unread) | `tz` |
+/// | `KlStudentTeacher` | `finish_kl(..).0`                       | `u`               |
+/// | `KlTeacherStudent` | `finish_kl(..).1`                       | `v`               |
+/// | `GradStudentTeacher` | `GradCoef::from_pair` with `KlGrad::StudentTeacher` (entropy, KL(p‖q)) | `tz`, `u` |
+/// | `GradTeacherStudent` | `GradCoef::from_pair` with `KlGrad::TeacherStudent` (entropy; `kl` unread) | `tz` |
 /// | `Saved`       | `kl_rows_saved`: the whole state, `canon::pair_row`'s bits | `tz`, `tw`, `u`, `v` |
 ///
 /// The sums left out are unspecified in the returned state (finite garbage: they start at 0
@@ -1072,10 +1072,10 @@ pub(crate) fn lse_row<V: F32x16, S: Load, const DOT: bool>(z: &[S], tau: f32) ->
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PairNeed {
     Jsd,
-    KlForward,
-    KlReverse,
-    GradForward,
-    GradReverse,
+    KlStudentTeacher,
+    KlTeacherStudent,
+    GradStudentTeacher,
+    GradTeacherStudent,
     Saved,
 }
 
@@ -1093,10 +1093,10 @@ impl PairNeed {
     #[cfg(test)]
     pub(crate) const ALL: [PairNeed; 6] = [
         PairNeed::Jsd,
-        PairNeed::KlForward,
-        PairNeed::KlReverse,
-        PairNeed::GradForward,
-        PairNeed::GradReverse,
+        PairNeed::KlStudentTeacher,
+        PairNeed::KlTeacherStudent,
+        PairNeed::GradStudentTeacher,
+        PairNeed::GradTeacherStudent,
         PairNeed::Saved,
     ];
 
@@ -1104,10 +1104,10 @@ impl PairNeed {
     pub(crate) const fn sums(self) -> u8 {
         match self {
             PairNeed::Jsd => 0,
-            PairNeed::KlForward => SUM_U,
-            PairNeed::KlReverse => SUM_V,
-            PairNeed::GradForward => SUM_TZ | SUM_U,
-            PairNeed::GradReverse => SUM_TZ,
+            PairNeed::KlStudentTeacher => SUM_U,
+            PairNeed::KlTeacherStudent => SUM_V,
+            PairNeed::GradStudentTeacher => SUM_TZ | SUM_U,
+            PairNeed::GradTeacherStudent => SUM_TZ,
             PairNeed::Saved => SUM_TZ | SUM_TW | SUM_U | SUM_V,
         }
     }
@@ -1173,8 +1173,8 @@ impl<S: Load, U: Load, const SUMS: u8> PairBlock<'_, S, U, SUMS> {
     /// Records the flags of a [`pair_max_support`] scan and returns its extrema.
     #[inline(always)]
     fn record(&mut self, scan: PairScan) -> [(f32, f32); 2] {
-        self.flags.forward |= scan.forward;
-        self.flags.reverse |= scan.reverse;
+        self.flags.pq_infinite |= scan.pq_infinite;
+        self.flags.qp_infinite |= scan.qp_infinite;
         [(scan.zmax, scan.zlow), (scan.wmax, scan.wlow)]
     }
 }
@@ -1216,9 +1216,9 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> BlockRows<V, 2> for PairBlock<
             let scan = pair_max_support::<V, S, U>(self.z, self.w);
             return self.record(scan);
         }
-        let (forward, reverse) = tail_support(zt, wt);
-        self.flags.forward |= forward;
-        self.flags.reverse |= reverse;
+        let (pq_infinite, qp_infinite) = tail_support(zt, wt);
+        self.flags.pq_infinite |= pq_infinite;
+        self.flags.qp_infinite |= qp_infinite;
         found
     }
 }
@@ -1355,12 +1355,12 @@ fn pair_chunks<V: F32x16, S: Load, U: Load, T: Track<V>, const SUMS: u8>(
 /// does. Inside that domain both clamps are the identity — `max_r(D_MIN, δ)` as there, and
 /// the log-ratio floor `max_r(LOG_RATIO_FLOOR, δ)` (−2^64) — so the `NORMAL` step skips
 /// them. The NaN check rides on `u` or `v` when the caller asks for one: `g = δz − δw` is NaN
-/// when either argument is, and `e·NaN + acc` stays NaN. Otherwise (`Jsd`, `GradReverse`: no
+/// when either argument is, and `e·NaN + acc` stays NaN. Otherwise (`Jsd`, `GradTeacherStudent`: no
 /// sum multiplies by `g`, `tz` misses a NaN teacher, and the exponent-add can turn a NaN
 /// into a number) a separate `+` accumulates the arguments: NaN is sticky under addition, and
 /// the ≤ 2048 arguments in [−86, 8] of a block cannot overflow. Measured with both (median
 /// ms, one thread, 64 × 8192 f32 pairs in cache): 0.315 with all six sums and the reference
-/// scaling, 0.285 with the forward KL's three, 0.272 with the exponent-add on top (before the
+/// scaling, 0.285 with KL(p‖q)'s three, 0.272 with the exponent-add on top (before the
 /// NaN check); without the clamps and the separate NaN sum for the KL needs, KL 0.274 →
 /// 0.228 ms with 16 × 32768 in cache on one thread, 19.5 / 22.0 → 16.9 / 19.0 ms streaming
 /// 2048 × 32768 / 512 × 151936 on two (median of seven and five alternated runs).
@@ -1455,9 +1455,9 @@ pub(crate) fn lse_ok(st: &LseState, tau: f32) -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PairFlags {
     /// Some `w = −∞ < z`: KL(p‖q) would be +∞.
-    pub(crate) forward: bool,
+    pub(crate) pq_infinite: bool,
     /// Some `z = −∞ < w`: KL(q‖p) would be +∞.
-    pub(crate) reverse: bool,
+    pub(crate) qp_infinite: bool,
 }
 
 /// The merged [`PairState`] of a student row and a teacher row of equal length (`PairState::EMPTY`
@@ -1536,7 +1536,7 @@ fn grad_steps<V: F32x16, const N: usize, const SCALED: bool>(
         for i in 0..N {
             lq[i] = log_softmax_lanes::<V, SCALED>(w[i], qmax, qnls, tau);
         }
-        if kl == KlGrad::Forward {
+        if kl == KlGrad::StudentTeacher {
             let (floor, kl_value) = (V::splat(LOG_RATIO_FLOOR), V::splat(c.kl));
             for i in 0..N {
                 let g = floor.max(lp[i]).sub(floor.max(lq[i]));
@@ -2273,10 +2273,18 @@ impl<S: Load, U: Load> PairRows<'_, S, U> {
         let target = target.into();
         match self.need {
             PairNeed::Jsd => self.run_for::<{ PairNeed::Jsd.sums() }>(target),
-            PairNeed::KlForward => self.run_for::<{ PairNeed::KlForward.sums() }>(target),
-            PairNeed::KlReverse => self.run_for::<{ PairNeed::KlReverse.sums() }>(target),
-            PairNeed::GradForward => self.run_for::<{ PairNeed::GradForward.sums() }>(target),
-            PairNeed::GradReverse => self.run_for::<{ PairNeed::GradReverse.sums() }>(target),
+            PairNeed::KlStudentTeacher => {
+                self.run_for::<{ PairNeed::KlStudentTeacher.sums() }>(target)
+            }
+            PairNeed::KlTeacherStudent => {
+                self.run_for::<{ PairNeed::KlTeacherStudent.sums() }>(target)
+            }
+            PairNeed::GradStudentTeacher => {
+                self.run_for::<{ PairNeed::GradStudentTeacher.sums() }>(target)
+            }
+            PairNeed::GradTeacherStudent => {
+                self.run_for::<{ PairNeed::GradTeacherStudent.sums() }>(target)
+            }
             PairNeed::Saved => self.run_for::<{ PairNeed::Saved.sums() }>(target),
         }
     }
@@ -2751,8 +2759,8 @@ mod tests {
                         assert_eq!(
                             out[0].1,
                             PairFlags {
-                                forward: f,
-                                reverse: r
+                                pq_infinite: f,
+                                qp_infinite: r
                             }
                         );
                     }
@@ -2774,8 +2782,8 @@ mod tests {
         for (z, w) in cases {
             let n = z.len();
             let flags = PairFlags {
-                forward: z.iter().zip(w).any(|(&a, &b)| b == ninf && a != ninf),
-                reverse: z.iter().zip(w).any(|(&a, &b)| a == ninf && b != ninf),
+                pq_infinite: z.iter().zip(w).any(|(&a, &b)| b == ninf && a != ninf),
+                qp_infinite: z.iter().zip(w).any(|(&a, &b)| a == ninf && b != ninf),
             };
             for tau in [1.0f32, 0.75] {
                 let want = bits_lse(&ref_lse(z, tau));
@@ -2967,7 +2975,7 @@ mod tests {
             let lse = lse_block::<V, f32, true>(self.z, self.tau, self.prior[0], &mut fast);
             let mut fast = self.fast;
             let mut flags = PairFlags::default();
-            let pair = pair_block::<V, f32, f32, { PairNeed::GradForward.sums() }>(
+            let pair = pair_block::<V, f32, f32, { PairNeed::GradStudentTeacher.sums() }>(
                 self.z, self.w, self.tau, self.prior, &mut fast, &mut flags,
             );
             (lse, pair)
@@ -3043,7 +3051,7 @@ mod tests {
             let w = logits(n as u64 + 77, n);
             let y = n / 3;
             // τ = 1 takes the step without the `·τ` (`grad_row_chunks`' other arm).
-            for (kl, tau) in [KlGrad::None, KlGrad::Forward, KlGrad::Reverse]
+            for (kl, tau) in [KlGrad::None, KlGrad::StudentTeacher, KlGrad::TeacherStudent]
                 .into_iter()
                 .flat_map(|kl| [(kl, 1.0 / 0.7), (kl, 1.0)])
             {
