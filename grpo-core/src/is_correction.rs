@@ -820,7 +820,6 @@ mod tests {
             })
         ));
         assert_eq!(w, [7.0; 2]);
-        let mut keep = [true; 2];
         assert!(RejectionCriterion::<f64>::k1(RejectLevel::SeqMax, 0.5, 2.0).is_err());
         assert!(RejectionCriterion::<f64>::upper(RejectStat::K3, RejectLevel::Token, 0.0).is_err());
         let c = [RejectionCriterion {
@@ -829,16 +828,32 @@ mod tests {
             lo: 1.0,
             hi: 0.0,
         }];
-        assert!(rejection_mask(&c, &[0.0; 2], &[0.0; 2], &t, &mut keep).is_err());
-        assert!(
-            off_policy_sequence_mask(&[0.0], &[0.0; 2], &[0.0; 2], &t, -1.0, &mut keep[..1])
+        // Both sentinels: whatever a call would write, one of them shows it.
+        for sentinel in [true, false] {
+            let mut keep = [sentinel; 2];
+            assert!(rejection_mask(&c, &[0.0; 2], &[0.0; 2], &t, &mut keep).is_err());
+            assert!(
+                off_policy_sequence_mask(&[0.0], &[0.0; 2], &[0.0; 2], &t, -1.0, &mut keep[..1])
+                    .is_err()
+            );
+            assert!(
+                off_policy_sequence_mask(
+                    &[0.0, 0.0],
+                    &[0.0; 2],
+                    &[0.0; 2],
+                    &t,
+                    1.0,
+                    &mut keep[..1]
+                )
                 .is_err()
-        );
-        assert!(
-            off_policy_sequence_mask(&[0.0, 0.0], &[0.0; 2], &[0.0; 2], &t, 1.0, &mut keep[..1])
-                .is_err()
-        );
-        assert_eq!(keep, [true; 2]);
+            );
+            assert_eq!(keep, [sentinel; 2]);
+        }
+        // The same inputs with a valid δ and length: the sequence (A = 0) is kept, so the
+        // `false` sentinel above would have shown a write.
+        let mut keep = [false; 1];
+        off_policy_sequence_mask(&[0.0], &[0.0; 2], &[0.0; 2], &t, 1.0, &mut keep).unwrap();
+        assert_eq!(keep, [true]);
     }
 
     #[test]

@@ -165,12 +165,15 @@ mod tests {
             f32::INFINITY
         );
         assert_eq!(keep, [false; 2]);
-        let mut keep = [true; 2];
         let all = Tokens::padded(1, 2, None);
-        assert!(top_entropy_mask(&[f32::NAN, 1.0], &all, 0.5, &mut s, &mut keep).is_err());
-        assert!(top_entropy_mask(&[0.0, 1.0], &all, 1.5, &mut s, &mut keep).is_err());
-        assert!(top_entropy_mask(&[0.0, 1.0], &all, 0.5, &mut s[..1], &mut keep).is_err());
-        assert!(top_entropy_mask(&[0.0, 1.0], &all, 0.5, &mut s, &mut keep[..1]).is_err());
-        assert_eq!(keep, [true; 2]);
+        // Both sentinels: whatever a call would write, one of them shows it.
+        for sentinel in [true, false] {
+            let (mut s, mut keep) = ([7.0f32; 2], [sentinel; 2]);
+            assert!(top_entropy_mask(&[f32::NAN, 1.0], &all, 0.5, &mut s, &mut keep).is_err());
+            assert!(top_entropy_mask(&[0.0, 1.0], &all, 1.5, &mut s, &mut keep).is_err());
+            assert!(top_entropy_mask(&[0.0, 1.0], &all, 0.5, &mut s[..1], &mut keep).is_err());
+            assert!(top_entropy_mask(&[0.0, 1.0], &all, 0.5, &mut s, &mut keep[..1]).is_err());
+            assert_eq!((s, keep), ([7.0; 2], [sentinel; 2]));
+        }
     }
 }

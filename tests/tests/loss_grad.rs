@@ -588,10 +588,29 @@ proptest! {
             (v, g, d)
         };
         let base = f(&c.lp);
-        // The selection is frozen at the base point (verl selects on detached values).
-        let selected: Vec<bool> = (0..n)
+        // The selection is frozen at the base point (verl selects on detached values): the k
+        // valid tokens of largest cov = (A − Ā)(lp − mean lp), ties by position, computed here
+        // from the formula, and the penalised tokens must be exactly those.
+        let valid = c.valid();
+        let nv = valid.len() as f64;
+        let a_bar = valid.iter().map(|&t| c.adv[t]).sum::<f64>() / nv;
+        let lp_bar = valid.iter().map(|&t| c.lp[t]).sum::<f64>() / nv;
+        let cov = |t: usize| (c.adv[t] - a_bar) * (c.lp[t] - lp_bar);
+        let k = ((ratio * nv).floor() as usize).max(1).min(valid.len());
+        let mut order = valid.clone();
+        order.sort_by(|&a, &b| cov(b).total_cmp(&cov(a)).then(a.cmp(&b)));
+        let mut selected = vec![false; n];
+        for &t in &order[..k] {
+            selected[t] = true;
+        }
+        // Away from ties at the threshold (rounding of the two means could order them apart).
+        if k < order.len() {
+            prop_assume!((cov(order[k - 1]) - cov(order[k])).abs() > 1e-9);
+        }
+        let penalised: Vec<bool> = (0..n)
             .map(|t| (base.0[t] + c.adv[t] * (c.lp[t] - c.old[t]).exp()).abs() > 1e-9)
             .collect();
+        prop_assert_eq!(&penalised, &selected);
         let sur = |lp: &[f64]| {
             let mut out = vec![0.0; n];
             for t in c.valid() {
@@ -612,6 +631,33 @@ proptest! {
         let f = move |i: &PolicyInputs<'_, f64>, v: &mut [f64], g: &mut [f64]| clip_cov(&cfg, i, v, g);
         let base = run(&c, &c.lp, &f);
         let selected: Vec<bool> = (0..c.lp.len()).map(|t| base.0[t] == 0.0 && base.1[t] == 0.0).collect();
+        // The detached tokens must be k = min(max(⌊0.3·N⌋, 1), #candidates) of the
+        // candidates, computed here from the formula: valid, not clipped (−A·clip(ρ) ≤ −A·ρ),
+        // cov_lb < (A − Ā)(lp − mean lp) < cov_ub. (Which k is the seed's draw.) A token with
+        // A = 0 has value and gradient 0 without being detached, so it is left out.
+        let valid = c.valid();
+        let nv = valid.len() as f64;
+        if !valid.is_empty() {
+            let a_bar = valid.iter().map(|&t| c.adv[t]).sum::<f64>() / nv;
+            let lp_bar = valid.iter().map(|&t| c.lp[t]).sum::<f64>() / nv;
+            let candidate = |t: usize| {
+                let rho = (c.lp[t] - c.old[t]).exp();
+                let clipped = rho.clamp(cfg.bounds.lo, cfg.bounds.hi);
+                let cov = (c.adv[t] - a_bar) * (c.lp[t] - lp_bar);
+                -c.adv[t] * clipped <= -c.adv[t] * rho && cfg.cov_lb < cov && cov < cfg.cov_ub
+            };
+            // Away from the window's ends (the means' rounding could put a token either side).
+            prop_assume!(valid.iter().all(|&t| {
+                let cov = (c.adv[t] - a_bar) * (c.lp[t] - lp_bar);
+                (cov - cfg.cov_lb).abs() > 1e-9 && (cov - cfg.cov_ub).abs() > 1e-9
+            }));
+            let candidates: Vec<usize> = valid.iter().copied().filter(|&t| candidate(t)).collect();
+            let k = ((0.3 * nv).floor() as usize).max(1).min(candidates.len());
+            let detached: Vec<usize> = valid.iter().copied().filter(|&t| selected[t] && c.adv[t] != 0.0).collect();
+            prop_assert!(detached.iter().all(|t| candidates.contains(t)), "{:?} ⊄ {:?}", detached, candidates);
+            let zero_adv = candidates.iter().filter(|&&t| c.adv[t] == 0.0).count();
+            prop_assert!(detached.len() <= k && detached.len() + zero_adv >= k, "{} of {:?}, k = {}", detached.len(), candidates, k);
+        }
         let ppo = PpoClipConfig::<f64> { bounds: cfg.bounds, dual_clip: None, delta_cap: None, log_ratio_clamp: Some(20.0) };
         let sur = |lp: &[f64]| {
             let (v, _, _) = run(&c, lp, &move |i, v, g| ppo_clip(&ppo, i, v, g));

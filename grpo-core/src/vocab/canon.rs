@@ -77,7 +77,8 @@
 //!
 //! # Row results and backward
 //!
-//! From the merged row state (raw max `m`): `L = ln(s)`, `lse = m·τ + L`, `H = L − t/s`,
+//! From the merged row state (reference `m`, within `OFFSET_SLACK/τ` below the row's raw
+//! maximum, see [`LseState::max`]): `L = ln(s)`, `lse = m·τ + L`, `H = L − t/s`,
 //! `logp(y) = fma(z_y − m, τ, −L)` ([`finish_lse`], [`logp_of`]); for a pair
 //! `KL(p‖q) = (ln sw − ln sz) + u/sz`, `KL(q‖p) = (ln sz − ln sw) + v/sw` ([`finish_kl`]).
 //! The backward has no reduction: each element is
@@ -679,11 +680,13 @@ pub fn finish_lse(st: &LseState, tau: f32) -> (f32, f32, f32) {
 }
 
 /// The two numbers that turn a logit of a reduced row into its log-probability:
-/// `log p_v = fma(z_v − max, τ, neg_ln_sum)` ([`log_prob`]), with `max` the row's raw maximum
-/// and `neg_ln_sum = −ln(s)`. The result is ≤ 0 by construction (`z_v − max ≤ 0`, `s ≥ 1`).
+/// `log p_v = fma(z_v − max, τ, neg_ln_sum)` ([`log_prob`]), with `max` the merged state's
+/// reference ([`LseState::max`]: up to `OFFSET_SLACK/τ` below the row's raw maximum, so
+/// `(z_v − max)·τ` can reach +8) and `neg_ln_sum = −ln(s)`. The result is ≤ 0 up to rounding:
+/// `s` includes `e^{(z_v − max)·τ}` for every `v`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LogSoftmax {
-    /// Raw row maximum `m`.
+    /// The merged state's reference `m` ([`LseState::max`]).
     pub max: f32,
     /// `−ln(s)`.
     pub neg_ln_sum: f32,

@@ -548,8 +548,10 @@ fn check_targets<I: TokenId>(targets: &[I], vocab: usize) -> Result<()> {
 ///
 /// # Errors
 /// `InvalidParam` (temperature, `vocab = 0`), `LengthMismatch` (`logits`, `entropy_out`), then
-/// per row in order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`.
-/// On `Err` no output is written.
+/// per row in order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`,
+/// `NonFinite{what: "logits / temperature", index: r·V + v}` when the row maximum (first at
+/// `v`) over T overflows ([`validate::row`](super::validate::row)). On `Err` no output is
+/// written.
 ///
 /// ```
 /// use grpo_core::vocab::stats_rows;
@@ -591,9 +593,14 @@ pub fn stats_rows<S: super::Logit>(
 /// `InvalidParam` (temperature, `vocab = 0`), `LengthMismatch` (`logits`, `logp_out`,
 /// `entropy_out`), `TokenOutOfRange{index: r, ..}` for the first bad target, then per row in
 /// order: `NonFinite{what: "logits", index: r·V + v}`, `EmptySegment{segment: r}`,
-/// `NonFinite{what: "logits[target]", index: r·V + y}` (target log-probability not finite in
-/// f32: see [`validate::target`](super::validate::target)). On `Err` no output
-/// is written.
+/// `NonFinite{what: "logits / temperature", index: r·V + v}` when the row maximum (first at
+/// `v`) over T overflows ([`validate::row`](super::validate::row)), `NonFinite{what:
+/// "logits[target]", index: r·V +
+/// y}` (target log-probability not finite in f32: see
+/// [`validate::target`](super::validate::target)). Token ids are [`TokenId`]s: a negative id
+/// (TRL's and verl's ignore label −100 included) is `TokenOutOfRange` with `token:
+/// usize::MAX` — rows to ignore are left out of the batch, or given any valid id and a zero
+/// weight in the backward. On `Err` no output is written.
 ///
 /// ```
 /// use grpo_core::vocab::logprob_entropy_rows;
@@ -1400,7 +1407,9 @@ pub fn backward_rows_in_place<S: super::Logit, I: TokenId, U: super::Logit>(
 /// "out" | "grad_jsd"}` (`rows = student.len() / V`), `NonFinite{what: "grad_jsd", index: r}`
 /// or `InvalidParam{name: "grad_jsd"}` for a weight that is not finite or above
 /// [`MAX_GRAD_WEIGHT`], then per row the checks of [`jsd_rows`] (`NonFinite` for NaN/+∞ at
-/// `r·V + v`, `EmptySegment{segment: r}` for an all-−∞ row). On `Err`, `out` is untouched.
+/// `r·V + v`, `EmptySegment{segment: r}` for an all-−∞ row, `NonFinite{what: "student /
+/// temperature" | "teacher / temperature"}` when a row maximum over T overflows). On `Err`,
+/// `out` is untouched.
 ///
 /// ```
 /// use grpo_core::vocab::{jsd_backward_rows, jsd_rows};
