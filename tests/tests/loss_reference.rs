@@ -1,0 +1,291 @@
+//! The per-token losses of grpo-core in f64 against references written here from their
+//! formulas (MATH.md §4 and each function's rustdoc), value and gradient at every valid token
+//! of random padded batches: PPO-clip (bounds, dual-clip, δ cap, log-ratio clamp), GSPO and
+//! GSPO-token, GMPO, SAPO, CISPO in both weightings, and REINFORCE. The finite-difference tests
+//! (`loss_grad`) check each gradient against its own value; these check the values.
+
+use grpo_core::Tokens;
+use grpo_core::divergence::RatioBounds;
+use grpo_core::loss::{
+    CispoConfig, CispoWeight, GmpoConfig, GspoConfig, GspoTokenConfig, PolicyInputs, PpoClipConfig,
+    SapoConfig, cispo, gmpo, gspo, gspo_token, ppo_clip, reinforce, sapo,
+};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Batch {
+    rows: usize,
+    cols: usize,
+    lp: Vec<f64>,
+    old: Vec<f64>,
+    adv: Vec<f64>,
+    mask: Vec<bool>,
+}
+
+impl Batch {
+    fn tokens(&self) -> Tokens<'_> {
+        Tokens::padded(self.rows, self.cols, Some(&self.mask))
+    }
+    fn inputs(&self) -> PolicyInputs<'_, f64> {
+        PolicyInputs {
+            lp: &self.lp,
+            old: &self.old,
+            adv: &self.adv,
+            tokens: self.tokens(),
+        }
+    }
+    fn valid(&self, i: usize) -> Vec<usize> {
+        (i * self.cols..(i + 1) * self.cols)
+            .filter(|&t| self.mask[t])
+            .collect()
+    }
+    fn x(&self, t: usize) -> f64 {
+        self.lp[t] - self.old[t]
+    }
+}
+
+/// Log-ratios mostly within ±1.5 (around every clip bound in use), sometimes ±25 (past the
+/// ±20 clamp); advantages of both signs, some 0; in one case of three the sequence's tokens
+/// share one advantage (the GRPO case).
+fn batch() -> impl Strategy<Value = Batch> {
+    (1usize..4, 1usize..6).prop_flat_map(|(rows, cols)| {
+        let n = rows * cols;
+        let x = prop_oneof![6 => -1.5f64..1.5, 1 => -25.0f64..25.0];
+        let a = prop_oneof![4 => -2.0f64..2.0, 1 => Just(0.0)];
+        (
+            prop::collection::vec(-4.0f64..0.0, n),
+            prop::collection::vec(x, n),
+            prop::collection::vec(a, n),
+            prop::collection::vec(prop::bool::weighted(0.8), n),
+            any::<bool>(),
+        )
+            .prop_map(move |(lp, x, mut adv, mask, shared)| {
+                if shared {
+                    for t in 0..n {
+                        adv[t] = adv[t / cols * cols];
+                    }
+                }
+                let old = lp.iter().zip(&x).map(|(l, x)| l - x).collect();
+                Batch {
+                    rows,
+                    cols,
+                    lp,
+                    old,
+                    adv,
+                    mask,
+                }
+            })
+    })
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * (1.0 + a.abs().max(b.abs()))
+}
+
+/// Every valid token's (value, gradient) against the reference's.
+fn compare(
+    b: &Batch,
+    got: (&[f64], &[f64]),
+    want: &dyn Fn(usize, usize) -> (f64, f64),
+) -> Result<(), TestCaseError> {
+    for i in 0..b.rows {
+        for t in b.valid(i) {
+            let (v, g) = want(i, t);
+            prop_assert!(close(got.0[t], v), "value at {}: {} vs {}", t, got.0[t], v);
+            prop_assert!(
+                close(got.1[t], g),
+                "gradient at {}: {} vs {}",
+                t,
+                got.1[t],
+                g
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `x` limited to `[−c, c]`, and whether it was outside.
+fn clamp(x: f64, c: Option<f64>) -> (f64, bool) {
+    match c {
+        Some(c) if x.abs() > c => (x.clamp(-c, c), true),
+        _ => (x, false),
+    }
+}
+
+/// The clipped objective of one token at ratio `rho` with `∂ρ/∂lp = drho`: `L = −min(ρ'A,
+/// clip(ρ)A)` (`ρ' = min(ρ, δ)`), at most `−cA` for `A < 0` under dual-clip; `(L, ∂L/∂lp)`.
+fn clipped(
+    rho: f64,
+    drho: f64,
+    a: f64,
+    b: RatioBounds<f64>,
+    dual: Option<f64>,
+    cap: Option<f64>,
+) -> (f64, f64) {
+    if a == 0.0 {
+        return (0.0, 0.0);
+    }
+    let (r1, d1) = match cap {
+        Some(d) if rho > d => (d, 0.0),
+        _ => (rho, drho),
+    };
+    let (r2, d2) = if rho < b.lo || rho > b.hi {
+        (rho.clamp(b.lo, b.hi), 0.0)
+    } else {
+        (rho, drho)
+    };
+    // −min(r1·A, r2·A) is the larger of −r1·A and −r2·A.
+    let (mut v, mut g) = if -r2 * a > -r1 * a {
+        (-r2 * a, -a * d2)
+    } else {
+        (-r1 * a, -a * d1)
+    };
+    if let Some(c) = dual
+        && a < 0.0
+        && -c * a < v
+    {
+        (v, g) = (-c * a, 0.0);
+    }
+    (v, g)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn ppo_clip_matches_its_formula(b in batch()) {
+        let cfgs = [
+            PpoClipConfig::default(),
+            PpoClipConfig { bounds: RatioBounds::asymmetric(0.2, 0.28).unwrap(), ..Default::default() },
+            PpoClipConfig { dual_clip: Some(1.5), ..Default::default() },
+            PpoClipConfig { delta_cap: Some(1.3), log_ratio_clamp: None, ..Default::default() },
+        ];
+        for cfg in cfgs {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            ppo_clip(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|_, t| {
+                let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
+                let rho = x.exp();
+                let drho = if clamped { 0.0 } else { rho };
+                clipped(rho, drho, b.adv[t], cfg.bounds, cfg.dual_clip, cfg.delta_cap)
+            })?;
+        }
+    }
+
+    #[test]
+    fn gspo_matches_its_formula(b in batch()) {
+        let cfgs = [
+            GspoConfig::default(),
+            GspoConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), dual_clip: Some(1.5), ..GspoConfig::default() },
+            GspoConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), delta_cap: Some(1.3), log_ratio_clamp: None, ..GspoConfig::default() },
+        ];
+        for cfg in cfgs {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            gspo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|i, _| {
+                // s = exp(mean x); L_i = mean over the tokens of the term with their own A_t;
+                // ∂L_i/∂lp_t = (∂L_i/∂x̄)/n.
+                let toks = b.valid(i);
+                let n = toks.len() as f64;
+                let (xbar, clamped) = clamp(toks.iter().map(|&t| b.x(t)).sum::<f64>() / n, cfg.log_ratio_clamp);
+                let s = xbar.exp();
+                let ds = if clamped { 0.0 } else { s };
+                let terms: Vec<(f64, f64)> = toks
+                    .iter()
+                    .map(|&t| clipped(s, ds, b.adv[t], cfg.bounds, cfg.dual_clip, cfg.delta_cap))
+                    .collect();
+                let value = terms.iter().map(|p| p.0).sum::<f64>() / n;
+                let dx = terms.iter().map(|p| p.1).sum::<f64>() / n;
+                (value, dx / n)
+            })?;
+        }
+    }
+
+    #[test]
+    fn gspo_token_matches_its_formula(b in batch()) {
+        for cfg in [GspoTokenConfig::default(), GspoTokenConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), seq_log_ratio_max: Some(0.5) }] {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            gspo_token(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|i, t| {
+                // r_t = exp(min(x̄_i, max)) with the token's own gradient path (∂r_t/∂lp_t = r_t).
+                let toks = b.valid(i);
+                let xbar = toks.iter().map(|&t| b.x(t)).sum::<f64>() / toks.len() as f64;
+                let capped = cfg.seq_log_ratio_max.is_some_and(|m| xbar > m);
+                let r = cfg.seq_log_ratio_max.map_or(xbar, |m| xbar.min(m)).exp();
+                clipped(r, if capped { 0.0 } else { r }, b.adv[t], cfg.bounds, None, None)
+            })?;
+        }
+    }
+
+    #[test]
+    fn gmpo_matches_its_formula(b in batch()) {
+        for cfg in [GmpoConfig::default(), GmpoConfig { mean_eps: 1e-8, log_ratio_clamp: Some(0.3), ..GmpoConfig::default() }] {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            gmpo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|i, t| {
+                // x'_t = sgn(A)·min(sgn(A)·x, sgn(A)·clip(x, −ε_lo, ε_hi)) (0 for A = 0);
+                // r_i = exp(Σx'/(n + ε)), Ā_i = ΣA/(n + ε), L_i = −Ā_i·r_i.
+                let transformed = |t: usize| {
+                    let (x, a) = (b.x(t), b.adv[t]);
+                    let c = x.clamp(-cfg.eps_low, cfg.eps_high);
+                    if a > 0.0 { (x.min(c), (x <= c) as u8 as f64) }
+                    else if a < 0.0 { (x.max(c), (x >= c) as u8 as f64) }
+                    else { (0.0, 0.0) }
+                };
+                let toks = b.valid(i);
+                let den = toks.len() as f64 + cfg.mean_eps;
+                let (m, clamped) = clamp(toks.iter().map(|&t| transformed(t).0).sum::<f64>() / den, cfg.log_ratio_clamp);
+                let r = m.exp();
+                let abar = toks.iter().map(|&t| b.adv[t]).sum::<f64>() / den;
+                let grad = if clamped { 0.0 } else { -abar * r * transformed(t).1 / den };
+                (-abar * r, grad)
+            })?;
+        }
+    }
+
+    #[test]
+    fn sapo_matches_its_formula(b in batch()) {
+        for cfg in [SapoConfig::default(), SapoConfig { tau_pos: 0.5, tau_neg: 2.0, log_ratio_clamp: None }] {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            sapo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|_, t| {
+                // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4·A·σ(1 − σ)·ρ.
+                let a = b.adv[t];
+                let tau = if a > 0.0 { cfg.tau_pos } else { cfg.tau_neg };
+                let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
+                let rho = x.exp();
+                let sig = 1.0 / (1.0 + (-tau * (rho - 1.0)).exp());
+                let grad = if clamped { 0.0 } else { -4.0 * a * sig * (1.0 - sig) * rho };
+                (-sig * 4.0 / tau * a, grad)
+            })?;
+        }
+    }
+
+    #[test]
+    fn cispo_and_reinforce_match_their_formulas(b in batch()) {
+        for cfg in [CispoConfig::default(), CispoConfig::trl(0.2, Some(1.28))] {
+            let n = b.lp.len();
+            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+            cispo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
+            compare(&b, (&v, &g), &|_, t| {
+                // L = −sg(w)·A·lp with w = clamp(ρ, lo, hi) (verl) or min(ρ, ε_max) (TRL).
+                let rho = clamp(b.x(t), cfg.log_ratio_clamp).0.exp();
+                let w = match cfg.weight {
+                    CispoWeight::Clamp(bounds) => rho.clamp(bounds.lo, bounds.hi),
+                    CispoWeight::Cap(m) => rho.min(m),
+                };
+                (-w * b.adv[t] * b.lp[t], -w * b.adv[t])
+            })?;
+        }
+        let n = b.lp.len();
+        let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
+        let weights: Vec<f64> = (0..n).map(|t| 0.5 + (t % 3) as f64 * 0.25).collect();
+        reinforce(&b.lp, &b.adv, Some(&weights), b.tokens(), &mut v, &mut g).unwrap();
+        compare(&b, (&v, &g), &|_, t| (-weights[t] * b.adv[t] * b.lp[t], -weights[t] * b.adv[t]))?;
+    }
+}
