@@ -176,15 +176,17 @@ impl<T: Real> AdaptiveEntropyController<T> {
             "must be finite and >= 0",
         )?;
         check_entropy_step(self.coef, self.min, self.max, entropy)?;
-        let coef = (self.coef + self.lr * (self.target - entropy)).clamp(self.min, self.max);
-        // lr = 0 times an overflowing target − H is NaN, which the clamp keeps.
-        if !coef.is_finite() {
+        // lr = 0 times an overflowing target − H is NaN, which the clamp (max/min, which
+        // return their other argument for NaN) would turn into `min`: refused before it. An
+        // infinite step (lr > 0) saturates at the range's end.
+        let step = self.coef + self.lr * (self.target - entropy);
+        if step.is_nan() {
             return Err(crate::Error::NonFinite {
                 what: "entropy coefficient",
                 index: 0,
             });
         }
-        self.coef = coef;
+        self.coef = step.clamp(self.min, self.max);
         Ok(self.coef)
     }
 }
@@ -406,5 +408,95 @@ mod tests {
         let mut d = AdaptiveEntropyController::<f64>::default();
         // H = 0.1 < 0.2: 0 + 1e-3·0.1 = 1e-4.
         assert!((d.update(0.1).unwrap() - 1e-4).abs() < 1e-18);
+    }
+
+    #[test]
+    fn entropy_controller_errors_leave_the_state_unchanged() {
+        let base = AdaptiveEntropyController::<f64> {
+            coef: 0.004,
+            target: 0.5,
+            lr: 0.01,
+            min: 0.0,
+            max: 0.01,
+        };
+        let bad = [
+            (AdaptiveEntropyController { lr: -1.0, ..base }, 0.3, "lr"),
+            (
+                AdaptiveEntropyController {
+                    lr: f64::NAN,
+                    ..base
+                },
+                0.3,
+                "lr",
+            ),
+            (
+                AdaptiveEntropyController {
+                    target: -0.1,
+                    ..base
+                },
+                0.3,
+                "target",
+            ),
+            (
+                AdaptiveEntropyController {
+                    target: f64::INFINITY,
+                    ..base
+                },
+                0.3,
+                "target",
+            ),
+            (AdaptiveEntropyController { min: 0.02, ..base }, 0.3, "min"),
+            (
+                AdaptiveEntropyController {
+                    max: f64::NAN,
+                    ..base
+                },
+                0.3,
+                "min",
+            ),
+            (
+                AdaptiveEntropyController {
+                    coef: f64::NAN,
+                    ..base
+                },
+                0.3,
+                "coef",
+            ),
+        ];
+        for (c, h, name) in bad {
+            let mut d = c;
+            match d.update(h) {
+                Err(Error::InvalidParam { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+            // NaN fields compare through their bits.
+            let bits = |c: &AdaptiveEntropyController<f64>| {
+                [c.coef, c.target, c.lr, c.min, c.max].map(f64::to_bits)
+            };
+            assert_eq!(bits(&d), bits(&c), "{name}");
+        }
+        // A non-finite entropy, and lr = 0 times an overflowing target − H (NaN): NonFinite.
+        for (c, h, what) in [
+            (base, f64::NAN, "entropy"),
+            (base, f64::NEG_INFINITY, "entropy"),
+            (
+                AdaptiveEntropyController {
+                    lr: 0.0,
+                    target: f64::MAX,
+                    ..base
+                },
+                -f64::MAX,
+                "entropy coefficient",
+            ),
+        ] {
+            let mut d = c;
+            assert_eq!(d.update(h), Err(Error::NonFinite { what, index: 0 }));
+            assert_eq!(d, c);
+        }
+        // The valid step: 0.004 + 0.01·(0.5 − 0.3) = 0.006.
+        let mut d = base;
+        assert!((d.update(0.3).unwrap() - 0.006).abs() < 1e-17);
+        let before = d.coef;
+        assert_eq!(d.update(0.5).unwrap(), before); // H at the target: no step
     }
 }

@@ -289,3 +289,44 @@ proptest! {
         compare(&b, (&v, &g), &|_, t| (-weights[t] * b.adv[t] * b.lp[t], -weights[t] * b.adv[t]))?;
     }
 }
+
+#[test]
+fn entropy_bonus_values_masks_and_errors() {
+    use grpo_core::Error;
+    use grpo_core::loss::entropy_bonus;
+    // Row 0: H = (2, NaN masked), row 1: H = (0.5, 1): L = −c·H, ∂L/∂H = −c, 0 where masked
+    // (a masked NaN is not read).
+    let h = [2.0f64, f64::NAN, 0.5, 1.0];
+    let m = [true, false, true, true];
+    let tok = Tokens::padded(2, 2, Some(&m));
+    let (mut v, mut g) = ([9.0; 4], [9.0; 4]);
+    let d = entropy_bonus(0.01, &h, tok, &mut v, &mut g).unwrap();
+    assert_eq!(v, [-0.02, 0.0, -0.005, -0.01]);
+    assert_eq!(g, [-0.01, 0.0, -0.01, -0.01]);
+    assert_eq!(d.tokens, 3);
+    // Errors leave both outputs untouched: a NaN entropy at a valid position, a non-finite
+    // coefficient, mismatched lengths, a mask of the wrong length.
+    let nan_valid = [2.0f64, 1.0, f64::NAN, 1.0];
+    let short_mask = [true; 3];
+    let cases: [(f64, &[f64], Tokens<'_>, usize, usize); 5] = [
+        (0.01, &nan_valid, tok, 4, 4),
+        (f64::NAN, &h, tok, 4, 4),
+        (0.01, &h, tok, 3, 4),
+        (0.01, &h, tok, 4, 5),
+        (0.01, &h, Tokens::padded(2, 2, Some(&short_mask)), 4, 4),
+    ];
+    for (k, (c, h, tok, nv, ng)) in cases.into_iter().enumerate() {
+        let (mut v, mut g) = (vec![9.0; nv], vec![9.0; ng]);
+        let r = entropy_bonus(c, h, tok, &mut v, &mut g);
+        assert!(r.is_err(), "case {k}");
+        assert!(v.iter().chain(&g).all(|&x| x == 9.0), "case {k} wrote");
+    }
+    let (mut v, mut g) = ([9.0; 4], [9.0; 4]);
+    assert_eq!(
+        entropy_bonus(0.01, &nan_valid, tok, &mut v, &mut g),
+        Err(Error::NonFinite {
+            what: "entropy",
+            index: 2
+        })
+    );
+}

@@ -620,4 +620,98 @@ mod tests {
         ));
         assert_eq!(out, [7.0; 3]);
     }
+
+    #[test]
+    fn applying_moments_refuses_bad_inputs_and_leaves_values_untouched() {
+        let cfg = WhitenConfig::<f64>::default();
+        let t = Tokens::padded(1, 3, None);
+        let v = [1.0, 2.0, 3.0];
+        let good = whiten_moments(&v, &t).unwrap();
+        let empty = Moments {
+            n: 0,
+            mean: 0.0,
+            m2: 0.0,
+        };
+        let nan = Moments {
+            mean: f64::NAN,
+            ..good
+        };
+        // (values, moments, configuration, length of `out`, the error)
+        type Case<'a> = (&'a [f64], Moments<f64>, WhitenConfig<f64>, usize, Error);
+        let cases: [Case<'_>; 5] = [
+            (&v, empty, cfg, 3, Error::NoValidTokens),
+            (
+                &v,
+                nan,
+                cfg,
+                3,
+                Error::InvalidParam {
+                    name: "values",
+                    reason: "",
+                },
+            ),
+            (
+                &[1.0, f64::INFINITY, 3.0],
+                good,
+                cfg,
+                3,
+                Error::NonFinite {
+                    what: "values",
+                    index: 1,
+                },
+            ),
+            (
+                &v,
+                good,
+                WhitenConfig { eps: -1.0, ..cfg },
+                3,
+                Error::InvalidParam {
+                    name: "eps",
+                    reason: "",
+                },
+            ),
+            (
+                &v,
+                good,
+                cfg,
+                2,
+                Error::LengthMismatch {
+                    what: "out",
+                    expected: 3,
+                    found: 2,
+                },
+            ),
+        ];
+        // Errors compare by kind and name (the reasons are prose).
+        let same = |a: &Error, b: &Error| match (a, b) {
+            (Error::InvalidParam { name: x, .. }, Error::InvalidParam { name: y, .. }) => x == y,
+            _ => a == b,
+        };
+        for (k, (vals, m, c, n_out, want)) in cases.into_iter().enumerate() {
+            let mut out = [7.0; 3];
+            let got = apply_whitening(vals, &t, &m, &c, &mut out[..n_out]).unwrap_err();
+            assert!(same(&got, &want), "case {k}: {got:?}");
+            assert_eq!(out, [7.0; 3], "case {k}");
+            if n_out == 3 {
+                let mut inplace = [vals[0], vals[1], vals[2]];
+                let got = apply_whitening_in_place(&mut inplace, &t, &m, &c).unwrap_err();
+                assert!(same(&got, &want), "in place, case {k}: {got:?}");
+                assert_eq!(
+                    inplace.map(f64::to_bits),
+                    [vals[0], vals[1], vals[2]].map(f64::to_bits),
+                    "in place, case {k}"
+                );
+            }
+        }
+        // whiten_moments: a NaN at a valid position, a mask of the wrong length.
+        assert_eq!(
+            whiten_moments(&[1.0, f64::NAN, 3.0], &t),
+            Err(Error::NonFinite {
+                what: "values",
+                index: 1
+            })
+        );
+        let short = [true; 2];
+        assert!(whiten_moments(&v, &Tokens::padded(1, 3, Some(&short))).is_err());
+    }
 }
