@@ -82,7 +82,13 @@ pub enum AggMode {
     Bnpo,
     /// TRL `dapo`: token sum divided by `global_tokens / processes`.
     Dapo {
-        /// Valid tokens of the whole (all-reduced) batch.
+        /// The all-reduced token count the peer divides by. To reproduce TRL pass its
+        /// `num_items_in_batch`: the completion tokens of the whole generation batch (every
+        /// process, every gradient-accumulation micro-batch), counted before
+        /// `mask_truncated_completions` and tool masks — not necessarily the tokens valid
+        /// here. TRL's `cispo` and `vespo` use this normaliser too (its `sapo`, `grpo`'s). TRL
+        /// also divides `grpo`/`bnpo`/`dr_grpo`/`luspo` by the accumulation steps and `dapo`
+        /// not; the scalars here are per micro-batch, before that division.
         global_tokens: usize,
         /// Number of data-parallel processes (≥ 1).
         processes: usize,

@@ -79,6 +79,27 @@ fn delta_strategy() -> impl Strategy<Value = f64> {
 
 proptest! {
     #[test]
+    fn measures_match_their_formulas_in_x_and_in_the_ratio(x in -5.0f64..5.0) {
+        // The module table: ρ = e^x; k1 = −x; |x|; k2 = x²/2; k3 = e^x − 1 − x; χ² = (e^x − 1)²;
+        // `of_ratio(e^x)` gives the same value as `eval(x)`.
+        let rho = x.exp();
+        for (m, want) in [
+            (Measure::Ratio, rho),
+            (Measure::K1, -x),
+            (Measure::Abs, x.abs()),
+            (Measure::K2, x * x / 2.0),
+            (Measure::K3, rho - 1.0 - x),
+            (Measure::ChiSquared, (rho - 1.0) * (rho - 1.0)),
+        ] {
+            let tol = 1e-13 * (1.0 + want.abs());
+            let v = m.eval(x).value;
+            prop_assert!((v - want).abs() <= tol, "{m:?} eval({x}) = {v}, want {want}");
+            let r = m.of_ratio(rho);
+            prop_assert!((r - want).abs() <= tol, "{m:?} of_ratio({rho}) = {r}, want {want}");
+        }
+    }
+
+    #[test]
     fn measure_gradients_match_finite_differences(x in -5.0f64..5.0) {
         for m in MEASURES {
             // |x| has a kink at 0: stay away from it.
@@ -327,6 +348,33 @@ proptest! {
                     prop_assert!(out[i].hi <= out[j].hi + 1e-15);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn etr_bounds_match_their_formula(
+        g in 1usize..6, k in 1usize..4,
+        a in prop::collection::vec(-3.0f64..3.0, 15),
+        r in prop::collection::vec(prop_oneof![3 => prop::sample::select(vec![0.0f64, 1.0]), 1 => -1.0f64..2.0], 15),
+        eps0 in 0.05f64..0.2, alpha in 0.0f64..1.0, extra in 0.0f64..0.1, beta in 0.0f64..1.0,
+    ) {
+        // ε_i = min(ε₀(1 + α|A_i|), ε_max)·(1 + β·4σ_g²), 4σ_g² = 4p(1 − p) for a group of
+        // 0/1 rewards (p its success rate) and 0 otherwise; bounds [1 − ε_i, 1 + ε_i].
+        let n = g * k;
+        let (a, r) = (&a[..n], &r[..n]);
+        let eps_max = eps0 + extra;
+        prop_assume!(eps_max * (1.0 + beta) < 1.0);
+        let etr = ElasticTrustRegion { eps0, alpha, eps_max, beta };
+        let mut out = vec![RatioBounds::symmetric(0.2).unwrap(); n];
+        etr.sample_bounds(a, r, Groups::Uniform(g), &mut out).unwrap();
+        for i in 0..n {
+            let grp = &r[i / g * g..(i / g + 1) * g];
+            let binary = grp.iter().all(|&x| x == 0.0 || x == 1.0);
+            let p = grp.iter().sum::<f64>() / g as f64;
+            let var4 = if binary { 4.0 * p * (1.0 - p) } else { 0.0 };
+            let eps = (eps0 * (1.0 + alpha * a[i].abs())).min(eps_max) * (1.0 + beta * var4);
+            prop_assert!((out[i].lo - (1.0 - eps)).abs() < 1e-12, "{}: {:?} vs ε {}", i, out[i], eps);
+            prop_assert!((out[i].hi - (1.0 + eps)).abs() < 1e-12, "{}: {:?} vs ε {}", i, out[i], eps);
         }
     }
 }
