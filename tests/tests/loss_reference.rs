@@ -149,139 +149,423 @@ fn clipped(
     (v, g)
 }
 
+// ------------------------------------------------------------------ the references
+
+/// A reference: (value, gradient) of valid token `t` of sequence `i` of a batch.
+type Reference<'a> = Box<dyn Fn(&Batch, usize, usize) -> (f64, f64) + 'a>;
+
+fn ppo_ref(cfg: PpoClipConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, _, t| {
+        let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
+        let rho = x.exp();
+        let drho = if clamped { 0.0 } else { rho };
+        clipped(
+            rho,
+            drho,
+            b.adv[t],
+            cfg.bounds,
+            cfg.dual_clip,
+            cfg.delta_cap,
+        )
+    })
+}
+
+fn gspo_ref(cfg: GspoConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, i, _| {
+        // s = exp(mean x); L_i = mean over the tokens of the term with their own A_t;
+        // ∂L_i/∂lp_t = (∂L_i/∂x̄)/n.
+        let toks = b.valid(i);
+        let n = toks.len() as f64;
+        let sum = toks.iter().map(|&t| b.x(t)).sum::<f64>();
+        let (xbar, clamped) = clamp(sum / n, cfg.log_ratio_clamp);
+        let s = xbar.exp();
+        let ds = if clamped { 0.0 } else { s };
+        let terms: Vec<(f64, f64)> = toks
+            .iter()
+            .map(|&t| clipped(s, ds, b.adv[t], cfg.bounds, cfg.dual_clip, cfg.delta_cap))
+            .collect();
+        let value = terms.iter().map(|p| p.0).sum::<f64>() / n;
+        let dx = terms.iter().map(|p| p.1).sum::<f64>() / n;
+        (value, dx / n)
+    })
+}
+
+fn gspo_token_ref(cfg: GspoTokenConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, i, t| {
+        // r_t = exp(min(x̄_i, max)) with the token's own gradient path (∂r_t/∂lp_t = r_t).
+        let toks = b.valid(i);
+        let xbar = toks.iter().map(|&t| b.x(t)).sum::<f64>() / toks.len() as f64;
+        let capped = cfg.seq_log_ratio_max.is_some_and(|m| xbar > m);
+        let r = cfg.seq_log_ratio_max.map_or(xbar, |m| xbar.min(m)).exp();
+        clipped(
+            r,
+            if capped { 0.0 } else { r },
+            b.adv[t],
+            cfg.bounds,
+            None,
+            None,
+        )
+    })
+}
+
+fn gmpo_ref(cfg: GmpoConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, i, t| {
+        // x'_t = sgn(A)·min(sgn(A)·x, sgn(A)·clip(x, −ε_lo, ε_hi)) (0 for A = 0);
+        // r_i = exp(Σx'/(n + ε)), Ā_i = ΣA/(n + ε), L_i = −Ā_i·r_i.
+        let transformed = |t: usize| {
+            let (x, a) = (b.x(t), b.adv[t]);
+            let c = x.clamp(-cfg.eps_low, cfg.eps_high);
+            if a > 0.0 {
+                (x.min(c), f64::from(u8::from(x <= c)))
+            } else if a < 0.0 {
+                (x.max(c), f64::from(u8::from(x >= c)))
+            } else {
+                (0.0, 0.0)
+            }
+        };
+        let toks = b.valid(i);
+        let den = toks.len() as f64 + cfg.mean_eps;
+        let sum = toks.iter().map(|&t| transformed(t).0).sum::<f64>();
+        let (m, clamped) = clamp(sum / den, cfg.log_ratio_clamp);
+        let r = m.exp();
+        let abar = toks.iter().map(|&t| b.adv[t]).sum::<f64>() / den;
+        let grad = if clamped {
+            0.0
+        } else {
+            -abar * r * transformed(t).1 / den
+        };
+        (-abar * r, grad)
+    })
+}
+
+fn sapo_ref(cfg: SapoConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, _, t| {
+        // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4·A·σ(1 − σ)·ρ.
+        let a = b.adv[t];
+        let tau = if a > 0.0 { cfg.tau_pos } else { cfg.tau_neg };
+        let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
+        let rho = x.exp();
+        let sig = 1.0 / (1.0 + (-tau * (rho - 1.0)).exp());
+        let grad = if clamped {
+            0.0
+        } else {
+            -4.0 * a * sig * (1.0 - sig) * rho
+        };
+        (-sig * 4.0 / tau * a, grad)
+    })
+}
+
+fn cispo_ref(cfg: CispoConfig<f64>) -> Reference<'static> {
+    Box::new(move |b, _, t| {
+        // L = −sg(w)·A·lp with w = clamp(ρ, lo, hi) (verl) or min(ρ, ε_max) (TRL).
+        let rho = clamp(b.x(t), cfg.log_ratio_clamp).0.exp();
+        let w = match cfg.weight {
+            CispoWeight::Clamp(bounds) => rho.clamp(bounds.lo, bounds.hi),
+            CispoWeight::Cap(m) => rho.min(m),
+        };
+        (-w * b.adv[t] * b.lp[t], -w * b.adv[t])
+    })
+}
+
+fn sym(e: f64) -> RatioBounds<f64> {
+    RatioBounds::symmetric(e).unwrap()
+}
+
+fn ppo_cfgs() -> [PpoClipConfig<f64>; 4] {
+    [
+        PpoClipConfig::default(),
+        PpoClipConfig {
+            bounds: RatioBounds::asymmetric(0.2, 0.28).unwrap(),
+            ..Default::default()
+        },
+        PpoClipConfig {
+            dual_clip: Some(1.5),
+            ..Default::default()
+        },
+        PpoClipConfig {
+            delta_cap: Some(1.3),
+            log_ratio_clamp: None,
+            ..Default::default()
+        },
+    ]
+}
+
+fn gspo_cfgs() -> [GspoConfig<f64>; 3] {
+    [
+        GspoConfig::default(),
+        GspoConfig {
+            bounds: sym(0.2),
+            dual_clip: Some(1.5),
+            ..GspoConfig::default()
+        },
+        GspoConfig {
+            bounds: sym(0.2),
+            delta_cap: Some(1.3),
+            log_ratio_clamp: None,
+            ..GspoConfig::default()
+        },
+    ]
+}
+
+fn gspo_token_cfgs() -> [GspoTokenConfig<f64>; 2] {
+    [
+        GspoTokenConfig::default(),
+        GspoTokenConfig {
+            bounds: sym(0.2),
+            seq_log_ratio_max: Some(0.5),
+        },
+    ]
+}
+
+fn gmpo_cfgs() -> [GmpoConfig<f64>; 2] {
+    [
+        GmpoConfig::default(),
+        GmpoConfig {
+            mean_eps: 1e-8,
+            log_ratio_clamp: Some(0.3),
+            ..GmpoConfig::default()
+        },
+    ]
+}
+
+fn sapo_cfgs() -> [SapoConfig<f64>; 2] {
+    [
+        SapoConfig::default(),
+        SapoConfig {
+            tau_pos: 0.5,
+            tau_neg: 2.0,
+            log_ratio_clamp: None,
+        },
+    ]
+}
+
+fn cispo_cfgs() -> [CispoConfig<f64>; 2] {
+    [CispoConfig::default(), CispoConfig::trl(0.2, Some(1.28))]
+}
+
+/// Every loss and configuration: a name, the f64 reference, and the loss run in f64 and in
+/// f32 (configurations converted field by field) on a batch.
+type Run64 = Box<dyn Fn(&Batch, &mut [f64], &mut [f64])>;
+type Run32 = Box<dyn Fn(&Batch32, &mut [f32], &mut [f32])>;
+
+struct Batch32 {
+    lp: Vec<f32>,
+    old: Vec<f32>,
+    adv: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    mask: Vec<bool>,
+}
+
+impl Batch32 {
+    fn inputs(&self) -> PolicyInputs<'_, f32> {
+        PolicyInputs {
+            lp: &self.lp,
+            old: &self.old,
+            adv: &self.adv,
+            tokens: Tokens::padded(self.rows, self.cols, Some(&self.mask)),
+        }
+    }
+}
+
+fn b32(b: RatioBounds<f64>) -> RatioBounds<f32> {
+    RatioBounds {
+        lo: b.lo as f32,
+        hi: b.hi as f32,
+    }
+}
+
+fn o32(x: Option<f64>) -> Option<f32> {
+    x.map(|x| x as f32)
+}
+
+fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
+    let mut v: Vec<(String, Reference<'static>, Run64, Run32)> = Vec::new();
+    for c in ppo_cfgs() {
+        let c32 = PpoClipConfig {
+            bounds: b32(c.bounds),
+            dual_clip: o32(c.dual_clip),
+            delta_cap: o32(c.delta_cap),
+            log_ratio_clamp: o32(c.log_ratio_clamp),
+        };
+        v.push((
+            format!("ppo_clip {c:?}"),
+            ppo_ref(c),
+            Box::new(move |b, v, g| {
+                ppo_clip(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                ppo_clip(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    for c in gspo_cfgs() {
+        let c32 = GspoConfig {
+            bounds: b32(c.bounds),
+            dual_clip: o32(c.dual_clip),
+            delta_cap: o32(c.delta_cap),
+            log_ratio_clamp: o32(c.log_ratio_clamp),
+        };
+        v.push((
+            format!("gspo {c:?}"),
+            gspo_ref(c),
+            Box::new(move |b, v, g| {
+                gspo(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                gspo(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    for c in gspo_token_cfgs() {
+        let c32 = GspoTokenConfig {
+            bounds: b32(c.bounds),
+            seq_log_ratio_max: o32(c.seq_log_ratio_max),
+        };
+        v.push((
+            format!("gspo_token {c:?}"),
+            gspo_token_ref(c),
+            Box::new(move |b, v, g| {
+                gspo_token(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                gspo_token(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    for c in gmpo_cfgs() {
+        let c32 = GmpoConfig {
+            eps_low: c.eps_low as f32,
+            eps_high: c.eps_high as f32,
+            log_ratio_clamp: o32(c.log_ratio_clamp),
+            mean_eps: c.mean_eps as f32,
+        };
+        v.push((
+            format!("gmpo {c:?}"),
+            gmpo_ref(c),
+            Box::new(move |b, v, g| {
+                gmpo(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                gmpo(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    for c in sapo_cfgs() {
+        let c32 = SapoConfig {
+            tau_pos: c.tau_pos as f32,
+            tau_neg: c.tau_neg as f32,
+            log_ratio_clamp: o32(c.log_ratio_clamp),
+        };
+        v.push((
+            format!("sapo {c:?}"),
+            sapo_ref(c),
+            Box::new(move |b, v, g| {
+                sapo(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                sapo(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    for c in cispo_cfgs() {
+        let c32 = CispoConfig {
+            weight: match c.weight {
+                CispoWeight::Clamp(b) => CispoWeight::Clamp(b32(b)),
+                CispoWeight::Cap(m) => CispoWeight::Cap(m as f32),
+            },
+            log_ratio_clamp: o32(c.log_ratio_clamp),
+        };
+        v.push((
+            format!("cispo {c:?}"),
+            cispo_ref(c),
+            Box::new(move |b, v, g| {
+                cispo(&c, &b.inputs(), v, g).unwrap();
+            }),
+            Box::new(move |b, v, g| {
+                cispo(&c32, &b.inputs(), v, g).unwrap();
+            }),
+        ));
+    }
+    v
+}
+
+/// The batch with every input rounded to f32, in both precisions.
+fn rounded(b: &Batch) -> (Batch, Batch32) {
+    let r = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
+    let w = |v: &[f32]| -> Vec<f64> { v.iter().map(|&x| f64::from(x)).collect() };
+    let (lp, old, adv) = (r(&b.lp), r(&b.old), r(&b.adv));
+    let b64 = Batch {
+        lp: w(&lp),
+        old: w(&old),
+        adv: w(&adv),
+        ..b.clone()
+    };
+    let b32 = Batch32 {
+        lp,
+        old,
+        adv,
+        rows: b.rows,
+        cols: b.cols,
+        mask: b.mask.clone(),
+    };
+    (b64, b32)
+}
+
+/// The batch with every current log-prob moved by `h` (so every log-ratio and mean by `h`).
+fn shifted(b: &Batch, h: f64) -> Batch {
+    Batch {
+        lp: b.lp.iter().map(|l| l + h).collect(),
+        ..b.clone()
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn ppo_clip_matches_its_formula(b in batch()) {
-        let cfgs = [
-            PpoClipConfig::default(),
-            PpoClipConfig { bounds: RatioBounds::asymmetric(0.2, 0.28).unwrap(), ..Default::default() },
-            PpoClipConfig { dual_clip: Some(1.5), ..Default::default() },
-            PpoClipConfig { delta_cap: Some(1.3), log_ratio_clamp: None, ..Default::default() },
-        ];
-        for cfg in cfgs {
-            let n = b.lp.len();
+    fn losses_match_their_formulas(b in batch()) {
+        let n = b.lp.len();
+        for (name, reference, run, _) in losses() {
             let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            ppo_clip(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|_, t| {
-                let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
-                let rho = x.exp();
-                let drho = if clamped { 0.0 } else { rho };
-                clipped(rho, drho, b.adv[t], cfg.bounds, cfg.dual_clip, cfg.delta_cap)
-            })?;
+            run(&b, &mut v, &mut g);
+            compare(&b, (&v, &g), &|i, t| reference(&b, i, t)).map_err(|e| TestCaseError::fail(format!("{name}: {e}")))?;
         }
     }
 
     #[test]
-    fn gspo_matches_its_formula(b in batch()) {
-        let cfgs = [
-            GspoConfig::default(),
-            GspoConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), dual_clip: Some(1.5), ..GspoConfig::default() },
-            GspoConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), delta_cap: Some(1.3), log_ratio_clamp: None, ..GspoConfig::default() },
-        ];
-        for cfg in cfgs {
-            let n = b.lp.len();
-            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            gspo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|i, _| {
-                // s = exp(mean x); L_i = mean over the tokens of the term with their own A_t;
-                // ∂L_i/∂lp_t = (∂L_i/∂x̄)/n.
-                let toks = b.valid(i);
-                let n = toks.len() as f64;
-                let (xbar, clamped) = clamp(toks.iter().map(|&t| b.x(t)).sum::<f64>() / n, cfg.log_ratio_clamp);
-                let s = xbar.exp();
-                let ds = if clamped { 0.0 } else { s };
-                let terms: Vec<(f64, f64)> = toks
-                    .iter()
-                    .map(|&t| clipped(s, ds, b.adv[t], cfg.bounds, cfg.dual_clip, cfg.delta_cap))
-                    .collect();
-                let value = terms.iter().map(|p| p.0).sum::<f64>() / n;
-                let dx = terms.iter().map(|p| p.1).sum::<f64>() / n;
-                (value, dx / n)
-            })?;
+    fn f32_losses_match_the_f64_formulas(b in batch()) {
+        // The f32 losses on f32-rounded inputs against the f64 reference on the same inputs:
+        // values within 4e-6 relative (a few roundings of e^x and the products, and the sums
+        // of a sequence's terms); gradients too, except next to a kink (a clip bound, the δ
+        // cap, a clamp), where an f32 rounding may put the token on the other branch: a token
+        // whose reference gradient changes when every log-ratio moves by ±1e-4 is skipped.
+        let (b64, b32) = rounded(&b);
+        let n = b.lp.len();
+        let (lo, hi) = (shifted(&b64, -1e-4), shifted(&b64, 1e-4));
+        for (name, reference, _, run) in losses() {
+            let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
+            run(&b32, &mut v, &mut g);
+            for i in 0..b.rows {
+                for t in b64.valid(i) {
+                    let (want_v, want_g) = reference(&b64, i, t);
+                    let tol = |w: f64| 4e-6 * (1.0 + w.abs());
+                    let (v, g) = (f64::from(v[t]), f64::from(g[t]));
+                    prop_assert!((v - want_v).abs() <= tol(want_v), "{}: value at {}: {} vs {}", name, t, v, want_v);
+                    let smooth = [&lo, &hi].iter().all(|s| {
+                        let gs = reference(s, i, t).1;
+                        (gs - want_g).abs() <= 1e-3 * (1.0 + want_g.abs())
+                    });
+                    if smooth {
+                        prop_assert!((g - want_g).abs() <= tol(want_g), "{}: gradient at {}: {} vs {}", name, t, g, want_g);
+                    }
+                }
+            }
         }
     }
 
     #[test]
-    fn gspo_token_matches_its_formula(b in batch()) {
-        for cfg in [GspoTokenConfig::default(), GspoTokenConfig { bounds: RatioBounds::symmetric(0.2).unwrap(), seq_log_ratio_max: Some(0.5) }] {
-            let n = b.lp.len();
-            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            gspo_token(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|i, t| {
-                // r_t = exp(min(x̄_i, max)) with the token's own gradient path (∂r_t/∂lp_t = r_t).
-                let toks = b.valid(i);
-                let xbar = toks.iter().map(|&t| b.x(t)).sum::<f64>() / toks.len() as f64;
-                let capped = cfg.seq_log_ratio_max.is_some_and(|m| xbar > m);
-                let r = cfg.seq_log_ratio_max.map_or(xbar, |m| xbar.min(m)).exp();
-                clipped(r, if capped { 0.0 } else { r }, b.adv[t], cfg.bounds, None, None)
-            })?;
-        }
-    }
-
-    #[test]
-    fn gmpo_matches_its_formula(b in batch()) {
-        for cfg in [GmpoConfig::default(), GmpoConfig { mean_eps: 1e-8, log_ratio_clamp: Some(0.3), ..GmpoConfig::default() }] {
-            let n = b.lp.len();
-            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            gmpo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|i, t| {
-                // x'_t = sgn(A)·min(sgn(A)·x, sgn(A)·clip(x, −ε_lo, ε_hi)) (0 for A = 0);
-                // r_i = exp(Σx'/(n + ε)), Ā_i = ΣA/(n + ε), L_i = −Ā_i·r_i.
-                let transformed = |t: usize| {
-                    let (x, a) = (b.x(t), b.adv[t]);
-                    let c = x.clamp(-cfg.eps_low, cfg.eps_high);
-                    if a > 0.0 { (x.min(c), (x <= c) as u8 as f64) }
-                    else if a < 0.0 { (x.max(c), (x >= c) as u8 as f64) }
-                    else { (0.0, 0.0) }
-                };
-                let toks = b.valid(i);
-                let den = toks.len() as f64 + cfg.mean_eps;
-                let (m, clamped) = clamp(toks.iter().map(|&t| transformed(t).0).sum::<f64>() / den, cfg.log_ratio_clamp);
-                let r = m.exp();
-                let abar = toks.iter().map(|&t| b.adv[t]).sum::<f64>() / den;
-                let grad = if clamped { 0.0 } else { -abar * r * transformed(t).1 / den };
-                (-abar * r, grad)
-            })?;
-        }
-    }
-
-    #[test]
-    fn sapo_matches_its_formula(b in batch()) {
-        for cfg in [SapoConfig::default(), SapoConfig { tau_pos: 0.5, tau_neg: 2.0, log_ratio_clamp: None }] {
-            let n = b.lp.len();
-            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            sapo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|_, t| {
-                // L = −σ(τ(ρ − 1))·(4/τ)·A, ∂L/∂lp = −4·A·σ(1 − σ)·ρ.
-                let a = b.adv[t];
-                let tau = if a > 0.0 { cfg.tau_pos } else { cfg.tau_neg };
-                let (x, clamped) = clamp(b.x(t), cfg.log_ratio_clamp);
-                let rho = x.exp();
-                let sig = 1.0 / (1.0 + (-tau * (rho - 1.0)).exp());
-                let grad = if clamped { 0.0 } else { -4.0 * a * sig * (1.0 - sig) * rho };
-                (-sig * 4.0 / tau * a, grad)
-            })?;
-        }
-    }
-
-    #[test]
-    fn cispo_and_reinforce_match_their_formulas(b in batch()) {
-        for cfg in [CispoConfig::default(), CispoConfig::trl(0.2, Some(1.28))] {
-            let n = b.lp.len();
-            let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
-            cispo(&cfg, &b.inputs(), &mut v, &mut g).unwrap();
-            compare(&b, (&v, &g), &|_, t| {
-                // L = −sg(w)·A·lp with w = clamp(ρ, lo, hi) (verl) or min(ρ, ε_max) (TRL).
-                let rho = clamp(b.x(t), cfg.log_ratio_clamp).0.exp();
-                let w = match cfg.weight {
-                    CispoWeight::Clamp(bounds) => rho.clamp(bounds.lo, bounds.hi),
-                    CispoWeight::Cap(m) => rho.min(m),
-                };
-                (-w * b.adv[t] * b.lp[t], -w * b.adv[t])
-            })?;
-        }
+    fn reinforce_matches_its_formula(b in batch()) {
         let n = b.lp.len();
         let (mut v, mut g) = (vec![0.0; n], vec![0.0; n]);
         let weights: Vec<f64> = (0..n).map(|t| 0.5 + (t % 3) as f64 * 0.25).collect();
