@@ -116,7 +116,9 @@ fn agg_config(kind: LossKind, seq_len: usize) -> AggConfig<f32> {
 
 /// Per-token policy loss of the recipe (grpo-core), then its aggregation (grpo-core): writes
 /// `g_lp[t] = ∂(aggregated loss)/∂lp_t` for `lp.len() / seq_len` sequences of `seq_len` valid
-/// tokens. `adv` is per sequence; it is broadcast to the sequence's tokens here.
+/// tokens, and the aggregation's per-token weights to `agg_weights` (so that other per-token
+/// terms, the entropy bonus, are aggregated the same way). `adv` is per sequence; it is
+/// broadcast to the sequence's tokens here.
 pub fn policy_loss_grad(
     kind: LossKind,
     lp: &[f32],
@@ -124,6 +126,7 @@ pub fn policy_loss_grad(
     adv: &[f32],
     seq_len: usize,
     g_lp: &mut [f32],
+    agg_weights: &mut [f32],
 ) -> Result<LossStats> {
     let n = lp.len();
     let tokens = Tokens::padded(n / seq_len, seq_len, None);
@@ -153,9 +156,8 @@ pub fn policy_loss_grad(
             cispo(&cfg, &inp, &mut value, g_lp)?
         }
     };
-    let mut weights = vec![0f32; n];
-    let loss = aggregate(&agg_config(kind, seq_len), tokens, &value, &mut weights)?;
-    scale_gradients(tokens, &weights, diag.level, g_lp)?;
+    let loss = aggregate(&agg_config(kind, seq_len), tokens, &value, agg_weights)?;
+    scale_gradients(tokens, agg_weights, diag.level, g_lp)?;
     Ok(LossStats {
         loss: loss as f64,
         clip_frac: (diag.clipped_low + diag.clipped_high) as f64 / diag.tokens.max(1) as f64,
@@ -244,16 +246,18 @@ mod tests {
             LossKind::Gspo,
             LossKind::Cispo,
         ] {
-            let mut g = [0f32; 4];
-            let st = policy_loss_grad(kind, &lp, &lp, &adv, 2, &mut g).unwrap();
+            let (mut g, mut w) = ([0f32; 4], [0f32; 4]);
+            let st = policy_loss_grad(kind, &lp, &lp, &adv, 2, &mut g, &mut w).unwrap();
             assert_eq!(g, [-0.25, -0.25, 0.5, 0.5], "{kind}");
+            // The aggregation weights: 1/4 per token in every recipe here.
+            assert_eq!(w, [0.25; 4], "{kind}");
             assert_eq!(st.clip_frac, 0.0, "{kind}");
         }
         // Off-policy, DAPO clip-higher: ρ = e^{0.5} ≈ 1.65 > 1.28 with A > 0 → no gradient,
         // counted as clipped; the A < 0 tokens stay on-policy.
         let old = [-1.0f32, -1.5, -2.0, -0.1];
-        let mut g = [0f32; 4];
-        let st = policy_loss_grad(LossKind::Dapo, &lp, &old, &adv, 2, &mut g).unwrap();
+        let (mut g, mut w) = ([0f32; 4], [0f32; 4]);
+        let st = policy_loss_grad(LossKind::Dapo, &lp, &old, &adv, 2, &mut g, &mut w).unwrap();
         assert_eq!(g, [0.0, 0.0, 0.5, 0.5]);
         assert_eq!(st.clip_frac, 0.5);
     }

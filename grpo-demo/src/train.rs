@@ -57,7 +57,8 @@ pub struct TrainConfig {
     pub max_sampling_rounds: usize,
     /// Optimizer steps per batch of rollouts (PPO epochs; the first has ρ = 1).
     pub updates_per_step: usize,
-    /// RL learning rate.
+    /// RL learning rate. The RL phase continues the warm-up's AdamW (plain Adam: weight
+    /// decay 0) at this rate, its moment estimates included.
     pub lr: f64,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
@@ -117,11 +118,13 @@ pub struct StepMetrics {
     pub groups_kept: usize,
     /// Groups sampled (all rounds).
     pub groups_sampled: usize,
-    /// Mean token entropy (nats) of the trained completions under the sampling policy.
+    /// Mean token entropy (nats) of the trained completions under the sampling policy (NaN
+    /// when no group was kept).
     pub entropy: f64,
-    /// Fraction of tokens whose gradient the clip removed (updates after the first).
+    /// Fraction of tokens whose gradient the clip removed (updates after the first; NaN with
+    /// one update per step or when no group was kept).
     pub clip_frac: f64,
-    /// Aggregated policy loss of the first update.
+    /// Aggregated policy loss of the first update (NaN when no group was kept).
     pub loss: f64,
     /// Held-out greedy exact-match accuracy, when evaluated at this step.
     pub held_out_acc: Option<f64>,
@@ -396,8 +399,13 @@ impl Trainer {
     pub fn grpo_step(&mut self, step: usize) -> Result<StepMetrics> {
         self.opt.set_learning_rate(self.cfg.lr);
         let (g, target) = (self.cfg.group_size, self.cfg.prompts_per_step);
+        // Entropy, loss and clip fraction stay NaN unless measured (no group kept, or one
+        // update: no clip fraction), so that metrics.csv never shows an unmeasured 0.
         let mut m = StepMetrics {
             step,
+            entropy: f64::NAN,
+            loss: f64::NAN,
+            clip_frac: f64::NAN,
             ..Default::default()
         };
         // Gather groups (DAPO dynamic sampling: keep only groups with mixed rewards).
@@ -441,6 +449,7 @@ impl Trainer {
         let (mut lp, mut ent) = (vec![0f32; rows], vec![0f32; rows]);
         let mut saved = vec![LseState::EMPTY; rows];
         let (mut g_lp, mut dz) = (vec![0f32; rows], Vec::new());
+        let mut agg = vec![0f32; rows];
         let mut clip_sum = 0.0;
         for u in 0..self.cfg.updates_per_step {
             let logits = self.answer_logits(&inputs, n)?;
@@ -454,14 +463,23 @@ impl Trainer {
                 old.copy_from_slice(&lp);
                 m.entropy = ent.iter().map(|&v| v as f64).sum::<f64>() / rows as f64;
             }
-            let stats = rl::policy_loss_grad(self.cfg.loss, &lp, &old, &adv, ANSWER_LEN, &mut g_lp)
-                .map_err(lib_err)?;
+            let stats = rl::policy_loss_grad(
+                self.cfg.loss,
+                &lp,
+                &old,
+                &adv,
+                ANSWER_LEN,
+                &mut g_lp,
+                &mut agg,
+            )
+            .map_err(lib_err)?;
             if u == 0 {
                 m.loss = stats.loss;
             } else {
                 clip_sum += stats.clip_frac;
             }
-            let g_h = vec![-self.cfg.entropy_coef / rows as f32; rows];
+            // The entropy bonus −c·H_t, aggregated as the loss is: ∂/∂H_t = −c·w_t.
+            let g_h: Vec<f32> = agg.iter().map(|&w| -self.cfg.entropy_coef * w).collect();
             dz.resize(z.len(), 0.0);
             rl::vocab_backward(&self.cpu, &z, VOCAB, &saved, &targets, &g_lp, &g_h, &mut dz)
                 .map_err(lib_err)?;
