@@ -457,7 +457,8 @@ fn seq_ratio(@builtin(global_invocation_id) gid: vec3<u32>,
     let end = flags[params.n + 2u * i + 1u];
     var sx = 0.0;
     var c = 0u;
-    // Whether every valid token has the first one's advantage a0 (seq::gspo_sequence: `one_adv`).
+    // Whether every valid token has the first one's advantage a0 (seq::gspo_sequence's `shared`;
+    // `shared` is a reserved word in WGSL).
     var a0 = 0.0;
     var one_adv = true;
     for (var t = start; t < end; t++) {

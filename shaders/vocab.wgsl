@@ -800,7 +800,9 @@ fn jsd_backward_saved_in_place(@builtin(workgroup_id) wid: vec3<u32>,
 // is −∞ where the student has mass; FLAG_KL_TEACHER_STUDENT_INFINITE: the other way round;
 // FLAG_SCALE_OVERFLOW: a finite logit of either row has a non-finite z/T); words 2, 3 unused. Any
 // of these (or a non-finite value) sends the row to grpo-core on the host, which gives the exact
-// error or the value (the host reads the support flag of the direction it asked for).
+// error or the value (the host reads the support flag of the direction it asked for; in
+// `kl_saved` with KL(q‖p), FLAG_KL_INFINITE instead makes the host record u = +∞ in the row's
+// state, as grpo-core does).
 // stats = (lse_p, lse_q, 0 — KL(q‖p) in `kl_saved` —, KL(p‖q)).
 var<workgroup> wflags: atomic<u32>;
 

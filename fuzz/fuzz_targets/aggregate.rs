@@ -1,6 +1,7 @@
 //! Aggregation and gradient scaling on untrusted layouts, modes and values: never panic; an
-//! `Ok` scalar and the weights are finite; scaled gradients are finite or refused with the
-//! gradients untouched.
+//! `Ok` scalar and the weights are finite, an `Err` leaves the weights untouched; scaled
+//! gradients are finite or refused with the gradients untouched; `sequence_weights` agrees
+//! with the per-token weights or leaves its output untouched.
 #![no_main]
 
 use grpo_core::aggregate::{
@@ -83,8 +84,12 @@ fuzz_target!(|inp: Input| {
         denominator,
         sequences,
     };
-    let mut w = vec![0.0f64; n];
-    if let Ok(loss) = aggregate(&cfg, tokens, &values, &mut w) {
+    let mut w = vec![7.0f64; n];
+    let agg = aggregate(&cfg, tokens, &values, &mut w);
+    if agg.is_err() {
+        assert!(w.iter().all(|&x| x == 7.0));
+    }
+    if let Ok(loss) = agg {
         assert!(loss.is_finite());
         assert!(w.iter().all(|x| x.is_finite()));
         let level = if inp.level {

@@ -18,7 +18,7 @@
 //! - `backward_saved_in_place`: `backward_saved` writing the gradient in the logits' storage
 //!   type (`VocabKernel::backward_saved_in_place`); bytes = the logits read once + the gradient
 //!   written once, both in the storage type (for bf16 and f16 half of `backward_saved`'s write).
-//! - `backward_kl_saved`: the same from pair states with a forward-KL term as well; bytes = both
+//! - `backward_kl_saved`: the same from pair states with a KL(p‖q) (student‖teacher) term as well; bytes = both
 //!   rows read once + the f32 gradient written once.
 //! - `ppo_clip`: per-token PPO-clip value + gradient (bounds [0.8, 1.2]) as in `grpo-bench loss`:
 //!   `rows` = sequences of 1024 tokens, `vocab` = tokens per sequence, `tokens_per_s`; bytes =

@@ -100,7 +100,9 @@ pub enum AggMode {
 /// What a zero denominator does (see the [module docs](self)).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Denominator<T> {
-    /// A zero denominator is an error (verl computes NaN there).
+    /// A zero denominator is an error (verl computes NaN there). Which sequences count in a
+    /// mean over sequences is [`SeqCount`]'s: with `NonEmpty` an empty sequence is left out,
+    /// not an error.
     #[default]
     Strict,
     /// Every denominator is `max(d, 1)` (TRL): empty parts contribute 0.
@@ -121,7 +123,7 @@ pub enum SeqCount {
     /// MATH.md §6 describes: token-mean without ε, `seq-mean-token-sum-norm` without ÷B). An
     /// empty sequence then adds nothing and is no error under `SeqMeanTokenMean` (verl's
     /// `Σ/(n_i + 1e-8)` is 0 there and masked out); a batch without any is
-    /// [`Error::NoValidTokens`] under `Strict` (verl: 0/0 = NaN).
+    /// [`Error::NoValidTokens`] under `Strict` or `PlusEps` (verl: 0/0 = NaN).
     NonEmpty,
 }
 
@@ -319,8 +321,9 @@ impl<T: Real> SeqWeights<T> {
 }
 
 /// The weight `a_i` that [`aggregate`] gives every valid token of sequence `i`, written to
-/// `out[i]` (0 for a sequence that contributes nothing: an empty one under a per-sequence
-/// mean, whose tokens, having none, get no weight either way) \[ours\]. For a backend that
+/// `out[i]` \[ours\]. An empty sequence has no token to weigh: under `SeqMeanTokenMean` its
+/// entry is 0, under the other modes the mode's one weight (e.g. verl's seq-mean-token-sum on
+/// rows with 2, 0 and 1 valid tokens gives `[0.5, 0.5, 0.5]`). For a backend that
 /// applies the weights itself (grpo-wgpu's aggregation), so that it has grpo-core's bits
 /// and errors without a second copy of the rules.
 ///
@@ -368,7 +371,8 @@ pub fn sequence_weights<T: Real>(
 /// # Errors
 /// Length/layout mismatches; [`Error::NonFinite`] for a non-finite value at a valid position;
 /// [`Error::InvalidParam`] for `processes == 0`, a non-finite or non-positive `PlusEps`;
-/// zero denominators as the [`Denominator`] rule says; [`Error::NonFinite`]
+/// zero denominators as the [`Denominator`] rule says, with the sequences [`SeqCount`] counts;
+/// [`Error::NonFinite`]
 /// (`what = "aggregated loss"`) if the scalar overflows. `weights` untouched on `Err`.
 ///
 /// # Example

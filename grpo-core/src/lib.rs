@@ -14,6 +14,21 @@
 //!
 //! ## Example: GRPO advantages of two groups
 //!
+//! ```
+//! use grpo_core::advantage::zscore::{zscore, ZScoreConfig};
+//! use grpo_core::{Groups, Preset};
+//! // Two groups of 4 completions: rewards (1, 0, 0, 0) and (1, 1, 1, 1).
+//! let rewards = [1.0f64, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0];
+//! let mut adv = [0.0; 8];
+//! let d = zscore(&rewards, Groups::Uniform(4), &ZScoreConfig::from_preset(Preset::Trl), &mut adv)
+//!     .unwrap();
+//! // Group 0: μ = 1/4, unbiased σ = 1/2, A = (s − μ)/(σ + 1e-4); group 1 has no variance: 0.
+//! assert!((adv[0] - 0.75 / (0.5 + 1e-4)).abs() < 1e-12);
+//! assert!((adv[1] + 0.25 / (0.5 + 1e-4)).abs() < 1e-12);
+//! assert_eq!(&adv[4..], &[0.0; 4]);
+//! assert_eq!(d.zero_variance_groups, 1);
+//! ```
+//!
 //! See [`advantage`] for the estimators.
 #![no_std]
 #![forbid(unsafe_code)]

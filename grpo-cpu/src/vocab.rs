@@ -375,7 +375,7 @@ impl Cpu {
         Ok(())
     }
 
-    /// [`grpo_core::vocab::kl_rows`]: `KL(p‖q) = Σ p (log p − log q)` (or the reverse) of every
+    /// [`grpo_core::vocab::kl_rows`]: `KL(p‖q) = Σ p (log p − log q)` (or KL(q‖p)) of every
     /// student/teacher row pair, `p = softmax(z/T)`, `q = softmax(w/T)`, one pass over both rows
     /// \[ours; arXiv 2306.13649\]. Same bits, same errors; on `Err` nothing is written.
     ///
@@ -405,7 +405,8 @@ impl Cpu {
     /// pair's whole state (both rows' softmax statistics and both KL sums) for
     /// [`backward_rows_saved`](Cpu::backward_rows_saved) with a KL term \[ours\]. The same
     /// pass, computing every sum of the state (up to three more FMAs per element pair than
-    /// `kl_rows`); the same KL bits, the states' bits `canon::pair_row`'s, the same errors; on
+    /// `kl_rows`); the same KL bits, the states' bits grpo-core's (`canon::pair_row`'s, with
+    /// `u = +∞` where a `TeacherStudent` call meets an infinite KL(p‖q)), the same errors; on
     /// `Err` nothing is written.
     ///
     /// ```

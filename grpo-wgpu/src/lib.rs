@@ -16,7 +16,7 @@
 //!   readbacks (same bits, same errors).
 //! - [`AdvantageKernel`]: GRPO z-score family, Dr.GRPO, RLOO, batch-scaled, GOPO, G²RPO, GDPO.
 //! - [`LossKernel`]: PPO-clip (symmetric, clip-higher, KL3 bounds, dual-clip, δ cap), CISPO,
-//!   SAPO, REINFORCE, GSPO, GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
+//!   SAPO, REINFORCE, GSPO (dual-clip, δ cap), GSPO-token, P3O with its ESS sums; KL penalties (k1, abs, k2, k3,
 //!   importance-corrected k3·ρ, straight-through k1+/k3+); token/sequence IS weights
 //!   (truncate, mask); verl's rollout rejection masks (k1/k2/k3 per token or per sequence sum,
 //!   mean, max) and TRL's off-policy sequence mask; aggregation of token losses (every grpo-core

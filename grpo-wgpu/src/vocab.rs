@@ -108,7 +108,7 @@ pub enum ResidentVocab<'a, L> {
     /// [`VocabKernel::backward_saved_in_place`] of `BackwardSaved`: the gradient in the
     /// logits' storage type, to binding 8.
     BackwardSavedInPlace,
-    /// [`VocabKernel::backward_saved`] from pair states with a forward-KL term (weight 1)
+    /// [`VocabKernel::backward_saved`] from pair states with a KL(p‖q) (student‖teacher) term (weight 1)
     /// besides the log-prob and entropy terms of `BackwardSaved`.
     BackwardKlSaved {
         /// The teacher rows (as many as the logits).
@@ -464,14 +464,14 @@ impl<'c> VocabKernel<'c> {
             }
             ResidentVocab::BackwardKlSaved { teacher } => {
                 let (mut kl, mut saved) = (vec![0f32; rows], vec![PairState::EMPTY; rows]);
-                let forward = KlDirection::StudentTeacher;
+                let pq = KlDirection::StudentTeacher;
                 grpo_core::vocab::kl_rows_saved(
-                    logits, teacher, vocab, 1.0, forward, &mut kl, &mut saved,
+                    logits, teacher, vocab, 1.0, pq, &mut kl, &mut saved,
                 )?;
                 let kl_term = KlTerm {
                     teacher,
                     grad: &ones,
-                    direction: forward,
+                    direction: pq,
                 };
                 let terms = GradTerms {
                     kl: Some(kl_term),
@@ -854,7 +854,7 @@ impl<'c> VocabKernel<'c> {
     ///
     /// With `p = softmax(student/T)` and `q = softmax(teacher/T)`: `out[r] = KL(p‖q) =
     /// Σ_v p_v (log p_v − log q_v)` for [`KlDirection::StudentTeacher`], `KL(q‖p)` for
-    /// [`KlDirection::TeacherStudent`] (the shader computes the forward form with the rows' roles
+    /// [`KlDirection::TeacherStudent`] (the shader computes KL(first‖second) with the rows' roles
     /// swapped). `rows = out.len()`; both slices `[rows, vocab]`, row-major, the same storage
     /// type. −∞ logits (masked entries) are allowed; columns where both rows are −∞ contribute 0.
     /// One dispatch, two reads of each row: the online max/sum of both rows, then grpo-core's
@@ -973,8 +973,9 @@ impl<'c> VocabKernel<'c> {
     /// The state is grpo-core's [`PairState`] (references = the rows' largest logits, then
     /// `sz, tz, sw, tw, u, v` as grpo-core defines them), summed by the shader: within the
     /// tolerance of the KL, not grpo-core's bits. It does not depend on `direction` (the
-    /// support check does), and [`canon::finish_kl`](grpo_core::vocab::canon::finish_kl) gives
-    /// both directions from it. Rows the shader flags are computed by grpo-core on the host,
+    /// support check does), except where KL(p‖q) is +∞ under `TeacherStudent`: `u = +∞`
+    /// there, as grpo-core records it; [`canon::finish_kl`](grpo_core::vocab::canon::finish_kl)
+    /// gives both directions from it. Rows the shader flags are computed by grpo-core on the host,
     /// as in [`VocabKernel::kl`], their states included. Any backend's backward takes the
     /// states: grpo-core's and grpo-cpu's `backward_rows_saved` as well as this one.
     ///
@@ -2177,7 +2178,8 @@ impl<'c> VocabKernel<'c> {
     /// `saved` holds grpo-core [`LseState`]s (from [`VocabKernel::forward_saved`], or any
     /// backend's `logprob_entropy_rows_saved`: log-probability and entropy terms) or
     /// [`PairState`]s (from [`VocabKernel::kl_saved`] or any backend's `kl_rows_saved`: any
-    /// terms, a KL term in either direction included). `terms` is grpo-core's [`GradTerms`], the
+    /// terms, a KL term in either direction included — a KL(p‖q) term is refused on a state
+    /// whose KL(p‖q) is +∞). `terms` is grpo-core's [`GradTerms`], the
     /// teacher of its KL term in the logits' storage type. The host validates everything with
     /// grpo-core's own checks and turns each state into grpo-core's per-row coefficients
     /// ([`SavedState::coef`]); the shader then evaluates grpo-core's per-element step
@@ -2214,7 +2216,8 @@ impl<'c> VocabKernel<'c> {
     /// in its order, with its names (`out` is `grad` here): the temperature, `vocab`, the
     /// lengths of `logits`, `out` and `saved`, `InvalidParam { name: "kl" }` for a KL term with
     /// `LseState`s, the lengths of the terms, their weights, the targets, then row by row the
-    /// saved state and the target logit. Then this backend's [`GpuError::TooLarge`] and, for
+    /// saved state, `NonFinite { what: "saved KL(p‖q)" }` for a KL(p‖q) term on a state whose
+    /// KL(p‖q) is +∞ (`SavedState::check_kl_term`), and the target logit. Then this backend's [`GpuError::TooLarge`] and, for
     /// f16, [`GpuError::MissingFeature`]. On `Err`, `grad` is untouched.
     pub fn backward_saved<L: LogitStorage, St: SavedState>(
         &self,

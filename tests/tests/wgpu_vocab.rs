@@ -1688,7 +1688,7 @@ fn kl_errors_and_edge_rows_match_grpo_core() {
         (vec![ninf, ninf, ninf, 0.0, 0.0, 0.0], ok.clone(), 3, 1.0),
         (ok.clone(), vec![0.0, 1.0, 2.0, ninf, ninf, ninf], 3, 1.0),
         // Support: the teacher is −∞ where the student has mass (forward +∞), and the converse
-        // (reverse +∞); both −∞ in a column is fine.
+        // (KL(q‖p) = +∞); both −∞ in a column is fine.
         (ok.clone(), vec![0.0, ninf, 2.0, -1.0, 0.5, 0.25], 3, 1.0),
         (vec![0.0, 1.0, ninf, -1.0, 0.5, 0.25], ok.clone(), 3, 1.0),
         (vec![0.0, ninf, 2.0, -1.0, 0.5, 0.25], vec![0.0, ninf, 2.0, 1.0, 0.5, -0.25], 3, 1.0),

@@ -17,7 +17,7 @@ use grpo_wgpu::{ForwardOut, GpuError, LogitStorage, VocabKernel};
 use proptest::prelude::*;
 
 /// One batch of student and teacher rows and the backward's terms: `terms` picks a log-prob
-/// term (bit 0), an entropy term (bit 1) and a KL term (`terms >> 2`: none, forward, reverse).
+/// term (bit 0), an entropy term (bit 1) and a KL term (`terms >> 2`: none, KL(p‖q), KL(q‖p)).
 #[derive(Debug, Clone)]
 struct Case {
     vocab: usize,

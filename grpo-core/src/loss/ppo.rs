@@ -197,7 +197,8 @@ pub(crate) fn ppo_core<T: Real>(
 ///
 /// # Errors
 /// [`Error::InvalidParam`](crate::Error::InvalidParam) for bounds that do not contain 1,
-/// `dual_clip ≤ 1`, `delta_cap ≤ 1`, a clamp `≤ 0`; length, layout and finiteness errors as in
+/// `dual_clip ≤ 1` or non-finite, `delta_cap ≤ 1`, a clamp `≤ 0` or non-finite; length, layout
+/// and finiteness errors as in
 /// the [module docs](super); [`Error::NonFinite`](crate::Error::NonFinite) if an unclamped ratio
 /// overflows into the loss. Outputs untouched on `Err`.
 ///

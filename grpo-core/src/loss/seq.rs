@@ -402,8 +402,11 @@ fn gmpo_token<T: Real>(x: T, a: T, lo: T, hi: T) -> (T, T, bool, bool) {
 ///
 /// (`ε = mean_eps`; the optional clamp of the mean before `exp` makes its gradient 0.) A token
 /// with `A_t = 0` contributes `x' = 0` and no gradient. [`LossLevel::Sequence`]; verl averages
-/// `L_i` over sequences ([`AggMode::SeqMeanTokenMean`](crate::aggregate::AggMode) gives
-/// exactly that for a sequence-level loss). `clipped_high`/`clipped_low` count tokens whose
+/// `L_i` over every row, an empty one counting as 0 (`torch.mean(pg_losses)` in `geo_mean`):
+/// `AggConfig { mode: SeqMeanTokenMean, denominator: ClampOne, sequences: SeqCount::All }`
+/// gives exactly that for a sequence-level loss; the Verl aggregation preset, which counts the
+/// non-empty sequences as verl's `agg_loss` does, differs when a row is empty (see
+/// [`crate::aggregate`]). `clipped_high`/`clipped_low` count tokens whose
 /// log-ratio the transform replaced (A > 0 above ε_hi / A < 0 below −ε_lo); the ratio range is
 /// over `r_i`.
 ///

@@ -423,7 +423,9 @@ pub fn tree<T: crate::Real>(a: &mut [T; LANES]) {
 /// `zmax`/`wmax` are the references (as [`LseState::max`]), `sz, tz` and `sw, tw` the
 /// [`LseState`] sums of each row,
 /// `u = Σ e^{dz}·(dz − dw)` and `v = Σ e^{dw}·(dw − dz)` (see [`pair_step`]), so that
-/// `KL(p‖q) = ln sw − ln sz + u/sz` and `KL(q‖p) = ln sz − ln sw + v/sw`.
+/// `KL(p‖q) = ln sw − ln sz + u/sz` and `KL(q‖p) = ln sz − ln sw + v/sw`. A state saved by a
+/// KL(q‖p) forward holds `u = +∞` where KL(p‖q) is infinite (the teacher −∞ where the
+/// student is not; [`SavedState::check_kl_term`](super::SavedState::check_kl_term)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairState {
     /// Reference of the student row ([`LseState::max`]).
@@ -438,7 +440,7 @@ pub struct PairState {
     pub sw: f32,
     /// Σ e^{dw}·dw.
     pub tw: f32,
-    /// Σ e^{dz}·(dz − dw).
+    /// Σ e^{dz}·(dz − dw) (+∞ in a saved state whose KL(p‖q) is infinite).
     pub u: f32,
     /// Σ e^{dw}·(dw − dz).
     pub v: f32,

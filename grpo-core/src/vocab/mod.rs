@@ -27,8 +27,8 @@
 //! weights and target ids (all rows), then row by row: the student row ([`validate::row`]:
 //! NaN/+∞, all −∞ → `EmptySegment`, `max/T` overflow), the teacher row (same), the KL support
 //! ([`validate::support`]) and the target ([`validate::target`]). The first failing check
-//! is returned. The backwards from saved states check the states ([`validate::saved`])
-//! instead of the rows, which they do not read before writing (see [`backward_rows_saved`]).
+//! is returned. The backwards from saved states check the states ([`validate::saved`], and
+//! [`SavedState::check_kl_term`] for a KL term) instead of the rows, which they do not read before writing (see [`backward_rows_saved`]).
 //!
 //! ```
 //! use grpo_core::vocab::{logprob_entropy_rows, row_stats};

@@ -751,9 +751,10 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// [`kl_rows`] that also saves each row pair's merged state for [`backward_rows_saved`]
 /// \[ours\]: `saved_out[r]` is [`canon::pair_row`] of the student and teacher rows `r` — both
 /// references and sums of exponentials, both entropies' sums (`tz`, `tw`) and both KL sums
-/// (`u`, `v`), whatever the `direction` — from which both log-softmaxes, both entropies and
-/// both KL directions follow ([`canon::finish_lse`], [`canon::finish_kl`]). The KL values are
-/// those of [`kl_rows`], bit for bit.
+/// (`u`, `v`) — from which both log-softmaxes, both entropies and both KL directions follow
+/// ([`canon::finish_lse`], [`canon::finish_kl`]), except that a `TeacherStudent` call records
+/// `u = +∞` where the teacher is −∞ and the student is not (below). The KL values are those of
+/// [`kl_rows`], bit for bit.
 ///
 /// The student half of a state (`PairState::student`) is the student row's own
 /// [`LseState`], so the student's log-probabilities and entropies follow from it with the
@@ -786,9 +787,9 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// let (mut kl, mut saved) = ([0.0f32; 1], [PairState::EMPTY; 1]);
 /// kl_rows_saved(&z, &w, 2, 1.0, KlDirection::StudentTeacher, &mut kl, &mut saved).unwrap();
 /// assert!((kl[0] - 0.1438410).abs() < 1e-6);
-/// let (forward, reverse) = finish_kl(&saved[0]);
-/// assert_eq!(forward, kl[0]);
-/// assert!((reverse - 0.1308120).abs() < 1e-6); // ¼ ln ½ + ¾ ln (3/2)
+/// let (pq, qp) = finish_kl(&saved[0]);
+/// assert_eq!(pq, kl[0]);
+/// assert!((qp - 0.1308120).abs() < 1e-6); // ¼ ln ½ + ¾ ln (3/2)
 /// ```
 pub fn kl_rows_saved<S: super::Logit, U: super::Logit>(
     student: &[S],

@@ -26,8 +26,9 @@ pub const MAX_SAVED_ENTROPY: f32 = 133.0;
 
 /// Largest KL(p‖q) magnitude a saved [`PairState`] may imply ([`validate::saved`](saved)):
 /// 2^65. A forward's KL is `(ln s_w − ln s_z) + u/s_z`, where `u/s_z` is a p-weighted mean of
-/// log-ratios floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]), so `|KL| ≤ 2^64 + 2·133`; 2^65
-/// is the KL bound [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
+/// log-ratios floored at −2^64 ([`canon::LOG_RATIO_FLOOR`]), so `|KL| ≤ 2^64 + 2·133` (or
+/// +∞, which a KL(q‖p) forward records where KL(p‖q) is infinite); 2^65 is the KL bound
+/// [`MAX_GRAD_WEIGHT`]'s finiteness argument uses.
 pub const MAX_SAVED_KL: f32 = 3.6893488e19;
 
 mod sealed {
@@ -42,7 +43,7 @@ mod sealed {
 /// | state | saved by | serves the terms |
 /// |---|---|---|
 /// | [`LseState`] (student row) | [`logprob_entropy_rows_saved`] | log-probability, entropy |
-/// | [`PairState`] (student and teacher rows) | [`kl_rows_saved`] | log-probability, entropy, KL (either direction) |
+/// | [`PairState`] (student and teacher rows) | [`kl_rows_saved`] | log-probability, entropy, KL (either direction; KL(p‖q) refused where the state records it as +∞) |
 ///
 /// Sealed: implemented by these two types only.
 ///
@@ -125,15 +126,15 @@ impl SavedState for PairState {
         self.teacher().check(tau, index)?;
         // KL(p‖q) = +∞ is a state's record that the teacher is −∞ where the student is not
         // (`check_kl_term` refuses it for a KL(p‖q) term; nothing else reads it).
-        let (forward, reverse) = canon::finish_kl(self);
-        if !((forward.is_finite() || forward == f32::INFINITY) && reverse.is_finite()) {
+        let (pq, qp) = canon::finish_kl(self);
+        if !((pq.is_finite() || pq == f32::INFINITY) && qp.is_finite()) {
             return Err(Error::NonFinite {
                 what: "saved",
                 index,
             });
         }
         crate::error::ensure(
-            forward == f32::INFINITY || forward.abs() <= MAX_SAVED_KL,
+            pq == f32::INFINITY || pq.abs() <= MAX_SAVED_KL,
             "saved",
             "not a forward's pair state: |KL(p‖q)| > 2^65",
         )
@@ -249,7 +250,8 @@ fn coef_of_saved<I: TokenId, U, St: SavedState>(
 ///
 /// `saved` holds [`LseState`]s ([`logprob_entropy_rows_saved`]: log-probability and entropy
 /// terms) or [`PairState`]s ([`kl_rows_saved`]: any terms, a KL term in either direction
-/// included; the teacher logits of the KL term are read again for `log q_v`). `U` is the
+/// included — a KL(p‖q) term is refused on a state whose KL(p‖q) is +∞; the teacher logits of
+/// the KL term are read again for `log q_v`). `U` is the
 /// teacher storage type of `terms`' KL term: with `LseState`s it must be absent, and `U`
 /// lets one `GradTerms` value serve this function and [`backward_rows`].
 ///

@@ -950,7 +950,7 @@ fn backward_matches_finite_differences_and_the_analytic_form() {
         };
         backward_rows(&z, v, t, &terms, &mut out).unwrap();
         let an = grad64(&z, &w, y, t as f64, g64, dir);
-        // The forward-KL gradient p_v (log p_v − log q_v − KL)/T carries KL itself: at a spike
+        // The KL(p‖q) gradient p_v (log p_v − log q_v − KL)/T carries KL itself: at a spike
         // (p_v ≈ 1) the log-ratio cancels it and KL's own f32 error (its contract: 1e-5 +
         // 1e-6·KL, see the module docs) is left unscaled; e.g. at V = 37, T = 1, KL alone:
         // KL = 4.0115 off by 1.2e-6, gradient 9.23e-6 vs 9.63e-6.

@@ -2958,7 +2958,7 @@ mod tests {
     }
 
     /// One block of `z` (and `w`) after given running maxima, through the lane `lse_block`
-    /// and `pair_block` (forward-KL sums), with the exponent-add hint `fast` on entry.
+    /// and `pair_block` (KL(p‖q) sums), with the exponent-add hint `fast` on entry.
     struct OneBlock<'a> {
         z: &'a [f32],
         w: &'a [f32],
