@@ -288,26 +288,21 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let r = grpo_core::vocab::kl_rows_saved(z, w, v, t, d, &mut o, &mut st);
         kls0.push((d, r, o, st));
     }
-    let pairs0 = &kls0[0].3;
-    let mut bp0 = Vec::new();
-    for terms in &term_sets {
-        let mut g = grad();
-        let r = grpo_core::vocab::backward_rows_saved(z, v, t, pairs0, terms, &mut g);
-        let mut zi = c.z.clone();
-        let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, pairs0, terms);
-        bp0.push((r, g, ri, zi));
-    }
-    // And from the KL(q‖p) direction's states, which record KL(p‖q) = +∞ (`u = +∞`) where
-    // that direction accepts a teacher masked where the student is not.
-    let pairs_qp = &kls0[1].3;
-    let mut bq0 = Vec::new();
-    for terms in &term_sets {
-        let mut g = grad();
-        let r = grpo_core::vocab::backward_rows_saved(z, v, t, pairs_qp, terms, &mut g);
-        let mut zi = c.z.clone();
-        let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, pairs_qp, terms);
-        bq0.push((r, g, ri, zi));
-    }
+    // From each direction's states: the KL(q‖p) direction's record KL(p‖q) = +∞ (`u = +∞`)
+    // where that direction accepts a teacher masked where the student is not.
+    let from_states = |states: &[PairState]| {
+        let mut out = Vec::new();
+        for terms in &term_sets {
+            let mut g = grad();
+            let r = grpo_core::vocab::backward_rows_saved(z, v, t, states, terms, &mut g);
+            let mut zi = c.z.clone();
+            let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, states, terms);
+            out.push((r, g, ri, zi));
+        }
+        out
+    };
+    let (pairs0, pairs_qp) = (&kls0[0].3, &kls0[1].3);
+    let (bp0, bq0) = (from_states(pairs0), from_states(pairs_qp));
 
     let untouched = |x: &[f32]| x.iter().all(|v| v.to_bits() == SENTINEL.to_bits());
     let mut errors = 0;
@@ -518,42 +513,36 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
             assert_eq!(pair_bits(&st), pair_bits(st_ref), "pair states {d:?} {tag}");
         }
         for (k, terms) in term_sets.iter().enumerate() {
-            let (r_ref, g_ref, ri_ref, zi_ref) = &bp0[k];
-            let mut g = grad();
-            let r = cpu.backward_rows_saved(z, v, t, pairs0, terms, &mut g);
-            assert_eq!(&r, r_ref, "pair-saved backward {k} {tag}");
-            assert_eq!(bits(&g), bits(g_ref), "pair-saved backward {k} {tag}");
-            let mut zi = c.z.clone();
-            let ri = cpu.backward_rows_in_place_saved(&mut zi, v, t, pairs0, terms);
-            assert_eq!(&ri, ri_ref, "pair-saved backward_in_place {k} {tag}");
-            assert_eq!(
-                bits_s(&zi),
-                bits_s(zi_ref),
-                "pair-saved backward_in_place {k} {tag}"
-            );
-            let (rq_ref, gq_ref, riq_ref, ziq_ref) = &bq0[k];
-            let mut gq = grad();
-            let rq = cpu.backward_rows_saved(z, v, t, pairs_qp, terms, &mut gq);
-            assert_eq!(&rq, rq_ref, "KL(q‖p)-saved backward {k} {tag}");
-            assert_eq!(bits(&gq), bits(gq_ref), "KL(q‖p)-saved backward {k} {tag}");
-            let mut ziq = c.z.clone();
-            let riq = cpu.backward_rows_in_place_saved(&mut ziq, v, t, pairs_qp, terms);
-            assert_eq!(&riq, riq_ref, "KL(q‖p)-saved backward_in_place {k} {tag}");
-            assert_eq!(
-                bits_s(&ziq),
-                bits_s(ziq_ref),
-                "KL(q‖p)-saved backward_in_place {k} {tag}"
-            );
+            // From each direction's states: the same Err, or the same bits.
+            let mut outs = Vec::new();
+            for (states, refs, from) in [(pairs0, &bp0, "KL(p‖q)"), (pairs_qp, &bq0, "KL(q‖p)")]
+            {
+                let (r_ref, g_ref, ri_ref, zi_ref) = &refs[k];
+                let mut g = grad();
+                let r = cpu.backward_rows_saved(z, v, t, states, terms, &mut g);
+                assert_eq!(&r, r_ref, "{from}-saved backward {k} {tag}");
+                assert_eq!(bits(&g), bits(g_ref), "{from}-saved backward {k} {tag}");
+                let mut zi = c.z.clone();
+                let ri = cpu.backward_rows_in_place_saved(&mut zi, v, t, states, terms);
+                assert_eq!(&ri, ri_ref, "{from}-saved backward_in_place {k} {tag}");
+                assert_eq!(
+                    bits_s(&zi),
+                    bits_s(zi_ref),
+                    "{from}-saved backward_in_place {k} {tag}"
+                );
+                outs.push((g, zi));
+            }
+            let (g, zi) = &outs[0];
             // From the states of a valid KL forward, the bits of the backward that recomputes
             // them — the KL term's in either direction, and the terms without one.
             if kls0[0].1.is_ok() && b0[k].0.is_ok() {
                 assert_eq!(
-                    bits(&g),
+                    bits(g),
                     bits(&b0[k].1),
                     "pair-saved vs recomputed {k} {tag}"
                 );
                 assert_eq!(
-                    bits_s(&zi),
+                    bits_s(zi),
                     bits_s(&b0[k].3),
                     "pair-saved vs recomputed {k} {tag}"
                 );
