@@ -482,6 +482,31 @@ fuzz_target!(|inp: Input| {
     let from = (&pairs[..], &poisoned_pairs[..], res_kl.is_ok());
     from_saved(&z, vocab, temperature, from, &terms, (r_full, &g));
 
+    // A KL(p‖q) term from the KL(q‖p) direction's states, which record an infinite KL(p‖q) as
+    // u = +∞: accepted only where the recomputing backward accepts it, and then with its
+    // bits; refused with the gradient untouched.
+    if terms
+        .kl
+        .is_some_and(|k| k.direction == KlDirection::StudentTeacher)
+    {
+        let mut qp = vec![PairState::EMPTY; rows];
+        let mut o = fresh(rows);
+        let qp_dir = KlDirection::TeacherStudent;
+        if kl_rows_saved(&z, &w, vocab, temperature, qp_dir, &mut o, &mut qp).is_ok() {
+            let mut gq = fresh(z.len());
+            match backward_rows_saved(&z, vocab, temperature, &qp, &terms, &mut gq) {
+                Ok(()) => {
+                    assert!(
+                        r_full.is_ok(),
+                        "KL(q‖p) states served a refused KL(p‖q) term"
+                    );
+                    assert_eq!(raw(&gq), raw(&g));
+                }
+                Err(_) => assert_eq!(raw(&gq), raw(&fresh(z.len()))),
+            }
+        }
+    }
+
     if inp.bf16 {
         let mut zb: Vec<half::bf16> = z.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let before = raw(&zb);

@@ -591,7 +591,8 @@ mod tests {
             // the empty row, so `All` is checked with ClampOne (TRL's grpo).
             (AggMode::SeqMeanTokenMean, 4.0, 8.0 / 3.0),
             (AggMode::Luspo, 8.0, 16.0 / 3.0),
-            // Dr. GRPO ÷(B·L): verl's newer form divides by the non-empty rows too.
+            // Dr. GRPO ÷(B·L) with B the non-empty rows (SeqCount applies wherever B does;
+            // the Verl preset itself forces verl's ÷L without B).
             (
                 AggMode::SeqMeanTokenSumNorm {
                     max_len: Some(4),

@@ -152,6 +152,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         elapsed_s: t.elapsed(),
         held_out_acc: Some(warmup_acc),
         reward: f64::NAN,
+        entropy: f64::NAN,
+        clip_frac: f64::NAN,
+        loss: f64::NAN,
         ..Default::default()
     }];
     let bar = ProgressBar::new(cfg.steps as u64)

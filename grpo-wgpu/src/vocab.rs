@@ -975,8 +975,10 @@ impl<'c> VocabKernel<'c> {
     /// tolerance of the KL, not grpo-core's bits. It does not depend on `direction` (the
     /// support check does), except where KL(p‖q) is +∞ under `TeacherStudent`: `u = +∞`
     /// there, as grpo-core records it; [`canon::finish_kl`](grpo_core::vocab::canon::finish_kl)
-    /// gives both directions from it. Rows the shader flags are computed by grpo-core on the host,
-    /// as in [`VocabKernel::kl`], their states included. Any backend's backward takes the
+    /// gives both directions from it (KL(q‖p) from a `StudentTeacher` state where it is +∞
+    /// comes out huge but finite, from the −2^64 floor, as in grpo-core). Rows the shader flags
+    /// are computed by grpo-core on the host, as in [`VocabKernel::kl`], their states included
+    /// — except a `TeacherStudent` call's rows of infinite KL(p‖q), marked here. Any backend's backward takes the
     /// states: grpo-core's and grpo-cpu's `backward_rows_saved` as well as this one.
     ///
     /// ```
@@ -1204,8 +1206,9 @@ impl<'c> VocabKernel<'c> {
     /// With `p = softmax(student/T)`, `q = softmax(teacher/T)` and the mixture
     /// `m = β q + (1 − β) p`, `out[r] = JSD_β = β KL(q‖m) + (1 − β) KL(p‖m)`
     /// `= Σ_v β q_v (log q_v − log m_v) + (1 − β) p_v (log p_v − log m_v)` for `0 < β < 1`
-    /// (TRL's GKD loss uses the same definition; its endpoints β = 0 and β = 1 are the KL
-    /// divergences: use [`VocabKernel::kl`]). `rows = out.len()`; both slices are `[rows,
+    /// (TRL's GKD loss uses the same definition; `JSD_β` tends to 0 at both ends, and TRL's
+    /// code computes at β = 0 and β = 1 the limits of `JSD_β/β` and `JSD_β/(1 − β)`, KL(q‖p)
+    /// and KL(p‖q): use [`VocabKernel::kl`] for those). `rows = out.len()`; both slices are `[rows,
     /// vocab]`, row-major. −∞ logits (masked entries) are allowed in either row, so the result is
     /// always finite, in `[0, −β ln β − (1 − β) ln(1 − β)]`; grpo-core clamps the sum at 0 and so
     /// does this kernel. One dispatch, two reads of each row (the row statistics, then the terms).
@@ -2732,6 +2735,13 @@ impl<'c> VocabKernel<'c> {
                 g[r]
             });
             let c = st.coef(tau, g_lp, g_h, g_kl);
+            // The shader reads `kl` only for a KL(p‖q) term, which `check_kl_term` refused on
+            // a state whose KL(p‖q) is +∞: no infinity is uploaded (WGSL may assume none).
+            let pq_term = matches!(
+                terms.kl.as_ref().map(|k| k.direction),
+                Some(KlDirection::StudentTeacher)
+            );
+            let kl = if pq_term { c.kl } else { 0.0 };
             coef.extend_from_slice(&[
                 c.p.max,
                 c.p.neg_ln_sum,
@@ -2741,7 +2751,7 @@ impl<'c> VocabKernel<'c> {
                 c.g_kl,
                 c.q.max,
                 c.q.neg_ln_sum,
-                c.kl,
+                kl,
                 0.0,
                 0.0,
                 0.0,

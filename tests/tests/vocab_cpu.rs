@@ -279,9 +279,9 @@ fn check_all<S: Storage + std::fmt::Debug, U: Storage + std::fmt::Debug>(
         let ri = grpo_core::vocab::backward_rows_in_place_saved(&mut zi, v, t, &saved0, terms);
         bs0.push((r, g, ri, zi));
     }
-    // The KL forwards that save their pair states (the same states either way), and the
-    // backwards from the KL(p‖q) direction's with every term set (`EMPTY` states where it
-    // failed).
+    // The KL forwards that save their pair states (the same states either way, except the
+    // u = +∞ a KL(q‖p) call records where KL(p‖q) is infinite), and the backwards from each
+    // direction's with every term set (`EMPTY` states where it failed).
     let mut kls0 = Vec::new();
     for d in [KlDirection::StudentTeacher, KlDirection::TeacherStudent] {
         let (mut o, mut st) = (out(), vec![PairState::EMPTY; rows]);

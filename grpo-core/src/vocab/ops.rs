@@ -754,7 +754,10 @@ pub fn kl_rows<S: super::Logit, U: super::Logit>(
 /// (`u`, `v`) — from which both log-softmaxes, both entropies and both KL directions follow
 /// ([`canon::finish_lse`], [`canon::finish_kl`]), except that a `TeacherStudent` call records
 /// `u = +∞` where the teacher is −∞ and the student is not (below). The KL values are those of
-/// [`kl_rows`], bit for bit.
+/// [`kl_rows`], bit for bit. The other direction's KL from a state is exact where it is finite;
+/// where KL(q‖p) is +∞ (the student −∞ where the teacher is not), a `StudentTeacher` state
+/// gives a huge finite value from the −2^64 floor of the log-ratios, not +∞ (its gradient
+/// `(p_v − q_v)/T` is finite, so the backward needs no marker there).
 ///
 /// The student half of a state (`PairState::student`) is the student row's own
 /// [`LseState`], so the student's log-probabilities and entropies follow from it with the
