@@ -448,11 +448,27 @@ fn run<L: LogitStorage>(test: &str, dtype: Dtype, conv: fn(f32) -> L) {
     let Some(ctx) = gpu::context(test) else {
         return;
     };
+    let k = VocabKernel::new(ctx);
     if L::DTYPE == grpo_wgpu::LogitDtype::F16 && !ctx.supports_f16() {
-        eprintln!("{test}: SKIPPED (the adapter has no SHADER_F16)");
+        // Without SHADER_F16 the saving forward must say so, its states untouched.
+        let mut saved = [LseState::EMPTY];
+        let mut lse = [7.0f32];
+        let out = ForwardOut {
+            lse: Some(&mut lse),
+            logp: None,
+            entropy: None,
+        };
+        let r = k.forward_saved(&[conv(0.0)], 1, &[0], 1.0, out, &mut saved);
+        assert_eq!(
+            r,
+            Err(GpuError::MissingFeature {
+                feature: "SHADER_F16"
+            })
+        );
+        assert_eq!((saved, lse), ([LseState::EMPTY], [7.0]));
+        eprintln!("{test}: the adapter lacks SHADER_F16; checked the error instead");
         return;
     }
-    let k = VocabKernel::new(ctx);
     WORST.with(|w| w.set(0.0));
     gpu::runner()
         .run(&case(), |c| check_case(&k, &c, dtype, conv))
