@@ -379,6 +379,35 @@ fn o32(x: Option<f64>) -> Option<f32> {
     x.map(|x| x as f32)
 }
 
+/// A loss signature: configuration, inputs, value and gradient out.
+type LossFn<C, T> = fn(
+    &C,
+    &PolicyInputs<'_, T>,
+    &mut [T],
+    &mut [T],
+) -> grpo_core::Result<grpo_core::loss::LossDiagnostics<T>>;
+
+/// One entry of [`losses`]: the loss in f64 with `c` and in f32 with `c32`.
+fn entry<C: std::fmt::Debug + 'static, D: 'static>(
+    name: &str,
+    c: C,
+    c32: D,
+    reference: Reference<'static>,
+    f64_loss: LossFn<C, f64>,
+    f32_loss: LossFn<D, f32>,
+) -> (String, Reference<'static>, Run64, Run32) {
+    (
+        format!("{name} {c:?}"),
+        reference,
+        Box::new(move |b, v, g| {
+            f64_loss(&c, &b.inputs(), v, g).unwrap();
+        }),
+        Box::new(move |b, v, g| {
+            f32_loss(&c32, &b.inputs(), v, g).unwrap();
+        }),
+    )
+}
+
 fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
     let mut v: Vec<(String, Reference<'static>, Run64, Run32)> = Vec::new();
     for c in ppo_cfgs() {
@@ -388,16 +417,7 @@ fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
             delta_cap: o32(c.delta_cap),
             log_ratio_clamp: o32(c.log_ratio_clamp),
         };
-        v.push((
-            format!("ppo_clip {c:?}"),
-            ppo_ref(c),
-            Box::new(move |b, v, g| {
-                ppo_clip(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                ppo_clip(&c32, &b.inputs(), v, g).unwrap();
-            }),
-        ));
+        v.push(entry("ppo_clip", c, c32, ppo_ref(c), ppo_clip, ppo_clip));
     }
     for c in gspo_cfgs() {
         let c32 = GspoConfig {
@@ -406,31 +426,20 @@ fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
             delta_cap: o32(c.delta_cap),
             log_ratio_clamp: o32(c.log_ratio_clamp),
         };
-        v.push((
-            format!("gspo {c:?}"),
-            gspo_ref(c),
-            Box::new(move |b, v, g| {
-                gspo(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                gspo(&c32, &b.inputs(), v, g).unwrap();
-            }),
-        ));
+        v.push(entry("gspo", c, c32, gspo_ref(c), gspo, gspo));
     }
     for c in gspo_token_cfgs() {
         let c32 = GspoTokenConfig {
             bounds: b32(c.bounds),
             seq_log_ratio_max: o32(c.seq_log_ratio_max),
         };
-        v.push((
-            format!("gspo_token {c:?}"),
+        v.push(entry(
+            "gspo_token",
+            c,
+            c32,
             gspo_token_ref(c),
-            Box::new(move |b, v, g| {
-                gspo_token(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                gspo_token(&c32, &b.inputs(), v, g).unwrap();
-            }),
+            gspo_token,
+            gspo_token,
         ));
     }
     for c in gmpo_cfgs() {
@@ -440,16 +449,7 @@ fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
             log_ratio_clamp: o32(c.log_ratio_clamp),
             mean_eps: c.mean_eps as f32,
         };
-        v.push((
-            format!("gmpo {c:?}"),
-            gmpo_ref(c),
-            Box::new(move |b, v, g| {
-                gmpo(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                gmpo(&c32, &b.inputs(), v, g).unwrap();
-            }),
-        ));
+        v.push(entry("gmpo", c, c32, gmpo_ref(c), gmpo, gmpo));
     }
     for c in sapo_cfgs() {
         let c32 = SapoConfig {
@@ -457,16 +457,7 @@ fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
             tau_neg: c.tau_neg as f32,
             log_ratio_clamp: o32(c.log_ratio_clamp),
         };
-        v.push((
-            format!("sapo {c:?}"),
-            sapo_ref(c),
-            Box::new(move |b, v, g| {
-                sapo(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                sapo(&c32, &b.inputs(), v, g).unwrap();
-            }),
-        ));
+        v.push(entry("sapo", c, c32, sapo_ref(c), sapo, sapo));
     }
     for c in cispo_cfgs() {
         let c32 = CispoConfig {
@@ -476,16 +467,7 @@ fn losses() -> Vec<(String, Reference<'static>, Run64, Run32)> {
             },
             log_ratio_clamp: o32(c.log_ratio_clamp),
         };
-        v.push((
-            format!("cispo {c:?}"),
-            cispo_ref(c),
-            Box::new(move |b, v, g| {
-                cispo(&c, &b.inputs(), v, g).unwrap();
-            }),
-            Box::new(move |b, v, g| {
-                cispo(&c32, &b.inputs(), v, g).unwrap();
-            }),
-        ));
+        v.push(entry("cispo", c, c32, cispo_ref(c), cispo, cispo));
     }
     v
 }
