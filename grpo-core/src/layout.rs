@@ -344,6 +344,17 @@ impl<'a> Tokens<'a> {
 
     /// Index of the first valid position whose value is not finite, if any (garbage in invalid
     /// positions is allowed and never inspected).
+    ///
+    /// ```
+    /// use grpo_core::Tokens;
+    /// // Two rows of width 3; row 0's last position is padding.
+    /// let mask = [true, true, false, true, true, true];
+    /// let t = Tokens::padded(2, 3, Some(&mask));
+    /// // The NaN under the padding is never read; the +∞ at position 4 is the first found.
+    /// let v = [0.5f32, 1.0, f32::NAN, 2.0, f32::INFINITY, f32::NAN];
+    /// assert_eq!(t.first_non_finite(&v), Some(4));
+    /// assert_eq!(t.first_non_finite(&[0.0f32, 1.0, f32::NAN, 2.0, 3.0, 4.0]), None);
+    /// ```
     pub fn first_non_finite<T: crate::Real>(&self, values: &[T]) -> Option<usize> {
         (0..self.num_sequences())
             .find_map(|i| self.valid_positions(i).find(|&t| !values[t].is_finite()))

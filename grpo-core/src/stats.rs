@@ -65,6 +65,15 @@ impl<T: Real> Moments<T> {
     }
 
     /// Moments of a slice (Welford, in index order).
+    ///
+    /// ```
+    /// use grpo_core::stats::{Bessel, Moments};
+    /// // [2, 4, 6]: mean 4, Σ(x − 4)² = 8, so variance 8/3 (population) or 8/2 = 4 (unbiased).
+    /// let m = Moments::<f64>::from_slice(&[2.0, 4.0, 6.0]);
+    /// assert_eq!((m.n, m.mean, m.m2), (3, 4.0, 8.0));
+    /// assert_eq!(m.std(Bessel::Unbiased), Some(2.0));
+    /// assert_eq!(Moments::<f64>::from_slice(&[7.0]).variance(Bessel::Unbiased), None);
+    /// ```
     pub fn from_slice(xs: &[T]) -> Self {
         Self::from_iter(xs.iter().copied())
     }

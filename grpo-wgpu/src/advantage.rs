@@ -269,6 +269,37 @@ impl<'c> AdvantageKernel<'c> {
     /// (`Scale::Batch`, TRL scale_rewards="batch"), or no division (`Scale::None`, Dr.GRPO);
     /// singleton rule, NaN policy, Bessel choice and variance floor as configured.
     ///
+    /// ```
+    /// use grpo_core::advantage::ZScoreConfig;
+    /// use grpo_core::{Error, Groups, Preset};
+    /// use grpo_wgpu::{AdvantageKernel, GpuContext, GpuError};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = AdvantageKernel::new(&ctx);
+    /// // Groups [3, 1, 0, 0] and [0.5, 0.5]; default ε = 1e-6, σ unbiased. Group 0: μ = 1,
+    /// // var = (4 + 0 + 1 + 1)/3 = 2: A = (2, 0, −1, −1)/(√2 + 1e-6) = (1.4142126, 0, −0.7071063,
+    /// // −0.7071063). Group 1 has no spread: exactly 0.
+    /// let (scores, groups) = ([3.0f32, 1.0, 0.0, 0.0, 0.5, 0.5], Groups::Offsets(&[0, 4, 6]));
+    /// let mut adv = [9.0f32; 6];
+    /// let d = k.zscore(&scores, groups, &ZScoreConfig::default(), &mut adv)?;
+    /// let want = [1.4142126, 0.0, -0.7071063, -0.7071063, 0.0, 0.0];
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// assert_eq!((adv[4], adv[5], d.zero_variance_groups), (0.0, 0.0, 1));
+    /// // Dr. GRPO (no division): A = s − μ = (2, 0, −1, −1, 0, 0), μ within rounding (Welford).
+    /// k.zscore(&scores, groups, &ZScoreConfig::dr_grpo(), &mut adv)?;
+    /// let want = [2.0, 0.0, -1.0, -1.0, 0.0, 0.0];
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// // OpenRLHF refuses a singleton group (its n − 1 = 0 would give NaN); `adv` is untouched.
+    /// let cfg = ZScoreConfig::from_preset(Preset::OpenRlhf);
+    /// let e = k.zscore(&[1.0, 0.0, 2.0], Groups::Offsets(&[0, 2, 3]), &cfg, &mut adv[..3]);
+    /// assert_eq!(e, Err(GpuError::Core(Error::GroupTooSmall { group: 1, needed: 2, found: 1 })));
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
     pub fn zscore(
@@ -326,6 +357,32 @@ impl<'c> AdvantageKernel<'c> {
     /// RLOO, grpo-core's [`grpo_core::advantage::rloo()`]:
     /// `A_i = s_i − mean_{j≠i} s_j = (s_i − μ)·n/(n − 1)`; singleton per the config (verl loop:
     /// `A = s`).
+    ///
+    /// ```
+    /// use grpo_core::advantage::RlooConfig;
+    /// use grpo_core::{Error, Groups, Preset};
+    /// use grpo_wgpu::{AdvantageKernel, GpuContext, GpuError};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = AdvantageKernel::new(&ctx);
+    /// // Group [3, 1, 2]: 3 − (1 + 2)/2 = 1.5, 1 − (3 + 2)/2 = −1.5, 2 − (3 + 1)/2 = 0
+    /// // (= (s − 2)·3/2); the singleton [5] gets 0 by default.
+    /// let (scores, groups) = ([3.0f32, 1.0, 2.0, 5.0], Groups::Offsets(&[0, 3, 4]));
+    /// let mut adv = [9.0f32; 4];
+    /// let d = k.rloo(&scores, groups, &RlooConfig::default(), &mut adv)?;
+    /// assert_eq!((adv, d.singleton_groups), ([1.5, -1.5, 0.0, 0.0], 1));
+    /// // verl's loop keeps a singleton's score (baseline 0).
+    /// k.rloo(&scores, groups, &RlooConfig::from_preset(Preset::Verl), &mut adv)?;
+    /// assert_eq!(adv, [1.5, -1.5, 0.0, 5.0]);
+    /// // OpenRLHF refuses the singleton (it would divide by n − 1 = 0); `adv` is untouched.
+    /// let e = k.rloo(&scores, groups, &RlooConfig::from_preset(Preset::OpenRlhf), &mut adv);
+    /// assert_eq!(e, Err(GpuError::Core(Error::GroupTooSmall { group: 1, needed: 2, found: 1 })));
+    /// assert_eq!(adv, [1.5, -1.5, 0.0, 5.0]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
@@ -453,6 +510,32 @@ impl<'c> AdvantageKernel<'c> {
     /// GOPO [2602.03876], grpo-core's [`grpo_core::advantage::rank::gopo`]:
     /// `A = 2 − 4(rank − 1)/(G − 1)`, rank 1 = best, among the scorable members; ties per config.
     ///
+    /// ```
+    /// use grpo_core::advantage::rank::GopoConfig;
+    /// use grpo_core::stats::TiePolicy;
+    /// use grpo_core::{Error, Groups};
+    /// use grpo_wgpu::{AdvantageKernel, GpuContext, GpuError};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = AdvantageKernel::new(&ctx);
+    /// // Average ties. [0.1, 0.9, 0.5]: ranks 3, 1, 2, A = 2 − 2(rank − 1) = −2, 2, 0.
+    /// // [1, 3, 3, 0]: ranks 3, 1.5, 1.5, 4, A = 2 − (4/3)(rank − 1) = −2/3, 4/3, 4/3, −2.
+    /// let cfg = GopoConfig { ties: TiePolicy::Average, ..GopoConfig::default() };
+    /// let scores = [0.1f32, 0.9, 0.5, 1.0, 3.0, 3.0, 0.0];
+    /// let mut adv = [9.0f32; 7];
+    /// k.gopo(&scores, Groups::Offsets(&[0, 3, 7]), &cfg, &mut adv)?;
+    /// let want = [-2.0, 2.0, 0.0, -2.0 / 3.0, 4.0 / 3.0, 4.0 / 3.0, -2.0];
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// // A group of one has nothing to rank against: an error, and `adv` is untouched.
+    /// let e = k.gopo(&scores, Groups::Offsets(&[0, 1, 7]), &cfg, &mut adv);
+    /// assert_eq!(e, Err(GpuError::Core(Error::GroupTooSmall { group: 0, needed: 2, found: 1 })));
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's (a group of fewer than 2 members is `GroupTooSmall`).
     pub fn gopo(
@@ -468,7 +551,35 @@ impl<'c> AdvantageKernel<'c> {
 
     /// G²RPO [2604.08539], grpo-core's [`grpo_core::advantage::rank::g2rpo`]: normal scores
     /// `Φ⁻¹((2r − 1)/(2G))` of the ascending ranks, averaged over tie blocks; mean exactly 0.
-    /// Φ⁻¹ is evaluated in f32 here (see the tolerance table).
+    /// The normal scores come from the host (grpo-core's f64 Φ⁻¹ rounded to f32); the GPU
+    /// ranks, averages the scores of tie blocks in f32 and writes them (see the tolerance table).
+    ///
+    /// ```
+    /// use grpo_core::advantage::rank::G2rpoConfig;
+    /// use grpo_core::{Error, Groups};
+    /// use grpo_wgpu::{AdvantageKernel, GpuContext, GpuError};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = AdvantageKernel::new(&ctx);
+    /// // [0.5, 0, 0.9, 0.2]: ascending ranks 3, 1, 4, 2, A = Φ⁻¹((2r − 1)/8) with
+    /// // Φ⁻¹(1/8) = −1.1503494, Φ⁻¹(3/8) = −0.3186394. [0, 0, 1]: ranks 1–2 tie and share
+    /// // (Φ⁻¹(1/6) + Φ⁻¹(1/2))/2 = −0.9674216/2 = −0.4837108; rank 3 gets Φ⁻¹(5/6) = 0.9674216.
+    /// let scores = [0.5f32, 0.0, 0.9, 0.2, 0.0, 0.0, 1.0];
+    /// let mut adv = [9.0f32; 7];
+    /// k.g2rpo(&scores, Groups::Offsets(&[0, 4, 7]), &G2rpoConfig::default(), &mut adv)?;
+    /// let (q1, q3, t) = (1.1503494, 0.3186394, 0.9674216);
+    /// let want = [q3, -q1, q1, -q3, -t / 2.0, -t / 2.0, t];
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 2e-6));
+    /// // NaN is rejected by default (at its index); `adv` is untouched.
+    /// let cfg = G2rpoConfig::default();
+    /// let e = k.g2rpo(&[0.5, f32::NAN], Groups::Uniform(2), &cfg, &mut adv[..2]);
+    /// assert_eq!(e, Err(GpuError::Core(Error::NonFinite { what: "scores", index: 1 })));
+    /// assert!((adv[0] - q3).abs() < 2e-6 && (adv[1] + q1).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
@@ -495,6 +606,35 @@ impl<'c> AdvantageKernel<'c> {
     /// `A = (S − μ_batch)/(σ_batch + ε_b)`; under [`NanPolicy::Exclude`] a NaN reward is left
     /// out of its statistics and of `S`, and a sample of NaN rewards only gets 0, as in
     /// grpo-core.
+    ///
+    /// ```
+    /// use grpo_core::advantage::GdpoConfig;
+    /// use grpo_core::{Error, Groups};
+    /// use grpo_wgpu::{AdvantageKernel, GpuContext, GpuError};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = AdvantageKernel::new(&ctx);
+    /// // Two rewards per sample, weights (1, 0.5), ε_r = ε_b = 1e-4, σ unbiased. A pair (1, 0)
+    /// // has μ = 0.5, σ = √0.5: z = ±c, c = 0.5/(√0.5 + 1e-4) = 0.7070068; a tied pair z = 0.
+    /// // Group 0, (1, 0) and (0, 1): S = ±(c − c/2) = ±c/2. Group 1, (1, 1) and (1, 0): reward 0
+    /// // ties, S = ±c/2 from reward 1. Batch: μ = 0, σ = c/√3: A = ±(c/2)/(c/√3 + 1e-4)
+    /// // = ±0.8658133.
+    /// let rewards = [1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0];
+    /// let (weights, cfg) = ([1.0f32, 0.5], GdpoConfig::default());
+    /// let mut adv = [9.0f32; 4];
+    /// k.gdpo(&rewards, 2, &weights, Groups::Uniform(2), &cfg, &mut adv)?;
+    /// let want = [0.8658133, -0.8658133, 0.8658133, -0.8658133];
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// // One weight per reward: a third is a length mismatch, and `adv` is untouched.
+    /// let e = k.gdpo(&rewards, 2, &[1.0, 0.5, 1.0], Groups::Uniform(2), &cfg, &mut adv);
+    /// let mismatch = Error::LengthMismatch { what: "weights", expected: 2, found: 3 };
+    /// assert_eq!(e, Err(GpuError::Core(mismatch)));
+    /// assert!(adv.iter().zip(want).all(|(a, w)| (a - w).abs() < 1e-6));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input (no scratch is needed here).

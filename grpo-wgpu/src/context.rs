@@ -200,11 +200,15 @@ impl GpuContext {
     /// ```
     /// use std::time::Duration;
     /// use grpo_wgpu::{GpuContext, DEFAULT_TIMEOUT};
-    /// // Without an adapter there is nothing to configure.
-    /// let Ok(ctx) = GpuContext::new() else { return };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// assert_eq!(ctx.timeout(), Some(DEFAULT_TIMEOUT));
     /// ctx.set_timeout(Some(Duration::from_secs(20)));
     /// assert_eq!(ctx.timeout(), Some(Duration::from_secs(20)));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
     /// ```
     pub fn set_timeout(&self, timeout: Option<Duration>) {
         *self.timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
@@ -715,6 +719,35 @@ impl GpuContext {
     /// input resident on the device (no upload, no readback). The matching roofline is
     /// [`GpuContext::resident_copy`].
     ///
+    /// ```
+    /// use grpo_wgpu::{Arg, GpuContext, ShaderId};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // `copy.wgsl` over 32 bytes (two 16-byte words): the input is uploaded here, once.
+    /// let src: Vec<u8> = (0..32).collect();
+    /// let before = ctx.bytes_uploaded();
+    /// let r = ctx.resident(
+    ///     ShaderId::Copy,
+    ///     &[(0, Arg::In(&src)), (1, Arg::Out(32))],
+    ///     &[("copy", [1, 1, 1])],
+    /// )?;
+    /// assert_eq!((ctx.bytes_uploaded() - before, r.bytes()), (32, 64));
+    /// // Nothing has run yet: the output is wgpu's zero-initialised buffer.
+    /// assert_eq!(r.read(1)?, [0u8; 32]);
+    /// // Each run is one submission on the resident buffers: no upload, no readback (what a
+    /// // benchmark times; `r.bytes()` is the traffic it divides by).
+    /// r.run()?;
+    /// r.run()?;
+    /// assert_eq!(ctx.bytes_uploaded() - before, 32);
+    /// assert_eq!(r.read(1)?, src);
+    /// // Copy binds 0 and 1 only.
+    /// assert!(r.read(2).is_err());
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// As the kernels: a missing feature, a binding over the device limit
     /// ([`GpuError::TooLarge`]), or a buffer the device cannot create ([`GpuError::Device`]).
@@ -961,8 +994,9 @@ impl Resident<'_> {
     /// computes what the public operation computes. A copy's work has no bindings.
     ///
     /// # Errors
-    /// [`GpuError::Core`] (`InvalidParam { name: "binding" }`) for a binding the work does not
-    /// hold;
+    /// [`GpuError::Core`] (`InvalidParam { name: "binding" }`) for a binding outside the
+    /// shader's layout, or any binding of a copy's work (every binding of the layout is held:
+    /// one the operation leaves unused holds a 16-byte placeholder, which reads as zeros);
     /// [`GpuError::Device`] when the read-back fails; [`GpuError::Timeout`] past the context's
     /// limit ([`GpuContext::set_timeout`]).
     pub fn read(&self, binding: u32) -> Result<Vec<u8>> {

@@ -285,6 +285,46 @@ impl<'c> LossKernel<'c> {
     /// PPO-clip (GRPO, DAPO clip-higher, ATR-GRPO with `RatioBounds::kl3`, dual-clip, δ cap),
     /// grpo-core's [`grpo_core::loss::ppo_clip`]: `L = −min(ρA, clip(ρ)A)`.
     ///
+    /// ```
+    /// use grpo_core::loss::{PolicyInputs, PpoClipConfig};
+    /// use grpo_core::{Preset, Tokens};
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // x = lp − old, A, bounds [0.8, 1.2]:
+    /// // x = 0.5, A = 1: ρ = e^{0.5} = 1.6487213 > 1.2 → L = −1.2, gradient 0 (clipped high);
+    /// // x = 0.1, A = 1: ρ = e^{0.1} = 1.1051709 inside → L = ∂L/∂lp = −A·ρ = −1.1051709;
+    /// // x = −0.5, A = −2: ρ = 0.6065307 < 0.8 → L = −min(−2ρ, −2·0.8) = 1.6, gradient 0
+    /// // (clipped low);
+    /// // x = 2, A = −1: ρ = e² = 7.3890561 > 1.2 but A < 0: L = −min(−ρ, −1.2) = ρ,
+    /// // ∂L/∂lp = −A·ρ = ρ.
+    /// let lp = [0.5f32, 0.1, -0.5, 2.0];
+    /// let old = [0.0f32; 4];
+    /// let adv = [1.0f32, 1.0, -2.0, -1.0];
+    /// let tokens = Tokens::padded(1, 4, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let (mut v, mut g) = ([0.0f32; 4], [0.0f32; 4]);
+    /// let d = k.ppo_clip(&PpoClipConfig::default(), &inp, &mut v, &mut g)?;
+    /// assert!((v[0] + 1.2).abs() < 1e-6 && g[0] == 0.0);
+    /// assert!((v[1] + 1.1051709).abs() < 1e-6 && (g[1] + 1.1051709).abs() < 1e-6);
+    /// assert!((v[2] - 1.6).abs() < 1e-6 && g[2] == 0.0);
+    /// assert!((v[3] - 7.3890561).abs() < 1e-5 && (g[3] - 7.3890561).abs() < 1e-5);
+    /// assert_eq!((d.clipped_high, d.clipped_low, d.dual_clipped), (1, 1, 0));
+    /// // verl adds dual-clip c = 3: the last token's L = min(ρ, −c·A) = 3, gradient 0.
+    /// let verl = PpoClipConfig::from_preset(Preset::Verl);
+    /// let d = k.ppo_clip(&verl, &inp, &mut v, &mut g)?;
+    /// assert_eq!((v[3], g[3], d.dual_clipped), (3.0, 0.0, 1));
+    /// // A dual-clip constant ≤ 1 is grpo-core's error; nothing is written.
+    /// let bad = PpoClipConfig { dual_clip: Some(1.0), ..verl };
+    /// assert!(k.ppo_clip(&bad, &inp, &mut v, &mut g).is_err());
+    /// assert_eq!((v[3], g[3]), (3.0, 0.0));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
     pub fn ppo_clip(
@@ -380,6 +420,43 @@ impl<'c> LossKernel<'c> {
     /// CISPO, grpo-core's [`grpo_core::loss::cispo`]: `L = −sg(w)·A·lp` with
     /// `w = clamp(ρ, lo, hi)` (verl) or `min(ρ, ε_max)` (TRL).
     ///
+    /// ```
+    /// use grpo_core::loss::{CispoConfig, CispoWeight, PolicyInputs};
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // verl's w = clamp(ρ, 0.8, 1.2); every token keeps its gradient −w·A:
+    /// // x = 0.5, A = 1: ρ = 1.6487213 → w = 1.2, L = −1.2·(−0.5) = 0.6, ∂L/∂lp = −1.2;
+    /// // x = −0.1, A = 2: w = ρ = e^{−0.1} = 0.9048374, L = −2w·(−1) = 1.8096748,
+    /// // ∂L/∂lp = −1.8096748;
+    /// // x = −1, A = −1: ρ = 0.3678794 → w = 0.8, L = −0.8·(−1)·(−2) = −1.6, ∂L/∂lp = 0.8.
+    /// let lp = [-0.5f32, -1.0, -2.0];
+    /// let old = [-1.0f32, -0.9, -1.0];
+    /// let adv = [1.0f32, 2.0, -1.0];
+    /// let tokens = Tokens::padded(1, 3, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let (mut v, mut g) = ([0.0f32; 3], [0.0f32; 3]);
+    /// let d = k.cispo(&CispoConfig::default(), &inp, &mut v, &mut g)?;
+    /// let want = ([0.6f32, 1.8096748, -1.6], [-1.2f32, -1.8096748, 0.8]);
+    /// assert!((0..3).all(|t| (v[t] - want.0[t]).abs() < 1e-6 && (g[t] - want.1[t]).abs() < 1e-6));
+    /// assert_eq!((d.clipped_high, d.clipped_low), (1, 1));
+    /// // TRL's absolute cap ε_max = 1: w = min(ρ, 1) = (1, 0.9048374, 0.3678794), ∂L/∂lp = −w·A.
+    /// let trl = CispoConfig { weight: CispoWeight::Cap(1.0), log_ratio_clamp: None };
+    /// k.cispo(&trl, &inp, &mut v, &mut g)?;
+    /// let want = [-1.0f32, -1.8096748, 0.3678794];
+    /// assert!((0..3).all(|t| (g[t] - want[t]).abs() < 1e-6));
+    /// // A cap that is not > 0 is grpo-core's error; nothing is written.
+    /// let bad = CispoConfig { weight: CispoWeight::Cap(0.0), log_ratio_clamp: None };
+    /// assert!(k.cispo(&bad, &inp, &mut v, &mut g).is_err());
+    /// assert!((g[2] - 0.3678794).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
     pub fn cispo(
@@ -410,6 +487,37 @@ impl<'c> LossKernel<'c> {
 
     /// SAPO, grpo-core's [`grpo_core::loss::sapo`]: `L = −σ(τ(ρ − 1))·(4/τ)·A`.
     ///
+    /// ```
+    /// use grpo_core::loss::{PolicyInputs, SapoConfig};
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // τ = 1 for A > 0, 1.05 otherwise; z = τ(ρ − 1), ∂L/∂lp = −4A·σ(z)(1 − σ(z))·ρ:
+    /// // ρ = 1, A = 1: σ(0) = ½ → L = −2, ∂L/∂lp = −4·¼ = −1 (the unclipped objective's −A);
+    /// // ρ = 2, A = 1: σ(1) = 0.7310586 → L = −4σ = −2.9242343, ∂L/∂lp = −8σ(1 − σ) = −1.5728955;
+    /// // ρ = 2, A = −1: σ(1.05) = 0.7407749 → L = σ·4/1.05 = 2.8219996,
+    /// // ∂L/∂lp = 8σ(1 − σ) = 1.5362196.
+    /// let lp = [0.0f32, 2f32.ln(), 2f32.ln()];
+    /// let old = [0.0f32; 3];
+    /// let adv = [1.0f32, 1.0, -1.0];
+    /// let tokens = Tokens::padded(1, 3, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let (mut v, mut g) = ([0.0f32; 3], [0.0f32; 3]);
+    /// k.sapo(&SapoConfig::default(), &inp, &mut v, &mut g)?;
+    /// let want = ([-2.0f32, -2.9242343, 2.8219996], [-1.0f32, -1.5728955, 1.5362196]);
+    /// assert!((0..3).all(|t| (v[t] - want.0[t]).abs() < 2e-6 && (g[t] - want.1[t]).abs() < 2e-6));
+    /// // A temperature that is not > 0 is grpo-core's error; nothing is written.
+    /// let bad = SapoConfig { tau_neg: 0.0, ..SapoConfig::default() };
+    /// assert!(k.sapo(&bad, &inp, &mut v, &mut g).is_err());
+    /// assert!((v[0] + 2.0).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
     pub fn sapo(
@@ -436,6 +544,36 @@ impl<'c> LossKernel<'c> {
 
     /// REINFORCE / GPG / RGRA, grpo-core's [`grpo_core::loss::reinforce`]:
     /// `L = −sg(w)·A·lp` (`w = 1` without weights).
+    ///
+    /// ```
+    /// use grpo_core::{Error, Tokens};
+    /// use grpo_wgpu::{GpuContext, GpuError, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // w = 1: L = −A·lp = (−2·(−0.5), −(−1)·(−2)) = (1, −2), ∂L/∂lp = −A = (−2, 1); the masked
+    /// // position (any value, NaN included) gets 0.
+    /// let lp = [-0.5f32, -2.0, f32::NAN];
+    /// let adv = [2.0f32, -1.0, 2.0];
+    /// let mask = [true, true, false];
+    /// let tokens = Tokens::padded(1, 3, Some(&mask));
+    /// let (mut v, mut g) = ([9.0f32; 3], [9.0f32; 3]);
+    /// k.reinforce(&lp, &adv, None, tokens, &mut v, &mut g)?;
+    /// assert_eq!((v, g), ([1.0, -2.0, 0.0], [-2.0, 1.0, 0.0]));
+    /// // Detached weights w = (0.5, 1.5): L = (0.5, −3), ∂L/∂lp = −w·A = (−1, 1.5).
+    /// let w = [0.5f32, 1.5, f32::NAN];
+    /// k.reinforce(&lp, &adv, Some(&w), tokens, &mut v, &mut g)?;
+    /// assert_eq!((v, g), ([0.5, -3.0, 0.0], [-1.0, 1.5, 0.0]));
+    /// // A NaN weight at a valid position is grpo-core's error; nothing is written.
+    /// let bad = [f32::NAN, 1.0, 1.0];
+    /// let e = k.reinforce(&lp, &adv, Some(&bad), tokens, &mut v, &mut g);
+    /// assert_eq!(e.unwrap_err(), GpuError::Core(Error::NonFinite { what: "weights", index: 0 }));
+    /// assert_eq!(v, [0.5, -3.0, 0.0]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
@@ -505,8 +643,11 @@ impl<'c> LossKernel<'c> {
     /// use grpo_core::divergence::{KlEstimator, KlPenaltyConfig};
     /// use grpo_core::{Preset, Tokens};
     /// use grpo_wgpu::{GpuContext, LossKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = LossKernel::new(&ctx);
     /// let tokens = Tokens::padded(1, 1, None);
     /// let (mut v, mut g) = ([0.0f32], [0.0f32]);
@@ -646,6 +787,40 @@ impl<'c> LossKernel<'c> {
     /// it is added (no fused multiply-add is possible), so the scalar is bit-identical to
     /// grpo-core's; the parallelism is over sequences.
     ///
+    /// ```
+    /// use grpo_core::aggregate::{AggConfig, AggMode};
+    /// use grpo_core::{Preset, Tokens};
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // Two rows of width 2: row 0 holds the valid values (1, 3), row 1 holds 5 and padding.
+    /// let v = [1.0f32, 3.0, 5.0, f32::NAN];
+    /// let mask = [true, true, true, false];
+    /// let tokens = Tokens::padded(2, 2, Some(&mask));
+    /// let mut w = [9.0f32; 4];
+    /// // token-mean: (1 + 3 + 5)/3 = 3, w_t = 1/3 (0 at the padding).
+    /// let loss = k.aggregate(&AggConfig::default(), tokens, &v, &mut w)?;
+    /// assert!((loss - 3.0).abs() < 1e-6);
+    /// assert_eq!(w, [1.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0, 0.0]);
+    /// // verl's seq-mean-token-mean: ((1 + 3)/2 + 5/1)/2 = 3.5, w = (¼, ¼, ½, 0), exact in f32.
+    /// let cfg = AggConfig::from_preset(Preset::Verl, AggMode::SeqMeanTokenMean);
+    /// assert_eq!(k.aggregate(&cfg, tokens, &v, &mut w)?, 3.5);
+    /// assert_eq!(w, [0.25, 0.25, 0.5, 0.0]);
+    /// // Dr. GRPO: Σ/(B·L_max) = 9/(2·2) = 2.25, w_t = ¼.
+    /// let dr = AggMode::SeqMeanTokenSumNorm { max_len: None, divide_by_batch: true };
+    /// let cfg_dr = AggConfig::from_preset(Preset::Paper, dr);
+    /// assert_eq!(k.aggregate(&cfg_dr, tokens, &v, &mut w)?, 2.25);
+    /// // A NaN value at a valid position is grpo-core's error; `w` keeps Dr. GRPO's weights.
+    /// let bad = [1.0f32, f32::NAN, 5.0, 0.0];
+    /// assert!(k.aggregate(&cfg, tokens, &bad, &mut w).is_err());
+    /// assert_eq!(w, [0.25, 0.25, 0.25, 0.0]);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input (including `NonFinite { what: "aggregated loss" }`
     /// when the scalar overflows); `weights` is untouched on `Err`.
@@ -783,6 +958,38 @@ impl<'c> LossKernel<'c> {
     /// invocation per sequence (sums in token order, as grpo-core); [`LossLevel::Sequence`]
     /// diagnostics.
     ///
+    /// ```
+    /// use grpo_core::loss::{GspoConfig, LossLevel, PolicyInputs};
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // Two sequences of 2 tokens, A = 1, bounds [1 − 3e-4, 1 + 4e-4]:
+    /// // x = (0.0002, 0): x̄ = 0.0001, s = e^{0.0001} = 1.0001000 inside → L = −s = −1.0001000
+    /// // on both tokens, ∂L/∂lp_t = −A·s/n = −0.5000500;
+    /// // x = (0.002, 0): x̄ = 0.001, s = e^{0.001} = 1.0010005 > 1.0004 → L = −1.0004, gradient 0.
+    /// let lp = [0.0002f32, 0.0, 0.002, 0.0];
+    /// let old = [0.0f32; 4];
+    /// let adv = [1.0f32; 4];
+    /// let tokens = Tokens::padded(2, 2, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let (mut v, mut g) = ([0.0f32; 4], [0.0f32; 4]);
+    /// let d = k.gspo(&GspoConfig::default(), &inp, &mut v, &mut g)?;
+    /// assert_eq!(d.level, LossLevel::Sequence);
+    /// let want = ([-1.0001f32, -1.0001, -1.0004, -1.0004], [-0.500050f32, -0.500050, 0.0, 0.0]);
+    /// assert!((0..4).all(|t| (v[t] - want.0[t]).abs() < 2e-6 && (g[t] - want.1[t]).abs() < 1e-6));
+    /// assert_eq!(d.clipped_high, 2);
+    /// // A dual-clip constant ≤ 1 is grpo-core's error; nothing is written.
+    /// let bad = GspoConfig { dual_clip: Some(1.0), ..GspoConfig::default() };
+    /// assert!(k.gspo(&bad, &inp, &mut v, &mut g).is_err());
+    /// assert!((v[0] + 1.0001).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
     pub fn gspo(
@@ -826,6 +1033,40 @@ impl<'c> LossKernel<'c> {
     /// GSPO-token (verl `gspo`), grpo-core's [`grpo_core::loss::gspo_token`]:
     /// `r_t = exp(min(x̄_i, max))` with the token's own gradient path (`∂r_t/∂lp_t = r_t`, 0 when
     /// clamped), `L_t = −min(r_t·A_t, clip(r_t)·A_t)`. One invocation per sequence.
+    ///
+    /// ```
+    /// use grpo_core::loss::{GspoTokenConfig, LossLevel, PolicyInputs};
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // x = (0.0004, −0.0002), A = (1, 1): x̄ = 0.0001, r = e^{0.0001} = 1.0001000 inside the
+    /// // clip: L = −r and ∂L/∂lp = −A·r = −1.0001000 on both tokens (GSPO's sequence form has
+    /// // −s/n); x = (0.002, 0), A = (1, −1): x̄ = 0.001, r = e^{0.001} = 1.0010005 > 1.0004:
+    /// // A = 1 is clipped (L = −1.0004, gradient 0); A = −1 keeps the unclipped branch,
+    /// // L = −min(−r, −1.0004) = r, ∂L/∂lp = −A·r = r.
+    /// let lp = [0.0004f32, -0.0002, 0.002, 0.0];
+    /// let old = [0.0f32; 4];
+    /// let adv = [1.0f32, 1.0, 1.0, -1.0];
+    /// let tokens = Tokens::padded(2, 2, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let (mut v, mut g) = ([0.0f32; 4], [0.0f32; 4]);
+    /// let d = k.gspo_token(&GspoTokenConfig::default(), &inp, &mut v, &mut g)?;
+    /// assert_eq!(d.level, LossLevel::Token);
+    /// let (r0, r1) = (1.0001f32, 1.0010005f32);
+    /// let want = ([-r0, -r0, -1.0004, r1], [-r0, -r0, 0.0, r1]);
+    /// assert!((0..4).all(|t| (v[t] - want.0[t]).abs() < 2e-6 && (g[t] - want.1[t]).abs() < 2e-6));
+    /// assert_eq!((d.clipped_high, d.clamped), (1, 0));
+    /// // A log-ratio maximum that is not > 0 is grpo-core's error; nothing is written.
+    /// let bad = GspoTokenConfig { seq_log_ratio_max: Some(0.0), ..GspoTokenConfig::default() };
+    /// assert!(k.gspo_token(&bad, &inp, &mut v, &mut g).is_err());
+    /// assert!((v[3] - 1.0010005).abs() < 2e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
@@ -899,8 +1140,11 @@ impl<'c> LossKernel<'c> {
     /// use grpo_core::Tokens;
     /// use grpo_core::is_correction::{IsConfig, IsLevel};
     /// use grpo_wgpu::{GpuContext, LossKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = LossKernel::new(&ctx);
     /// // One sequence, r = [ln 0.25, ln 2, ln 10]: geometric mean 5^{1/3} ≈ 1.71 ∈ [0.5, 5],
     /// // so seq-mask-tis keeps the token weights unclamped, ≈ [0.25, 2, 10].
@@ -1021,6 +1265,35 @@ impl<'c> LossKernel<'c> {
     /// both orders are within `(n − 1)·2⁻²⁴` relative of the exact sum of positive terms, on top
     /// of WGSL's exp (tolerance table, `EssSums`).
     ///
+    /// ```
+    /// use grpo_core::loss::{P3oConfig, PolicyInputs};
+    /// use grpo_core::{Error, Tokens};
+    /// use grpo_wgpu::{GpuContext, GpuError, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // Two rows of width 2, the last position padding (its NaN is never read).
+    /// // x = lp − old = (0, ln 3, −ln 2): w = (1, 3, ½), Σw = 4.5, Σw² = 10.25,
+    /// // so ESS = 4.5²/(3·10.25) = 0.6585366.
+    /// let lp = [0.0f32, 3f32.ln(), -(2f32.ln()), f32::NAN];
+    /// let (old, adv) = ([0.0f32; 4], [1.0f32; 4]);
+    /// let mask = [true, true, true, false];
+    /// let tokens = Tokens::padded(2, 2, Some(&mask));
+    /// let cfg = P3oConfig::default();
+    /// let s = k.ess_stats(&cfg, &PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens })?;
+    /// assert_eq!(s.n, 3);
+    /// assert!((s.sum_w - 4.5).abs() < 1e-5 && (s.sum_w2 - 10.25).abs() < 1e-5);
+    /// assert!((s.ess() - 0.6585366).abs() < 1e-6);
+    /// // The same NaN at a valid position is grpo-core's error.
+    /// let all = Tokens::padded(2, 2, None);
+    /// let e = k.ess_stats(&cfg, &PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens: all });
+    /// assert!(matches!(e, Err(GpuError::Core(Error::NonFinite { index: 3, .. }))));
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// Exactly grpo-core's for the same input (`NonFinite { what: "ess sums" }` on overflow).
     pub fn ess_stats(
@@ -1078,6 +1351,45 @@ impl<'c> LossKernel<'c> {
     /// `L = −sg(min(ρ, ESS))·A·lp + (1 − ESS)·(1/ρ − 1 + ln ρ)` (the k3 estimator of
     /// KL(θ‖old)), `∂L/∂lp = −min(ρ, ESS)·A + (1 − ESS)·(1 − 1/ρ)`, with `ess` from
     /// [`Self::ess_stats`] (possibly all-reduced, then [`EssStats::ess`]).
+    ///
+    /// ```
+    /// use grpo_core::loss::{P3oConfig, PolicyInputs};
+    /// use grpo_core::Tokens;
+    /// use grpo_wgpu::{GpuContext, LossKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// let k = LossKernel::new(&ctx);
+    /// // x = lp − old = (−ln 2, ln 2), A = 1: w = ρ = (½, 2), Σw = 2.5, Σw² = 4.25,
+    /// // ESS = (Σw)²/(n·(Σw² + 1e-8)) = 6.25/8.5 = 25/34 = 0.7352941.
+    /// let lp = [-(2f32.ln()), 2f32.ln()];
+    /// let old = [0.0f32; 2];
+    /// let adv = [1.0f32; 2];
+    /// let tokens = Tokens::padded(1, 2, None);
+    /// let inp = PolicyInputs { lp: &lp, old: &old, adv: &adv, tokens };
+    /// let cfg = P3oConfig::default();
+    /// let s = k.ess_stats(&cfg, &inp)?;
+    /// assert_eq!(s.n, 2);
+    /// assert!((s.sum_w - 2.5).abs() < 1e-5 && (s.sum_w2 - 4.25).abs() < 1e-5);
+    /// let ess = s.ess();
+    /// assert!((ess - 25.0 / 34.0).abs() < 1e-6);
+    /// // KL3 = e^{−x} − 1 + x = (1 − ln 2, ln 2 − ½) = (0.3068528, 0.1931472), 1 − ESS = 9/34:
+    /// // ρ = ½ < ESS: L = ½·ln 2 + (9/34)·0.3068528 = 0.4277993,
+    /// // ∂L/∂lp = −½ + (9/34)(1 − 2) = −13/17;
+    /// // ρ = 2 capped at ESS: L = −(25/34)·ln 2 + (9/34)·0.1931472 = −0.4585398,
+    /// // ∂L/∂lp = −25/34 + (9/34)(1 − ½) = −41/68.
+    /// let (mut v, mut g) = ([0.0f32; 2], [0.0f32; 2]);
+    /// let d = k.p3o(&cfg, &inp, ess, &mut v, &mut g)?;
+    /// assert!((v[0] - 0.4277993).abs() < 1e-6 && (g[0] + 13.0 / 17.0).abs() < 1e-6);
+    /// assert!((v[1] + 0.4585398).abs() < 1e-6 && (g[1] + 41.0 / 68.0).abs() < 1e-6);
+    /// assert_eq!(d.clipped_high, 1);
+    /// // An ESS outside [0, 1] is grpo-core's error; nothing is written.
+    /// assert!(k.p3o(&cfg, &inp, 1.5, &mut v, &mut g).is_err());
+    /// assert!((v[0] - 0.4277993).abs() < 1e-6);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// Exactly grpo-core's for the same input.
@@ -1211,8 +1523,11 @@ impl LossKernel<'_> {
     /// use grpo_core::Tokens;
     /// use grpo_core::is_correction::{RejectLevel, RejectStat, RejectionCriterion};
     /// use grpo_wgpu::{GpuContext, LossKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = LossKernel::new(&ctx);
     /// // r = old − roll = [0.1, −0.2 | 0.5, 0.0]. token_k2 ≤ 0.01 keeps |r| ≤ √0.02 = 0.1414…:
     /// // tokens 0 and 3.
@@ -1361,8 +1676,11 @@ impl LossKernel<'_> {
     /// ```
     /// use grpo_core::Tokens;
     /// use grpo_wgpu::{GpuContext, LossKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = LossKernel::new(&ctx);
     /// // mean(roll − lp): sequence 0 = 0.5, sequence 1 = 0.5, sequence 2 = 0. δ = 0.1: only
     /// // sequence 0 has both a negative advantage and a mean above δ.

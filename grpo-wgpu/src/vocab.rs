@@ -411,6 +411,29 @@ impl<'c> VocabKernel<'c> {
     /// over every row; each [`Resident::run`] times only the kernel (no upload, no readback, no
     /// status check). Targets are 0.
     ///
+    /// ```
+    /// use grpo_wgpu::{GpuContext, ResidentVocab, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // Row [0, ln 3], target 0, T = 1: lse = ln 4, logp(0) = ln ¼,
+    /// // H = −(¼ ln ¼ + ¾ ln ¾) = 0.5623351.
+    /// let mut z = [0.0f32, 3f32.ln()];
+    /// let work = VocabKernel::new(&ctx).resident(&z, 2, ResidentVocab::Forward)?;
+    /// // Uploaded once: the runs a benchmark times do not see the host's logits change.
+    /// z[1] = 0.0;
+    /// work.run()?;
+    /// work.run()?;
+    /// // Binding 2 holds (lse, logp, H, 0) per row.
+    /// let s: Vec<f32> = work.read(2)?.chunks_exact(4)
+    ///     .map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    /// assert!((s[0] - 4f32.ln()).abs() < 2e-6 && (s[1] - 0.25f32.ln()).abs() < 2e-6);
+    /// assert!((s[2] - 0.5623351).abs() < 2e-6 && s[3] == 0.0);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`VocabKernel::forward`] (and [`VocabKernel::kl`] for a teacher of another length);
     /// [`GpuError::TooLarge`] when the logits or the gradient do not fit one binding,
@@ -553,6 +576,34 @@ impl<'c> VocabKernel<'c> {
     /// `targets` has one token id per row (ignored, and may be empty, when `out.logp` is
     /// `None`). The number of rows is the length of the present outputs (they must agree).
     ///
+    /// ```
+    /// use grpo_core::Error;
+    /// use grpo_wgpu::{ForwardOut, GpuContext, GpuError, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // T = 2. Row [0, ln 9] is z/T = [0, ln 3], p = [¼, ¾]: lse = ln 4, logp(1) = ln ¾,
+    /// // H = −(¼ ln ¼ + ¾ ln ¾) = 0.5623351. Row [2, 2] is [1, 1]: lse = 1 + ln 2,
+    /// // logp(0) = −ln 2, H = ln 2.
+    /// let z = [0.0f32, 9f32.ln(), 2.0, 2.0];
+    /// let (mut lse, mut lp, mut h) = ([0.0f32; 2], [0.0f32; 2], [0.0f32; 2]);
+    /// let out = ForwardOut { lse: Some(&mut lse), logp: Some(&mut lp), entropy: Some(&mut h) };
+    /// let k = VocabKernel::new(&ctx);
+    /// k.forward(&z, 2, &[1, 0], 2.0, out)?;
+    /// let close = |a: [f32; 2], b: [f32; 2]| a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 2e-6);
+    /// assert!(close(lse, [4f32.ln(), 1.0 + 2f32.ln()]) && close(lp, [0.75f32.ln(), -2f32.ln()]));
+    /// assert!(close(h, [0.5623351, 2f32.ln()]));
+    /// // A −∞ target logit has no log-probability: grpo-core's error, `lp` untouched.
+    /// let (z, before) = ([0.0f32, f32::NEG_INFINITY, 2.0, 2.0], lp);
+    /// let out = ForwardOut { logp: Some(&mut lp), ..Default::default() };
+    /// let e = k.forward(&z, 2, &[1, 0], 2.0, out);
+    /// assert_eq!(e, Err(GpuError::Core(Error::NonFinite { what: "logits[target]", index: 1 })));
+    /// assert_eq!(lp, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// See [`VocabKernel`]; plus [`GpuError::MissingFeature`] for f16 without `SHADER_F16`.
     pub fn forward<L: LogitStorage>(
@@ -581,8 +632,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // Row [0, ln 3]: lse = ln 4, logp(1) = ln ¾, H = 0.5623351.
     /// let (mut lse, mut lp, mut h) = ([0.0f32], [0.0f32], [0.0f32]);
     /// let out = ForwardOut { lse: Some(&mut lse), logp: Some(&mut lp), entropy: Some(&mut h) };
@@ -632,8 +686,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::{GradTerms, LseState};
     /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // Row [0, ln 3]: logp(1) = ln ¾; the state: max = ln 3, sum = 1 + ⅓.
     /// let z = [0.0f32, 3f32.ln()];
@@ -795,6 +852,28 @@ impl<'c> VocabKernel<'c> {
 
     /// `lse[r] = log Σ_v exp(z[r, v]/T)`.
     ///
+    /// ```
+    /// use grpo_core::Error;
+    /// use grpo_wgpu::{GpuContext, GpuError, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // T = ½: row [0, ln 3] is z/T = [0, ln 9], lse = ln(1 + 9) = ln 10;
+    /// // row [2, 2] is [4, 4], lse = 4 + ln 2.
+    /// let z = [0.0f32, 3f32.ln(), 2.0, 2.0];
+    /// let (k, mut lse) = (VocabKernel::new(&ctx), [0.0f32; 2]);
+    /// k.log_sum_exp(&z, 2, 0.5, &mut lse)?;
+    /// assert!((lse[0] - 10f32.ln()).abs() < 2e-6 && (lse[1] - (4.0 + 2f32.ln())).abs() < 2e-6);
+    /// // T ≤ 0 is grpo-core's error; `lse` is untouched.
+    /// let before = lse;
+    /// let e = k.log_sum_exp(&z, 2, 0.0, &mut lse);
+    /// assert!(matches!(e, Err(GpuError::Core(Error::InvalidParam { name: "temperature", .. }))));
+    /// assert_eq!(lse, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`VocabKernel::forward`].
     pub fn log_sum_exp<L: LogitStorage>(
@@ -812,6 +891,28 @@ impl<'c> VocabKernel<'c> {
     }
 
     /// `logp[r] = z[r, y_r]/T − lse[r]`.
+    ///
+    /// ```
+    /// use grpo_core::Error;
+    /// use grpo_wgpu::{GpuContext, GpuError, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // T = 1; −∞ is a masked entry. Row [0, ln 3, −∞]: p = [¼, ¾, 0], logp(1) = ln ¾;
+    /// // row [1, 1, 1]: logp(2) = −ln 3.
+    /// let z = [0.0f32, 3f32.ln(), f32::NEG_INFINITY, 1.0, 1.0, 1.0];
+    /// let (k, mut lp) = (VocabKernel::new(&ctx), [0.0f32; 2]);
+    /// k.token_logprob(&z, 3, &[1, 2], 1.0, &mut lp)?;
+    /// assert!((lp[0] - 0.75f32.ln()).abs() < 2e-6 && (lp[1] + 3f32.ln()).abs() < 2e-6);
+    /// // A token id ≥ vocab is grpo-core's error; `lp` is untouched.
+    /// let before = lp;
+    /// let e = k.token_logprob(&z, 3, &[1, 3], 1.0, &mut lp);
+    /// assert_eq!(e, Err(GpuError::Core(Error::TokenOutOfRange { index: 1, token: 3, vocab: 3 })));
+    /// assert_eq!(lp, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// As [`VocabKernel::forward`].
@@ -831,6 +932,28 @@ impl<'c> VocabKernel<'c> {
     }
 
     /// `H[r] = lse[r] − Σ_v p_v z[r, v]/T`.
+    ///
+    /// ```
+    /// use grpo_core::Error;
+    /// use grpo_wgpu::{GpuContext, GpuError, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // T = ½: row [0, ½ ln 3] is z/T = [0, ln 3], p = [¼, ¾],
+    /// // H = −(¼ ln ¼ + ¾ ln ¾) = 0.5623351; row [5, 5] is uniform, H = ln 2.
+    /// let z = [0.0f32, 3f32.ln() / 2.0, 5.0, 5.0];
+    /// let (k, mut h) = (VocabKernel::new(&ctx), [0.0f32; 2]);
+    /// k.entropy(&z, 2, 0.5, &mut h)?;
+    /// assert!((h[0] - 0.5623351).abs() < 2e-6 && (h[1] - 2f32.ln()).abs() < 2e-6);
+    /// // A NaN logit is grpo-core's error at its flat index; `h` is untouched.
+    /// let (z, before) = ([0.0f32, 1.0, 5.0, f32::NAN], h);
+    /// let e = k.entropy(&z, 2, 0.5, &mut h);
+    /// assert_eq!(e, Err(GpuError::Core(Error::NonFinite { what: "logits", index: 3 })));
+    /// assert_eq!(h, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
     ///
     /// # Errors
     /// As [`VocabKernel::forward`].
@@ -871,8 +994,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::KlDirection;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // p = [½, ½] (z = [0, 0]), q = [¼, ¾] (w = [0, ln 3]):
     /// // KL(p‖q) = ½ ln 2 + ½ ln(2/3) = 0.1438410, KL(q‖p) = 0.1308120.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
@@ -926,8 +1052,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::KlDirection;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // p = [½, ½], q = [¼, ¾]: KL(p‖q) = 0.1438410.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let mut f = [0.0f32];
@@ -984,8 +1113,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // p = [½, ½], q = [¼, ¾]: KL(q‖p) = 0.1308120.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
@@ -1215,8 +1347,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let ninf = f32::NEG_INFINITY;
     /// // Row 0: p = [½, ½], q = [¼, ¾], m = [3/8, 5/8]: JSD_½ = ½ (KL(q‖m) + KL(p‖m)) = 0.0338221.
     /// // Row 1: disjoint (masked) supports: JSD_½ = ln 2.
@@ -1267,8 +1402,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // p = [½, ½], q = [¼, ¾], m = [3/8, 5/8]: JSD_½ = 0.0338221.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let mut out = [0.0f32];
@@ -1313,8 +1451,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::JsdState;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // p = [½, ½], q = [1, 0] (the teacher's second entry masked), β = ½: m = [¾, ¼],
     /// // K = KL(p‖m) = ½ ln(4/3).
@@ -1454,8 +1595,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // Identical rows: m = p, the JSD is at its minimum and its gradient is 0.
     /// let z = [0.5f32, -1.0, 2.0];
     /// let mut grad = [9.0f32; 3];
@@ -1509,8 +1653,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // p = [½, ½], q = [¼, ¾], β = ½: m = [3/8, 5/8], KL(p‖m) = ½ ln(4/3) + ½ ln(4/5),
     /// // ∂JSD/∂z_0 = ½·½·(ln(4/3) − KL(p‖m)).
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
@@ -1559,8 +1706,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// let w = [1.0f32, 0.0, -0.5].map(half::bf16::from_f32);
     /// let z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
@@ -1591,8 +1741,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // Identical rows: the gradient is 0.
     /// let mut z = [0.5f32, -1.0, 2.0];
     /// let w = z;
@@ -1712,8 +1865,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::JsdState;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // States from grpo-core's saving forward serve the GPU's backward too.
     /// let (z, w) = ([0.5f32, -1.0, 2.0], [1.0f32, 0.0, -0.5]);
@@ -1787,8 +1943,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::JsdState;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// let w = [1.0f32, 0.0, -0.5].map(half::bf16::from_f32);
     /// let z = [0.5f32, -1.0, 2.0].map(half::bf16::from_f32);
@@ -2042,6 +2201,29 @@ impl<'c> VocabKernel<'c> {
     /// (MATH.md §5), written to `grad` (f32, same shape as `logits`). Recomputes the row
     /// statistics in the same dispatch (two reads of each row, one write).
     ///
+    /// ```
+    /// use grpo_core::Error;
+    /// use grpo_wgpu::{GpuContext, GpuError, VocabKernel};
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
+    /// // T = ½: row [0, ½ ln 3] has p = [¼, ¾], H = 0.5623351; target 1, g_logp = g_entropy = 1:
+    /// // grad_0 = (0 − ¼ − ¼(ln ¼ + H))/T = −0.0880204,
+    /// // grad_1 = (1 − ¾ − ¾(ln ¾ + H))/T = −grad_0.
+    /// let z = [0.0f32, 3f32.ln() / 2.0];
+    /// let (k, mut grad) = (VocabKernel::new(&ctx), [0.0f32; 2]);
+    /// k.backward(&z, 2, &[1], 0.5, &[1.0], &[1.0], &mut grad)?;
+    /// assert!((grad[0] + 0.0880204).abs() < 2e-6 && (grad[1] - 0.0880204).abs() < 2e-6);
+    /// // A NaN upstream gradient is grpo-core's error; `grad` is untouched.
+    /// let before = grad;
+    /// let e = k.backward(&z, 2, &[1], 0.5, &[f32::NAN], &[1.0], &mut grad);
+    /// assert!(matches!(e, Err(GpuError::Core(Error::NonFinite { what: "g_logp", .. }))));
+    /// assert_eq!(grad, before);
+    /// # Ok::<(), grpo_wgpu::GpuError>(())
+    /// ```
+    ///
     /// # Errors
     /// As [`VocabKernel::forward`]; `temperature ≥ 1e-6` (grpo-core's
     /// `MIN_GRAD_TEMPERATURE`: gradients scale with 1/T); `g_logp`, `g_entropy` and `targets`
@@ -2076,8 +2258,11 @@ impl<'c> VocabKernel<'c> {
     ///
     /// ```
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // Row [0, 0] (p = [½, ½]), target 0, ∂loss/∂logp = 1, no entropy term, T = 1:
     /// // grad = (1 − ½, −½).
     /// let mut grad = [0.0f32; 2];
@@ -2197,8 +2382,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm, PairState};
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // Distillation with KL(p‖q) (student‖teacher), p = [½, ½], q = [¼, ¾]:
     /// // ∂KL(p‖q)/∂z_v = p_v (log p_v − log q_v − KL).
@@ -2388,8 +2576,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::{GradTerms, KlDirection, KlTerm};
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // KL(q‖p) (teacher‖student) against the teacher q = [¼, ¾] (p = [½, ½]): ∂KL(q‖p)/∂z = p − q.
     /// let (z, w) = ([0.0f32, 0.0], [0.0f32, 3f32.ln()]);
     /// let kl_term = KlTerm { teacher: &w[..], grad: &[1.0], direction: KlDirection::TeacherStudent };
@@ -2461,8 +2652,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::GradTerms;
     /// use grpo_wgpu::{GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// // Row [0, 0] (p = [½, ½]), target 0, ∂loss/∂logp = 1: the gradient (½, −½) replaces the
     /// // logits, here bf16 (both values exact in bf16).
     /// let mut z = [half::bf16::ZERO; 2];
@@ -2532,8 +2726,11 @@ impl<'c> VocabKernel<'c> {
     /// ```
     /// use grpo_core::vocab::{GradTerms, LseState};
     /// use grpo_wgpu::{ForwardOut, GpuContext, VocabKernel};
-    /// // Without an adapter there is nothing to run on.
-    /// let Ok(ctx) = GpuContext::new() else { return Ok(()) };
+    /// // Without an adapter there is nothing to run on (CI sets GRPO_REQUIRE_GPU=1: fail there).
+    /// let Ok(ctx) = GpuContext::new() else {
+    /// #   assert_ne!(std::env::var("GRPO_REQUIRE_GPU").as_deref(), Ok("1"), "no GPU adapter");
+    ///     return Ok(());
+    /// };
     /// let k = VocabKernel::new(&ctx);
     /// // [0, 0], target 0: the forward saves the row's state, the backward (∂loss/∂logp = 1)
     /// // writes (½, −½) over the logits.

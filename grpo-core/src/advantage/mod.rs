@@ -54,6 +54,17 @@ pub struct Diagnostics<T> {
 
 impl<T: Real> Diagnostics<T> {
     /// Fills `min`, `max`, `mean` from the written advantages (the counters are left as they are).
+    ///
+    /// ```
+    /// use grpo_core::advantage::Diagnostics;
+    /// let d = Diagnostics { groups: 2, ..Diagnostics::default() };
+    /// // mean (−1 + 0.5 + 2)/3 = 0.5; the group count stays 2.
+    /// let d = d.summarize(&[-1.0f32, 0.5, 2.0]);
+    /// assert_eq!((d.min, d.max, d.mean, d.groups), (-1.0, 2.0, 0.5, 2));
+    /// // No advantages: all three are 0.
+    /// let e = d.summarize(&[]);
+    /// assert_eq!((e.min, e.max, e.mean), (0.0, 0.0, 0.0));
+    /// ```
     pub fn summarize(mut self, advantages: &[T]) -> Self {
         if advantages.is_empty() {
             self.min = T::ZERO;

@@ -309,6 +309,15 @@ pub fn block_reference(prior: f32, raw_max: f32, tau: f32) -> f32 {
 
 /// Raw maximum of a block, `+ 0.0` (a `max_r` fold; any order gives the same value because
 /// the `+ 0.0` removes the only order dependence, the sign of a zero maximum).
+///
+/// ```
+/// use grpo_core::vocab::canon::block_max;
+/// assert_eq!(block_max(&[1.5f32, f32::NEG_INFINITY, -3.0]), 1.5);
+/// // A maximum of −0 comes out as +0, whichever zero comes first.
+/// assert_eq!(block_max(&[-0.0f32, -1.0]).to_bits(), 0.0f32.to_bits());
+/// // An empty or fully masked block: −∞.
+/// assert_eq!(block_max::<f32>(&[]), f32::NEG_INFINITY);
+/// ```
 #[inline]
 pub fn block_max<S: Logit>(z: &[S]) -> f32 {
     let mut m = f32::NEG_INFINITY;
@@ -407,6 +416,18 @@ pub fn lse_row<S: Logit>(z: &[S], tau: f32) -> LseState {
 /// The fixed pairwise tree over the 16 lanes: for `h` in 8, 4, 2, 1, `a[l] += a[l + h]`
 /// (the result is in `a[0]`). Generic so the per-token losses' sums (f32 or f64) use the same
 /// order as the vocabulary kernels.
+///
+/// ```
+/// use grpo_core::vocab::canon::tree;
+/// // Lane 0 = 1, lanes 1..16 = 2⁻²⁴. h = 8: a0 = 1 + 2⁻²⁴ rounds to 1 (a tie, to even), a1..a8
+/// // = 2⁻²³; h = 4: a0 = 1 + 2⁻²³, a1..a4 = 2⁻²²; h = 2: a0 = 1 + 3·2⁻²³, a1 = 2⁻²¹; h = 1:
+/// // a0 = 1 + 7·2⁻²³, all exact. (A left-to-right sum loses every 2⁻²⁴ and ends at 1.)
+/// let mut a = [2f32.powi(-24); 16];
+/// a[0] = 1.0;
+/// tree(&mut a);
+/// assert_eq!(a[0], 1.0 + 7.0 * 2f32.powi(-23));
+/// assert_eq!([2f32.powi(-24); 15].iter().fold(1.0f32, |s, &x| s + x), 1.0);
+/// ```
 #[inline(always)]
 pub fn tree<T: crate::Real>(a: &mut [T; LANES]) {
     let mut h = LANES / 2;
