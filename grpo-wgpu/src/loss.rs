@@ -617,7 +617,7 @@ impl<'c> LossKernel<'c> {
     /// | `Abs` | \|d\| | sgn d (0 at d = 0) |
     /// | `K2` | d²/2 | d |
     /// | `K3` | k3 = e^{−d} + d − 1 | 1 − e^{−d} |
-    /// | `K3Is` | k3·ρ, ρ = e^x | ρ·(1 − e^{−d} + k3) = ρ·d (computed as ρ·d; a limited input drops its term) |
+    /// | `K3Is` | k3·ρ, ρ = e^x | ρ·(1 − e^{−d} + k3) = ρ·d (a limited input drops its term) |
     /// | `K1StraightThrough` (`k1+`) | d | d (unclamped) |
     /// | `K3StraightThrough` (`k3+`) | k3 | d (unclamped) |
     ///
@@ -780,12 +780,13 @@ impl<'c> LossKernel<'c> {
     /// DAPO, LUSPO): `loss = Σ_i w_i·Σ_{t∈i} m_t·L_t` and `weights[t] = w_i·m_t`.
     ///
     /// The per-sequence weights `w_i` are functions of counts and are computed on the host by
-    /// grpo-core itself ([`grpo_core::aggregate::sequence_weights`]). The reduction runs in grpo-core's order: one invocation per
-    /// sequence sums its valid values in token order and multiplies by `w_i` (`agg_seq`, which
-    /// also writes the per-token weights), then one invocation adds the B products in sequence
-    /// order (`agg_total`). WGSL rounds `+` and `×` correctly and the product is stored before
-    /// it is added (no fused multiply-add is possible), so the scalar is bit-identical to
-    /// grpo-core's; the parallelism is over sequences.
+    /// grpo-core itself ([`grpo_core::aggregate::sequence_weights`]). The reduction runs in
+    /// grpo-core's order: one invocation per sequence sums its valid values in token order and
+    /// multiplies by `w_i` (`agg_seq`, which also writes the per-token weights), then one
+    /// invocation adds the B products in sequence order (`agg_total`). WGSL rounds `+` and `×`
+    /// correctly and the product is stored before it is added (no fused multiply-add is
+    /// possible), so the scalar is bit-identical to grpo-core's; the parallelism is over
+    /// sequences.
     ///
     /// ```
     /// use grpo_core::aggregate::{AggConfig, AggMode};
@@ -1129,13 +1130,6 @@ impl<'c> LossKernel<'c> {
     /// the diagnostics' mean/min/max likewise. Near a mask bound the GPU and grpo-core may
     /// keep/zero a weight (or a sequence) differently when `e^l` is within exp's error of it.
     ///
-    /// # Errors
-    /// grpo-core's for the same input ([`Error::LengthMismatch`], layout errors,
-    /// [`Error::NonFinite`], [`Error::InvalidParam`] for bad bounds or log clamp);
-    /// [`GpuError`](crate::GpuError) for a device failure or a batch beyond the device's
-    /// limits. On `Err`, `weights` is untouched.
-    ///
-    /// # Example
     /// ```
     /// use grpo_core::Tokens;
     /// use grpo_core::is_correction::{IsConfig, IsLevel};
@@ -1160,6 +1154,12 @@ impl<'c> LossKernel<'c> {
     /// assert!(w.iter().all(|&x| (x - 5f32.cbrt()).abs() < 1e-5));
     /// # Ok::<(), grpo_wgpu::GpuError>(())
     /// ```
+    ///
+    /// # Errors
+    /// grpo-core's for the same input ([`Error::LengthMismatch`], layout errors,
+    /// [`Error::NonFinite`], [`Error::InvalidParam`] for bad bounds or log clamp);
+    /// [`GpuError`](crate::GpuError) for a device failure or a batch beyond the device's
+    /// limits. On `Err`, `weights` is untouched.
     pub fn is_weights(
         &self,
         cfg: &IsConfig<f32>,
@@ -1511,14 +1511,6 @@ impl LossKernel<'_> {
     /// bound may be kept by one and rejected by the other (tolerance table,
     /// `RejectionK3`).
     ///
-    /// # Errors
-    /// grpo-core's, in its order: [`Error::InvalidParam`] for the first inconsistent criterion
-    /// (`k1` at `SeqMax`, NaN bounds or `lo > hi`), [`Error::LengthMismatch`] (`roll`, `keep`),
-    /// layout errors of [`Tokens::validate`], [`Error::NonFinite`] for a NaN/±∞ `old`, then
-    /// `roll`, at a valid position; [`GpuError`](crate::GpuError) for a device failure or a
-    /// batch beyond the device's limits. On `Err`, `keep` is untouched.
-    ///
-    /// # Example
     /// ```
     /// use grpo_core::Tokens;
     /// use grpo_core::is_correction::{RejectLevel, RejectStat, RejectionCriterion};
@@ -1552,6 +1544,13 @@ impl LossKernel<'_> {
     /// assert_eq!(keep, [true, true, false, false]);
     /// # Ok::<(), grpo_wgpu::GpuError>(())
     /// ```
+    ///
+    /// # Errors
+    /// grpo-core's, in its order: [`Error::InvalidParam`] for the first inconsistent criterion
+    /// (`k1` at `SeqMax`, NaN bounds or `lo > hi`), [`Error::LengthMismatch`] (`roll`, `keep`),
+    /// layout errors of [`Tokens::validate`], [`Error::NonFinite`] for a NaN/±∞ `old`, then
+    /// `roll`, at a valid position; [`GpuError`](crate::GpuError) for a device failure or a
+    /// batch beyond the device's limits. On `Err`, `keep` is untouched.
     pub fn rejection_mask(
         &self,
         criteria: &[RejectionCriterion<f32>],
@@ -1664,15 +1663,6 @@ impl LossKernel<'_> {
     /// decision is grpo-core's, except that WGSL may flush subnormal values to zero (a mean
     /// within a subnormal of δ).
     ///
-    /// # Errors
-    /// grpo-core's, in its order: [`Error::InvalidParam`] unless δ is finite and ≥ 0,
-    /// [`Error::LengthMismatch`] (`roll` per token), layout errors of [`Tokens::validate`],
-    /// [`Error::NonFinite`] for a NaN/±∞ `lp`, then `roll`, at a valid position,
-    /// [`Error::LengthMismatch`] for `advantages` and `keep` (one per sequence),
-    /// [`Error::NonFinite`] for the first NaN/±∞ advantage; [`GpuError`](crate::GpuError) for
-    /// a device failure or a batch beyond the device's limits. On `Err`, `keep` is untouched.
-    ///
-    /// # Example
     /// ```
     /// use grpo_core::Tokens;
     /// use grpo_wgpu::{GpuContext, LossKernel};
@@ -1696,6 +1686,14 @@ impl LossKernel<'_> {
     /// assert_eq!(keep, [false, true, true]);
     /// # Ok::<(), grpo_wgpu::GpuError>(())
     /// ```
+    ///
+    /// # Errors
+    /// grpo-core's, in its order: [`Error::InvalidParam`] unless δ is finite and ≥ 0,
+    /// [`Error::LengthMismatch`] (`roll` per token), layout errors of [`Tokens::validate`],
+    /// [`Error::NonFinite`] for a NaN/±∞ `lp`, then `roll`, at a valid position,
+    /// [`Error::LengthMismatch`] for `advantages` and `keep` (one per sequence),
+    /// [`Error::NonFinite`] for the first NaN/±∞ advantage; [`GpuError`](crate::GpuError) for
+    /// a device failure or a batch beyond the device's limits. On `Err`, `keep` is untouched.
     pub fn off_policy_sequence_mask(
         &self,
         advantages: &[f32],
