@@ -48,6 +48,13 @@ pub trait F32x16: Copy {
     /// constant in `const` blocks, which the compiler decides before it instantiates what
     /// they guard.
     const SPECIALIZED_LOOPS: bool;
+    /// Whether [`mul_pow2_normal`](F32x16::mul_pow2_normal) returns a NaN for a NaN `self`
+    /// (and `k`) in every lane. The default's exponent add can turn a NaN into a number (its
+    /// integer add may carry out of the exponent field), so the steps that use it check their
+    /// arguments for NaN with a sum of their own; AVX-512's `vscalefps` keeps a NaN, so there
+    /// a NaN argument already reaches the step's sum of exponentials (see
+    /// `kernels::vocab::lse_steps`).
+    const POW2_NORMAL_KEEPS_NAN: bool = false;
 
     /// Every lane `x`.
     fn splat(x: f32) -> Self;

@@ -159,6 +159,7 @@ impl<const BF16: bool> F32x16 for Avx512<BF16> {
     /// 32 zmm registers, one per value.
     const REGISTERS: usize = 32;
     const SPECIALIZED_LOOPS: bool = true;
+    const POW2_NORMAL_KEEPS_NAN: bool = true;
 
     #[inline(always)]
     fn splat(x: f32) -> Self {
