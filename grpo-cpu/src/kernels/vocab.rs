@@ -26,7 +26,7 @@ use grpo_core::vocab::exp_ln::D_MIN;
 
 use super::math::{
     EXP_NORMAL_MIN, clamp_grad_arg, exp_nonpos_clamped, exp_nonpos_clamped_n, exp_nonpos_normal_n,
-    ln, ln_normal,
+    ln, ln_normal_n,
 };
 use super::{Kernel, software_prefetch};
 use crate::arch;
@@ -63,6 +63,33 @@ const ROOMY_REGISTERS: usize = 16;
 /// Measured (fused f32, 64 × 8192 in cache, one thread, median of 9 alternated runs, Zen 4):
 /// 2 → 0.160 ms, 4 → 0.157 ms, 8 → 0.167 ms.
 const UNROLL: usize = 4;
+
+/// [`UNROLL`] for a one-row step that does not track the extrema (`lse_unroll`: f32 rows
+/// on lanes with fewer than [`ROOMY_REGISTERS`]). Two chunks are four AVX2 exponential chains
+/// instead of eight, and their live values fit the 16 ymm registers with fewer spills.
+/// Measured on a Zen 4 host (AMD EPYC, 2 vCPUs) forcing AVX2 + FMA, 4 × 32768 in cache, one
+/// thread, one process alternating both forms over 40–60 rounds, median of the per-round time
+/// ratios against four chunks: f32 fused 0.89–0.91, log-prob alone 0.89, fused at T = 0.7
+/// 0.92; one chunk 1.07 against two. Streaming on two threads (12 rounds, 2048 × 32768 /
+/// 512 × 151936): fused 0.92 / 0.94, log-prob 0.92 / 0.89. The 16-bit rows, whose step tracks
+/// the extrema, measured 1.00 (fused) and 1.03 (bf16 log-prob) in cache with two, so they keep
+/// four, as AVX-512 does (0.98 / 1.02 with two). A tracking step with two chunks measured
+/// 1.12–1.15 against this one and its extrema pass. NEON, with as few registers, follows the
+/// rule unmeasured; the Zen 3 host that tuned the AVX2 step measured three chunks slower than
+/// four (README) but not two.
+const FEW_REGISTERS_UNROLL: usize = 2;
+
+/// Chunk pairs per iteration of the JSD's loops over both rows (`jsd_chunks`,
+/// `jsd_ratio_chunks`, `jsd_saved_grad_range`): two exponentials and a logarithm per element,
+/// a dependency chain of about 45 operations, so the more pairs in flight the better the FMA
+/// ports are kept busy, until the registers spill. Measured against two pairs (4 × 32768 f32
+/// pairs in cache, one thread, one process alternating both over 30 rounds, median of the
+/// per-round time ratios, Zen 4): the JSD forward 0.954 on AVX-512 and 0.956 on AVX2, its
+/// backward 0.936 / 0.888, the backward from saved states 1.009 / 0.877; eight pairs measured
+/// 1.13 against four on AVX-512 (spills). Streaming on two threads (12 rounds, 2048 × 32768 /
+/// 512 × 151936), AVX-512: forward 1.00 / 0.98, backward 0.84 / 0.83, from saved states
+/// 1.00 / 0.97; AVX2: 0.99 / 0.97, 0.94 / 0.89, 1.00 / 0.91.
+const JSD_PAIRS: usize = 4;
 
 /// How far ahead of a step the next cache lines are requested: 8 KiB (one f32 block). Every
 /// step prefetches, the one-pass steps (every block after a row's first, see `lse_block`)
@@ -421,10 +448,13 @@ fn step_block<V: F32x16, B: BlockRows<V, N>, const N: usize>(
 /// What a step does with the values it loads: a one-pass step takes their extrema
 /// ([`Scan`]); a two-pass step, which knew them before it started, nothing (`()`).
 trait Track<V>: Sized {
+    /// Whether [`add`](Track::add) does anything (the step then keeps two more values live).
+    const TRACKS: bool;
     fn add(&mut self, x: V);
 }
 
 impl<V> Track<V> for () {
+    const TRACKS: bool = false;
     #[inline(always)]
     fn add(&mut self, _: V) {}
 }
@@ -436,6 +466,7 @@ struct Scan<V> {
 }
 
 impl<V: F32x16> Track<V> for Scan<V> {
+    const TRACKS: bool = true;
     #[inline(always)]
     fn add(&mut self, x: V) {
         self.max = self.max.max(x);
@@ -540,7 +571,7 @@ fn normal_domain_at(low: f32, c: f32, tau: f32) -> bool {
 }
 
 /// The step over all whole chunks of a block against offset `c` (`lse_steps` over groups of
-/// `UNROLL`, then the rest one chunk at a time with the reference scaling), the exponent-add
+/// `lse_unroll` chunks, then the rest one at a time with the reference scaling), the exponent-add
 /// exponential if `normal`, the loaded values to `track`. Returns `false` if the exponent-add
 /// met a NaN (the sums are then meaningless).
 #[inline(always)]
@@ -555,21 +586,15 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>, const DOT: bool>(
     track: &mut T,
 ) -> bool {
     let (vt, vc) = (V::splat(tau), V::splat(c));
-    let whole = &chunks[..chunks.len() / UNROLL * UNROLL];
-    // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
-    // of the step's ~18 vector operations, in a compute-bound loop. Lanes without
-    // `SPECIALIZED_LOOPS` compile only the general step (a `const` block: see there).
-    let ok = if const { !V::SPECIALIZED_LOOPS } {
-        lse_steps::<V, S, T, true, false, DOT>(whole, vt, vc, s, t, track)
+    // A `const` block: each instantiation compiles one of the two.
+    let (ok, whole) = if const { lse_unroll::<V, T>() == UNROLL } {
+        lse_chunk_steps::<V, S, T, DOT, UNROLL>(chunks, tau, normal, vt, vc, s, t, track)
     } else {
-        match (tau == 1.0, normal) {
-            (true, true) => lse_steps::<V, S, T, false, true, DOT>(whole, vt, vc, s, t, track),
-            (true, false) => lse_steps::<V, S, T, false, false, DOT>(whole, vt, vc, s, t, track),
-            (false, true) => lse_steps::<V, S, T, true, true, DOT>(whole, vt, vc, s, t, track),
-            (false, false) => lse_steps::<V, S, T, true, false, DOT>(whole, vt, vc, s, t, track),
-        }
+        lse_chunk_steps::<V, S, T, DOT, FEW_REGISTERS_UNROLL>(
+            chunks, tau, normal, vt, vc, s, t, track,
+        )
     };
-    for c in &chunks[whole.len()..] {
+    for c in &chunks[whole..] {
         let x = S::load(c);
         track.add(x);
         lse_step::<V>(x, vt, vc, s, t);
@@ -577,7 +602,49 @@ fn lse_chunks<V: F32x16, S: Load, T: Track<V>, const DOT: bool>(
     ok
 }
 
-/// The step over whole groups of `UNROLL` chunks: their exponentials interleaved
+/// How many chunks [`lse_steps`] takes per iteration: [`UNROLL`], except for a step that
+/// does not track the extrema on lanes with few registers ([`ROOMY_REGISTERS`]), which takes
+/// [`FEW_REGISTERS_UNROLL`].
+const fn lse_unroll<V: F32x16, T: Track<V>>() -> usize {
+    if V::REGISTERS < ROOMY_REGISTERS && !T::TRACKS {
+        FEW_REGISTERS_UNROLL
+    } else {
+        UNROLL
+    }
+}
+
+/// [`lse_steps`] over the whole groups of `G` chunks of `chunks`, in the form `τ` and
+/// `normal` select: whether no NaN met the exponent-add, and how many chunks were stepped.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn lse_chunk_steps<V: F32x16, S: Load, T: Track<V>, const DOT: bool, const G: usize>(
+    chunks: &[[S; 16]],
+    tau: f32,
+    normal: bool,
+    vt: V,
+    vc: V,
+    s: &mut V,
+    t: &mut V,
+    track: &mut T,
+) -> (bool, usize) {
+    let whole = &chunks[..chunks.len() / G * G];
+    // `(z − c)·1 = z − c` exactly, so at T = 1 (the common case) the multiply is skipped: one
+    // of the step's ~18 vector operations, in a compute-bound loop. Lanes without
+    // `SPECIALIZED_LOOPS` compile only the general step (a `const` block: see there).
+    let ok = if const { !V::SPECIALIZED_LOOPS } {
+        lse_steps::<V, S, T, true, false, DOT, G>(whole, vt, vc, s, t, track)
+    } else {
+        match (tau == 1.0, normal) {
+            (true, true) => lse_steps::<V, S, T, false, true, DOT, G>(whole, vt, vc, s, t, track),
+            (true, false) => lse_steps::<V, S, T, false, false, DOT, G>(whole, vt, vc, s, t, track),
+            (false, true) => lse_steps::<V, S, T, true, true, DOT, G>(whole, vt, vc, s, t, track),
+            (false, false) => lse_steps::<V, S, T, true, false, DOT, G>(whole, vt, vc, s, t, track),
+        }
+    };
+    (ok, whole.len())
+}
+
+/// The step over whole groups of `G` chunks (`lse_unroll`): their exponentials interleaved
 /// (independent), their accumulation in index order (chunk i before chunk i + 1, as the lanes
 /// require). `SCALED = false` skips the `·τ` (exact for τ = 1). The cache lines
 /// [`PREFETCH_BYTES`] ahead are requested as the loop goes.
@@ -618,6 +685,7 @@ fn lse_steps<
     const SCALED: bool,
     const NORMAL: bool,
     const DOT: bool,
+    const G: usize,
 >(
     chunks: &[[S; 16]],
     vt: V,
@@ -629,12 +697,12 @@ fn lse_steps<
     let dmin = V::splat(D_MIN);
     let mut nan = V::splat(0.0);
     let prefetch = software_prefetch();
-    for (j, q) in chunks.chunks_exact(UNROLL).enumerate() {
-        for k in 0..UNROLL {
-            prefetch_ahead::<V, S>(&q[k], j * UNROLL + k, prefetch);
+    for (j, q) in chunks.chunks_exact(G).enumerate() {
+        for k in 0..G {
+            prefetch_ahead::<V, S>(&q[k], j * G + k, prefetch);
         }
-        let mut dc = [dmin; UNROLL];
-        for k in 0..UNROLL {
+        let mut dc = [dmin; G];
+        for k in 0..G {
             let x = S::load::<V>(&q[k]);
             track.add(x);
             let d = x.sub(vc);
@@ -646,7 +714,7 @@ fn lse_steps<
         } else {
             exp_nonpos_clamped_n(dc)
         };
-        for k in 0..UNROLL {
+        for k in 0..G {
             *s = s.add(e[k]);
             if DOT {
                 *t = e[k].mul_add(dc[k], *t);
@@ -863,7 +931,7 @@ impl<V: F32x16, S: Load, U: Load, const SUMS: u8> Blocks for PairBlocks<'_, V, S
 /// (checked by the caller, [`jsd_normal_domain`]): there the reference's clamps and special
 /// cases are identities and are left out — `clamp_grad_arg` of each log-probability, the
 /// general scaling of the exponentials ([`exp_nonpos_normal_n`] instead), `ln`'s subnormal and
-/// special-value handling ([`ln_normal`]: both probabilities are at least e^−86 ≈ 4.5·10^−38,
+/// special-value handling ([`ln_normal_n`]: both probabilities are at least e^−86 ≈ 4.5·10^−38,
 /// so their mixture `fma(β, q, (1 − β)·p)` with β ∈ (0, 1) is at least half that, a normal
 /// float ≤ 1) and the floor `LN_FLOOR` = −104 (`ln` of that mixture is above −88). About 16 of
 /// the ~65 vector operations of a chunk pair (two exponentials, one logarithm).
@@ -896,15 +964,18 @@ fn jsd_parts<V: F32x16, const N: usize, const M: usize, const NORMAL: bool>(
         exp_nonpos_clamped_n(l)
     };
     let floor = V::splat(canon::LN_FLOOR);
-    let mut lm = [floor; N];
+    let mut mix = [floor; N];
     for k in 0..N {
-        let mix = beta.mul_add(e[2 * k + 1], omb.mul(e[2 * k]));
-        lm[k] = if NORMAL {
-            ln_normal(mix)
-        } else {
-            floor.max(ln(mix))
-        };
+        mix[k] = beta.mul_add(e[2 * k + 1], omb.mul(e[2 * k]));
     }
+    let lm = if NORMAL {
+        ln_normal_n(mix)
+    } else {
+        for m in &mut mix {
+            *m = floor.max(ln(*m));
+        }
+        mix
+    };
     (l, e, lm)
 }
 
@@ -977,7 +1048,7 @@ fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
 
 /// The JSD terms of whole chunk pairs summed into the first accumulator (16 lanes, index
 /// order), and the student terms ([`jsd_student_terms_of`]) into the second, two chunks per
-/// iteration (four exponentials and two logarithms in flight), in [`jsd_parts`]' `NORMAL` form
+/// iteration ([`JSD_PAIRS`] chunks), in [`jsd_parts`]' `NORMAL` form
 /// or the reference's.
 #[inline(always)]
 fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
@@ -985,24 +1056,20 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     wc: &[[U; 16]],
     p: &JsdParams,
 ) -> [V; 2] {
+    const G: usize = JSD_PAIRS;
     let mut acc = [V::splat(0.0); 2];
-    let mut zp = zc.chunks_exact(2);
-    let mut wp = wc.chunks_exact(2);
+    let mut zp = zc.chunks_exact(G);
+    let mut wp = wc.chunks_exact(G);
     let prefetch = software_prefetch();
     for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
-        for k in 0..2 {
-            prefetch_ahead::<V, S>(&a[k], 2 * j + k, prefetch);
-            prefetch_ahead::<V, U>(&b[k], 2 * j + k, prefetch);
+        let (z, w) = load_chunk_pairs::<V, S, U, G>(a, b, G * j, prefetch);
+        let (l, e, lm) = jsd_parts::<V, G, { 2 * G }, NORMAL>(z, w, p);
+        for t in jsd_terms_of(&l, &e, &lm, p) {
+            acc[0] = acc[0].add(t);
         }
-        let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
-            [S::load(&a[0]), S::load(&a[1])],
-            [U::load(&b[0]), U::load(&b[1])],
-            p,
-        );
-        let t = jsd_terms_of(&l, &e, &lm, p);
-        acc[0] = acc[0].add(t[0]).add(t[1]);
-        let t = jsd_student_terms_of(&l, &e, &lm);
-        acc[1] = acc[1].add(t[0]).add(t[1]);
+        for t in jsd_student_terms_of(&l, &e, &lm) {
+            acc[1] = acc[1].add(t);
+        }
     }
     for (a, b) in zp.remainder().iter().zip(wp.remainder()) {
         let (l, e, lm) = jsd_parts::<V, 1, 2, NORMAL>([S::load(a)], [U::load(b)], p);
@@ -1010,6 +1077,28 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
         acc[1] = acc[1].add(jsd_student_terms_of(&l, &e, &lm)[0]);
     }
     acc
+}
+
+/// The `G` chunks of a student and a teacher row that a JSD loop steps together, loaded, the
+/// cache lines ahead of them requested (`first`: the index of `z[0]` in its block's chunks,
+/// as [`prefetch_ahead`] takes it).
+#[inline(always)]
+fn load_chunk_pairs<V: F32x16, S: Load, U: Load, const G: usize>(
+    z: &[[S; 16]],
+    w: &[[U; 16]],
+    first: usize,
+    prefetch: bool,
+) -> ([V; G], [V; G]) {
+    let (mut zv, mut wv) = ([V::splat(0.0); G], [V::splat(0.0); G]);
+    for k in 0..G {
+        prefetch_ahead::<V, S>(&z[k], first + k, prefetch);
+        prefetch_ahead::<V, U>(&w[k], first + k, prefetch);
+    }
+    for k in 0..G {
+        zv[k] = S::load(&z[k]);
+        wv[k] = U::load(&w[k]);
+    }
+    (zv, wv)
 }
 
 /// The canonical sums of a row pair's JSD terms and of its student terms (`K = KL(p‖m)`,
@@ -1836,22 +1925,16 @@ fn jsd_ratio_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     p: &JsdParams,
     lr: &mut [[f32; 16]],
 ) -> V {
+    const G: usize = JSD_PAIRS;
     let mut acc = V::splat(0.0);
-    let mut zp = zc.chunks_exact(2);
-    let mut wp = wc.chunks_exact(2);
+    let mut zp = zc.chunks_exact(G);
+    let mut wp = wc.chunks_exact(G);
     let prefetch = software_prefetch();
-    let mut op = lr.chunks_exact_mut(2);
+    let mut op = lr.chunks_exact_mut(G);
     for (j, ((a, b), o)) in (&mut zp).zip(&mut wp).zip(&mut op).enumerate() {
-        for k in 0..2 {
-            prefetch_ahead::<V, S>(&a[k], 2 * j + k, prefetch);
-            prefetch_ahead::<V, U>(&b[k], 2 * j + k, prefetch);
-        }
-        let (l, e, lm) = jsd_parts::<V, 2, 4, NORMAL>(
-            [S::load(&a[0]), S::load(&a[1])],
-            [U::load(&b[0]), U::load(&b[1])],
-            p,
-        );
-        for k in 0..2 {
+        let (z, w) = load_chunk_pairs::<V, S, U, G>(a, b, G * j, prefetch);
+        let (l, e, lm) = jsd_parts::<V, G, { 2 * G }, NORMAL>(z, w, p);
+        for k in 0..G {
             let r = l[2 * k].sub(lm[k]);
             r.store(&mut o[k]);
             acc = acc.add(e[2 * k].mul(r));
@@ -2153,7 +2236,7 @@ fn jsd_saved_grad1<V: F32x16>(z: f32, w: f32, p: &JsdParams, (k, c): (f32, f32))
 
 /// The saved-state JSD gradient's whole chunks into `d`, from the teacher's chunks `wc` (as
 /// many): by blocks, each in [`jsd_parts`]' `NORMAL` form where [`jsd_saved_normal`] allows
-/// it, two chunk pairs per iteration.
+/// it, [`JSD_PAIRS`] chunk pairs per iteration.
 #[inline(always)]
 fn jsd_saved_grad_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
     d: &mut D,
@@ -2218,7 +2301,7 @@ fn finite_extrema<V: F32x16, S: Load>(chunks: &[[S; 16]]) -> Option<(f32, f32)> 
     finite.then(|| (top.reduce_max(), low.reduce_min()))
 }
 
-/// [`jsd_saved_grad_chunks`] over chunks `range`, two at a time.
+/// [`jsd_saved_grad_chunks`] over chunks `range`, [`JSD_PAIRS`] at a time.
 #[inline(always)]
 fn jsd_saved_grad_range<V: F32x16, S: Load, U: Load, D: GradDest<S>, const NORMAL: bool>(
     d: &mut D,
@@ -2227,17 +2310,13 @@ fn jsd_saved_grad_range<V: F32x16, S: Load, U: Load, D: GradDest<S>, const NORMA
     p: &JsdParams,
     kc: (V, V),
 ) {
-    let pairs = range.start + (range.end - range.start) / 2 * 2;
+    const G: usize = JSD_PAIRS;
+    let pairs = range.start + (range.end - range.start) / G * G;
     let prefetch = software_prefetch();
-    for i in (range.start..pairs).step_by(2) {
-        let (z, w) = (&d.logits()[i..i + 2], &wc[i..i + 2]);
-        for k in 0..2 {
-            prefetch_ahead::<V, S>(&z[k], i + k, prefetch);
-            prefetch_ahead::<V, U>(&w[k], i + k, prefetch);
-        }
-        let zv = [S::load(&z[0]), S::load(&z[1])];
-        let wv = [U::load(&w[0]), U::load(&w[1])];
-        let g = jsd_saved_grads::<V, 2, 4, NORMAL>(zv, wv, p, kc);
+    for i in (range.start..pairs).step_by(G) {
+        let (zv, wv) =
+            load_chunk_pairs::<V, S, U, G>(&d.logits()[i..i + G], &wc[i..i + G], i, prefetch);
+        let g = jsd_saved_grads::<V, G, { 2 * G }, NORMAL>(zv, wv, p, kc);
         d.put(i, g);
     }
     for i in pairs..range.end {
