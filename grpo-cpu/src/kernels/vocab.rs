@@ -64,19 +64,22 @@ const ROOMY_REGISTERS: usize = 16;
 /// 2 → 0.160 ms, 4 → 0.157 ms, 8 → 0.167 ms.
 const UNROLL: usize = 4;
 
-/// [`UNROLL`] for a one-row step that does not track the extrema (`lse_unroll`: f32 rows
-/// on lanes with fewer than [`ROOMY_REGISTERS`]). Two chunks are four AVX2 exponential chains
-/// instead of eight, and their live values fit the 16 ymm registers with fewer spills.
-/// Measured on a Zen 4 host (AMD EPYC, 2 vCPUs) forcing AVX2 + FMA, 4 × 32768 in cache, one
-/// thread, one process alternating both forms over 40–60 rounds, median of the per-round time
-/// ratios against four chunks: f32 fused 0.89–0.91, log-prob alone 0.89, fused at T = 0.7
-/// 0.92; one chunk 1.07 against two. Streaming on two threads (12 rounds, 2048 × 32768 /
-/// 512 × 151936): fused 0.92 / 0.94, log-prob 0.92 / 0.89. The 16-bit rows, whose step tracks
-/// the extrema, measured 1.00 (fused) and 1.03 (bf16 log-prob) in cache with two, so they keep
-/// four, as AVX-512 does (0.98 / 1.02 with two). A tracking step with two chunks measured
-/// 1.12–1.15 against this one and its extrema pass. NEON, with as few registers, follows the
-/// rule unmeasured; the Zen 3 host that tuned the AVX2 step measured three chunks slower than
-/// four (README) but not two.
+/// [`UNROLL`] on lanes with fewer than [`ROOMY_REGISTERS`], for the loops over one row whose
+/// eight AVX2 exponential chains would spill: the backward's gradient steps
+/// (`grad_row_chunks`), the JSD's gradient pass (`jsd_grad_range`) and the one-row step that
+/// does not track the extrema (`lse_unroll`: f32 rows). Two chunks are four exponential chains,
+/// and their live values fit the 16 ymm registers with fewer spills.
+///
+/// For the one-row step, measured on a Zen 4 host (AMD EPYC, 2 vCPUs) forcing AVX2 + FMA,
+/// 4 × 32768 in cache, one thread, one process alternating both forms over 40–60 rounds,
+/// median of the per-round time ratios against four chunks: f32 fused 0.89–0.91, log-prob
+/// alone 0.89, fused at T = 0.7 0.92; one chunk 1.07 against two. Streaming on two threads
+/// (12 rounds, 2048 × 32768 / 512 × 151936): fused 0.92 / 0.94, log-prob 0.92 / 0.89. The
+/// 16-bit rows, whose step tracks the extrema, measured 1.00 (fused) and 1.03 (bf16 log-prob)
+/// in cache with two, so they keep four, as AVX-512 does (0.98 / 1.02 with two). A tracking
+/// step with two chunks measured 1.12–1.15 against this one and its extrema pass. NEON, with
+/// as few registers, follows the rule unmeasured; the Zen 3 host that tuned the AVX2 step
+/// measured three chunks slower than four (README) but not two.
 const FEW_REGISTERS_UNROLL: usize = 2;
 
 /// Chunk pairs per iteration of the JSD's loops over both rows (`jsd_chunks`,
@@ -1787,9 +1790,9 @@ fn grad_row_chunks<V: F32x16, S: Load, U: Load, D: GradDest<S>>(
             grad_row_chunks_n::<V, S, U, D, true, UNROLL>(dest, w, c, kl)
         }
     } else if const { V::SPECIALIZED_LOOPS } && c.tau == 1.0 {
-        grad_row_chunks_n::<V, S, U, D, false, 2>(dest, w, c, kl)
+        grad_row_chunks_n::<V, S, U, D, false, FEW_REGISTERS_UNROLL>(dest, w, c, kl)
     } else {
-        grad_row_chunks_n::<V, S, U, D, true, 2>(dest, w, c, kl)
+        grad_row_chunks_n::<V, S, U, D, true, FEW_REGISTERS_UNROLL>(dest, w, c, kl)
     }
 }
 
@@ -2159,7 +2162,7 @@ impl<S: Load> JsdGradDest<S> for JsdOver<'_, S> {
 }
 
 /// The JSD gradient's whole chunks: by blocks, each in [`jsd_grads`]' `NORMAL` form where the
-/// block's smallest student logit allows it, two chunks per iteration.
+/// block's smallest student logit allows it ([`jsd_grad_range`]).
 #[inline(always)]
 fn jsd_grad_chunks<V: F32x16, S: Load, D: JsdGradDest<S>>(
     d: &mut D,
@@ -2181,23 +2184,51 @@ fn jsd_grad_chunks<V: F32x16, S: Load, D: JsdGradDest<S>>(
     }
 }
 
-/// [`jsd_grad_chunks`] over chunks `range`, two at a time.
+/// [`jsd_grad_chunks`] over chunks `range`, as many at a time as the backward's gradient
+/// steps take ([`grad_row_chunks`]): [`UNROLL`] where the registers are roomy, else
+/// [`FEW_REGISTERS_UNROLL`]. It took two on every backend before; against that (the JSD
+/// backward, whose ratio pass takes [`JSD_PAIRS`], f32, Zen 4, one process alternating both,
+/// median of the per-round time ratios) four measured on AVX-512 0.756–0.767 in cache (4 ×
+/// 32768, one thread, 30 rounds) and 0.848 / 0.834 streaming (2048 × 32768 / 512 × 151936, two
+/// threads, 12 rounds); on AVX2 0.987 and 1.008 / 1.022, so it keeps two there.
 #[inline(always)]
 fn jsd_grad_range<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool>(
+    d: &mut D,
+    range: core::ops::Range<usize>,
+    p: &JsdParams,
+    kc: (f32, f32),
+) {
+    // As in `grad_row_chunks`: a `const` block, so only the width this `V` takes is compiled.
+    if const { V::REGISTERS >= ROOMY_REGISTERS } {
+        jsd_grad_steps::<V, S, D, NORMAL, UNROLL>(d, range, p, kc)
+    } else {
+        jsd_grad_steps::<V, S, D, NORMAL, FEW_REGISTERS_UNROLL>(d, range, p, kc)
+    }
+}
+
+/// [`jsd_grad_range`], `G` chunks at a time.
+#[inline(always)]
+fn jsd_grad_steps<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool, const G: usize>(
     d: &mut D,
     range: core::ops::Range<usize>,
     p: &JsdParams,
     (k, c): (f32, f32),
 ) {
     let kc = (V::splat(k), V::splat(c));
-    let pairs = range.start + (range.end - range.start) / 2 * 2;
+    let pairs = range.start + (range.end - range.start) / G * G;
     let prefetch = software_prefetch();
-    for i in (range.start..pairs).step_by(2) {
-        let z = &d.logits()[i..i + 2];
-        prefetch_ahead::<V, S>(&z[0], i, prefetch);
-        prefetch_ahead::<V, S>(&z[1], i + 1, prefetch);
-        let zv = [S::load(&z[0]), S::load(&z[1])];
-        let g = jsd_grads::<V, 2, NORMAL>(zv, [d.ratios(i), d.ratios(i + 1)], p, kc);
+    for i in (range.start..pairs).step_by(G) {
+        let z = &d.logits()[i..i + G];
+        let mut zv = [V::splat(0.0); G];
+        let mut rv = [V::splat(0.0); G];
+        for j in 0..G {
+            prefetch_ahead::<V, S>(&z[j], i + j, prefetch);
+        }
+        for j in 0..G {
+            zv[j] = S::load(&z[j]);
+            rv[j] = d.ratios(i + j);
+        }
+        let g = jsd_grads::<V, G, NORMAL>(zv, rv, p, kc);
         d.put(i, g);
     }
     for i in pairs..range.end {
