@@ -1065,7 +1065,10 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     let mut wp = wc.chunks_exact(G);
     let prefetch = software_prefetch();
     for (j, (a, b)) in (&mut zp).zip(&mut wp).enumerate() {
-        let (z, w) = load_chunk_pairs::<V, S, U, G>(a, b, G * j, prefetch);
+        let (z, w) = (
+            load_chunks::<V, S, G>(a, G * j, prefetch),
+            load_chunks::<V, U, G>(b, G * j, prefetch),
+        );
         let (l, e, lm) = jsd_parts::<V, G, { 2 * G }, NORMAL>(z, w, p);
         for t in jsd_terms_of(&l, &e, &lm, p) {
             acc[0] = acc[0].add(t);
@@ -1080,28 +1083,6 @@ fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
         acc[1] = acc[1].add(jsd_student_terms_of(&l, &e, &lm)[0]);
     }
     acc
-}
-
-/// The `G` chunks of a student and a teacher row that a JSD loop steps together, loaded, the
-/// cache lines ahead of them requested (`first`: the index of `z[0]` in its block's chunks,
-/// as [`prefetch_ahead`] takes it).
-#[inline(always)]
-fn load_chunk_pairs<V: F32x16, S: Load, U: Load, const G: usize>(
-    z: &[[S; 16]],
-    w: &[[U; 16]],
-    first: usize,
-    prefetch: bool,
-) -> ([V; G], [V; G]) {
-    let (mut zv, mut wv) = ([V::splat(0.0); G], [V::splat(0.0); G]);
-    for k in 0..G {
-        prefetch_ahead::<V, S>(&z[k], first + k, prefetch);
-        prefetch_ahead::<V, U>(&w[k], first + k, prefetch);
-    }
-    for k in 0..G {
-        zv[k] = S::load(&z[k]);
-        wv[k] = U::load(&w[k]);
-    }
-    (zv, wv)
 }
 
 /// The canonical sums of a row pair's JSD terms and of its student terms (`K = KL(p‖m)`,
@@ -1935,7 +1916,10 @@ fn jsd_ratio_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     let prefetch = software_prefetch();
     let mut op = lr.chunks_exact_mut(G);
     for (j, ((a, b), o)) in (&mut zp).zip(&mut wp).zip(&mut op).enumerate() {
-        let (z, w) = load_chunk_pairs::<V, S, U, G>(a, b, G * j, prefetch);
+        let (z, w) = (
+            load_chunks::<V, S, G>(a, G * j, prefetch),
+            load_chunks::<V, U, G>(b, G * j, prefetch),
+        );
         let (l, e, lm) = jsd_parts::<V, G, { 2 * G }, NORMAL>(z, w, p);
         for k in 0..G {
             let r = l[2 * k].sub(lm[k]);
@@ -2218,15 +2202,10 @@ fn jsd_grad_steps<V: F32x16, S: Load, D: JsdGradDest<S>, const NORMAL: bool, con
     let pairs = range.start + (range.end - range.start) / G * G;
     let prefetch = software_prefetch();
     for i in (range.start..pairs).step_by(G) {
-        let z = &d.logits()[i..i + G];
-        let mut zv = [V::splat(0.0); G];
-        let mut rv = [V::splat(0.0); G];
-        for j in 0..G {
-            prefetch_ahead::<V, S>(&z[j], i + j, prefetch);
-        }
-        for j in 0..G {
-            zv[j] = S::load(&z[j]);
-            rv[j] = d.ratios(i + j);
+        let zv = load_chunks::<V, S, G>(&d.logits()[i..i + G], i, prefetch);
+        let mut rv = [zv[0]; G];
+        for (j, r) in rv.iter_mut().enumerate() {
+            *r = d.ratios(i + j);
         }
         let g = jsd_grads::<V, G, NORMAL>(zv, rv, p, kc);
         d.put(i, g);
@@ -2345,8 +2324,8 @@ fn jsd_saved_grad_range<V: F32x16, S: Load, U: Load, D: GradDest<S>, const NORMA
     let pairs = range.start + (range.end - range.start) / G * G;
     let prefetch = software_prefetch();
     for i in (range.start..pairs).step_by(G) {
-        let (zv, wv) =
-            load_chunk_pairs::<V, S, U, G>(&d.logits()[i..i + G], &wc[i..i + G], i, prefetch);
+        let zv = load_chunks::<V, S, G>(&d.logits()[i..i + G], i, prefetch);
+        let wv = load_chunks::<V, U, G>(&wc[i..i + G], i, prefetch);
         let g = jsd_saved_grads::<V, G, { 2 * G }, NORMAL>(zv, wv, p, kc);
         d.put(i, g);
     }
