@@ -50,11 +50,11 @@ impl Kernel for Copy<'_> {
     }
 }
 
-/// [`Copy`] writing through [`F32x16::store_stream`] from the destination's first 64-byte
-/// boundary on (plain stores before it and for the tail), as the backward kernels write their
-/// gradients: on AVX-512 the streaming stores skip the read for ownership of each destination
-/// line that plain stores pay, so this probe moves two bytes over the memory bus for each
-/// byte copied where [`Copy`] moves three. Lengths must be equal.
+/// [`Copy`](struct@Copy) writing through [`F32x16::store_stream`] from the destination's first
+/// 64-byte boundary on (plain stores before it and for the tail), as the backward kernels write
+/// their gradients: on AVX-512 the streaming stores skip the read for ownership of each
+/// destination line that plain stores pay, so this probe moves two bytes over the memory bus for
+/// each byte copied where [`Copy`](struct@Copy) moves three. Lengths must be equal.
 pub(crate) struct CopyStream<'a>(pub(crate) &'a [f32], pub(crate) &'a mut [f32]);
 
 impl Kernel for CopyStream<'_> {
