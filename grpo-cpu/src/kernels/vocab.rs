@@ -1050,9 +1050,8 @@ fn jsd_chunks_normal<V: F32x16, S: Load, U: Load>(
 }
 
 /// The JSD terms of whole chunk pairs summed into the first accumulator (16 lanes, index
-/// order), and the student terms ([`jsd_student_terms_of`]) into the second, two chunks per
-/// iteration ([`JSD_PAIRS`] chunks), in [`jsd_parts`]' `NORMAL` form
-/// or the reference's.
+/// order), and the student terms ([`jsd_student_terms_of`]) into the second, [`JSD_PAIRS`]
+/// chunk pairs per iteration, in [`jsd_parts`]' `NORMAL` form or the reference's.
 #[inline(always)]
 fn jsd_chunks<V: F32x16, S: Load, U: Load, const NORMAL: bool>(
     zc: &[[S; 16]],
