@@ -86,9 +86,10 @@ impl Cpu {
     /// only `lp[t]`, `old[t]`, `adv[t]`), so the batch is cut into spans of positions regardless
     /// of sequence boundaries (only the mask decides validity: every position of a valid layout
     /// lies in some sequence). Two parallel passes, because outputs must stay untouched on `Err`:
-    /// the first checks every span without writing; the second — only if every span passed —
-    /// writes each span's values and gradients and gathers its diagnostics (spans in reverse
-    /// order, so it starts on inputs the first pass left in the last-level cache). If anything
+    /// the first checks every span without writing and sums its `−x` for `kl_sum`; the second —
+    /// only if every span passed — writes each span's values and gradients and gathers the
+    /// other diagnostics (spans in reverse order, so it starts on inputs the first pass left in
+    /// the last-level cache). If anything
     /// fails, grpo-core is called on the whole batch, which returns its own error and writes
     /// nothing, so the error value is exactly grpo-core's. The `f32` check is conservative and
     /// needs no exponential: finite `lp − old` and finite `A·M`, where `M = max(R, hi, c_dual)`
@@ -100,8 +101,10 @@ impl Cpu {
     ///
     /// - `f32`: a SIMD kernel on the [`Cpu`]'s backend repeats grpo-core's operations lane by
     ///   lane (its `exp` for `f32` is the canonical one every backend reproduces), spans of
-    ///   16384 positions, streaming stores on AVX-512, one loop per combination of the
-    ///   configuration's options. `grpo-bench loss` measures it against the same-run read +
+    ///   16384 positions, one loop per combination of the configuration's options. Where
+    ///   `lp`, `old`, `adv`, `value` and `grad` lie equally far from a 64-byte boundary, the
+    ///   second pass reads and writes in aligned chunks, with streaming stores on AVX-512;
+    ///   otherwise through the cache (the bits are the same either way). `grpo-bench loss` measures it against the same-run read +
     ///   write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine, 0.44–0.64 over 15
     ///   runs on the noisy 2-core AVX2 (Zen 3) one, mostly above 0.5 (README; the check pass
     ///   reads the inputs a second time, at about the memory's pace).
@@ -187,18 +190,20 @@ impl Cpu {
             mask: inp.tokens.mask.map(|m| &m[r]),
             out,
         };
-        // Pass 1: check every span (no writes).
-        let all_ok = self.install(|| {
+        // Pass 1: check every span (no writes) and sum its `−x` (collected in span order: the
+        // spans' `kl` fold in that order).
+        let checked: Vec<SpanDiag> = self.install(|| {
             (0..n.div_ceil(SPAN))
                 .into_par_iter()
-                .all(|k| arch::run(target, kernel(span(k), None)).ok)
+                .map(|k| arch::run(target, kernel(span(k), None)))
+                .collect()
         });
-        if !all_ok {
+        if !checked.iter().all(|s| s.ok) {
             return ppo_clip(cfg, inp, value, grad);
         }
         // Pass 2: every span is known to succeed; write each into its own slices and gather
-        // its diagnostics (collected in span order: the spans' `kl` fold in that order).
-        let mut spans: Vec<SpanDiag> = self.install(|| {
+        // its diagnostics.
+        let spans: Vec<SpanDiag> = self.install(|| {
             value
                 .par_chunks_mut(SPAN)
                 .zip(grad.par_chunks_mut(SPAN))
@@ -207,9 +212,7 @@ impl Cpu {
                 .map(|(k, (v, g))| arch::run(target, kernel(span(k), Some((v, g)))))
                 .collect()
         });
-        spans.reverse();
         let mut d = LossDiagnostics::<f32>::empty(LossLevel::Token);
-        let mut kl = PairwiseFold::new();
         for s in &spans {
             d.tokens += s.tokens;
             d.clipped_low += s.clipped_low;
@@ -219,6 +222,9 @@ impl Cpu {
             d.clamped += s.clamped;
             d.ratio_min = Real::min(d.ratio_min, s.ratio_min);
             d.ratio_max = Real::max(d.ratio_max, s.ratio_max);
+        }
+        let mut kl = PairwiseFold::new();
+        for s in &checked {
             kl.push(s.kl, |a, b| a + b);
         }
         d.kl_sum = kl.finish(|a, b| a + b).unwrap_or(0.0);

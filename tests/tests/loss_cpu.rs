@@ -481,3 +481,91 @@ fn beyond_the_check_bounds_matches_core() {
         }
     }
 }
+
+/// `src` copied into `buf` from the first index whose address lies `4·q` bytes past a 64-byte
+/// boundary (`q` < 16 floats); returns that index.
+fn place_at(buf: &mut [f32], src: &[f32], q: usize) -> usize {
+    let addr = buf.as_ptr() as usize;
+    let at = (0..16)
+        .find(|&i| (addr + 4 * i) % 64 == 4 * q)
+        .expect("an f32 buffer is 4-byte aligned");
+    buf[at..at + src.len()].copy_from_slice(src);
+    at
+}
+
+/// The write pass reads and writes in chunks aligned to the arrays where all five lie equally
+/// far from a 64-byte boundary, after a partial chunk of the positions before it (0–15 of
+/// them), and in the canonical chunks otherwise. Every such placement — the same offset
+/// `q = 0..16` floats for all five, and mixed offsets (inputs on a boundary and outputs not,
+/// and the reverse, and one array off) — must give grpo-core's values, gradients and
+/// diagnostics (`kl_sum` bits included) on every backend and pool, over lengths that end
+/// inside the first chunk, inside a block and after several spans, masked and not.
+#[test]
+fn every_array_placement_matches_core() {
+    let mut next = grpo_tests::uniform_f32(0x9e37_79b9_7f4a_7c15u64);
+    let same = (0..16).map(|q| [q; 5]);
+    let mixed = [
+        [0, 0, 0, 4, 4],
+        [4, 4, 4, 0, 0],
+        [0, 0, 0, 0, 7],
+        [3, 0, 0, 0, 0],
+        [1, 2, 3, 4, 5],
+    ];
+    let placements: Vec<[usize; 5]> = same.chain(mixed).collect();
+    for n in [9usize, 40, 2048 + 33, 2 * 16384 + 2048 + 21] {
+        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+        let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
+        let adv: Vec<f32> = (0..n)
+            .map(|t| if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
+            .collect();
+        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        for q in &placements {
+            let mut bufs: Vec<Vec<f32>> = (0..5).map(|_| vec![7.0f32; n + 16]).collect();
+            let at: Vec<usize> = (0..5)
+                .map(|k| {
+                    let src = [&lp[..], &old[..], &adv[..], &lp[..], &lp[..]][k];
+                    place_at(&mut bufs[k], src, q[k])
+                })
+                .collect();
+            // The outputs start as 7.0 everywhere (the copied logits are overwritten here).
+            for k in 3..5 {
+                bufs[k].fill(7.0);
+            }
+            let [lb, ob, ab, vb, gb] = &mut bufs[..] else {
+                unreachable!()
+            };
+            for ci in [0, 2, 3, 4] {
+                let cfg = cfg32(ci);
+                for m in [None, Some(&mask[..])] {
+                    let inp = PolicyInputs {
+                        lp: &lb[at[0]..at[0] + n],
+                        old: &ob[at[1]..at[1] + n],
+                        adv: &ab[at[2]..at[2] + n],
+                        tokens: Tokens::padded(1, n, m),
+                    };
+                    let (mut v0, mut g0) = (vec![7.0f32; n], vec![7.0f32; n]);
+                    let want = ppo_clip(&cfg, &inp, &mut v0, &mut g0).unwrap();
+                    for cpu in cpus_f32() {
+                        let (v, g) = (&mut vb[at[3]..at[3] + n], &mut gb[at[4]..at[4] + n]);
+                        v.fill(7.0);
+                        g.fill(7.0);
+                        let got = cpu.ppo_clip(&cfg, &inp, v, g).unwrap();
+                        let who = format!(
+                            "n = {n}, offsets {q:?}, config {ci}, mask {}, {:?}, {} threads",
+                            m.is_some(),
+                            cpu.backend(),
+                            cpu.threads()
+                        );
+                        assert_eq!(got, want, "{who}");
+                        assert_eq!(got.kl_sum.to_bits(), want.kl_sum.to_bits(), "{who}");
+                        assert_eq!(bits32(v), bits32(&v0), "{who}: values");
+                        assert_eq!(bits32(g), bits32(&g0), "{who}: gradients");
+                        // Nothing written outside the outputs.
+                        assert!(vb[..at[3]].iter().all(|&x| x == 7.0), "{who}");
+                        assert!(gb[at[4] + n..].iter().all(|&x| x == 7.0), "{who}");
+                    }
+                }
+            }
+        }
+    }
+}

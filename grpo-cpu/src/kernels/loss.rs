@@ -13,10 +13,11 @@
 //! of whole blocks starting at a block boundary and folds its blocks with a
 //! [`PairwiseFold`]; spans of a power-of-two number of blocks fold into the same association.
 //!
-//! Two modes: the *check* mode (no writes) only tells whether the span is safe to write; the
-//! *write* mode stores values and gradients (`F32x16::store_stream`: the outputs are written
-//! once and not read back) and gathers the diagnostics. The check reads the inputs at about the
-//! memory's pace — no exponential — and the write mode's arithmetic is done once.
+//! Two modes: the *check* mode (no writes) tells whether the span is safe to write and sums
+//! its `−x` (in the canonical chunks, which only this sum needs); the *write* mode stores
+//! values and gradients and gathers the other diagnostics, in chunks aligned to the arrays
+//! where it can (see [`write_span`]). The check reads the inputs at about the memory's pace —
+//! no exponential — and the write mode's arithmetic is done once.
 //!
 //! The check is a cheaper, conservative stand-in for grpo-core's (finite `lp`, `old`, `A`,
 //! value and gradient). It requires `d = lp − old` finite (which implies finite `lp` and `old`:
@@ -110,8 +111,9 @@ pub(crate) struct PpoSpan<'a> {
     pub(crate) out: Option<(&'a mut [f32], &'a mut [f32])>,
 }
 
-/// What a span's pass found: the check mode sets only `ok` (the rest is the default), the write
-/// mode (which runs only after every span passed) the diagnostics, with `ok = true`.
+/// What a span's pass found: the check mode sets `ok` and `kl` (the rest is the default), the
+/// write mode (which runs only after every span passed) the other diagnostics, with
+/// `ok = true` and `kl = 0`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct SpanDiag {
     /// The check passed: every valid input, value and gradient would be finite (module docs).
@@ -132,7 +134,6 @@ pub(crate) struct SpanDiag {
 struct TokenLanes<V: F32x16> {
     value: V,
     grad: V,
-    x: V,
     rho: V,
     clamped: V::Mask,
     clip_low: V::Mask,
@@ -154,13 +155,12 @@ fn neg_mul0<V: F32x16>(a: V, dr: V) -> V {
     neg(V::select(dr.eq(zero), zero, a.mul(dr)))
 }
 
-/// grpo-core's PPO-clip token step (`ppo_clip`'s closure and `ppo_core`) per lane.
-/// `O`: the options' bits ([`CLAMP`], …), which the configuration `p` matches.
+/// `x = clamp(d)` and where the clamp applied, per lane (grpo-core's log-ratio clamp; `d`
+/// itself without [`CLAMP`]). The check mode's `Σ −x` and the write mode's ratios both start
+/// here, so they see the same `x`.
 #[inline(always)]
-fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
-    let zero = V::splat(0.0);
-    let d = lp.sub(old);
-    let (x, clamped) = if O & CLAMP != 0 {
+fn log_ratio_lanes<V: F32x16, const O: u8>(p: &PpoParams, d: V) -> (V, V::Mask) {
+    if O & CLAMP != 0 {
         let c = p.clamp.unwrap_or(f32::INFINITY);
         let (c, mc) = (V::splat(c), V::splat(-c));
         let above = d.gt(c);
@@ -171,7 +171,15 @@ fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> To
         )
     } else {
         (d, V::mask_none())
-    };
+    }
+}
+
+/// grpo-core's PPO-clip token step (`ppo_clip`'s closure and `ppo_core`) per lane.
+/// `O`: the options' bits ([`CLAMP`], …), which the configuration `p` matches.
+#[inline(always)]
+fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> TokenLanes<V> {
+    let zero = V::splat(0.0);
+    let (x, clamped) = log_ratio_lanes::<V, O>(p, lp.sub(old));
     // Inside the clamp the cheaper form of the same exponential applies.
     let rho = if O & MODERATE != 0 {
         exp_moderate(x)
@@ -229,7 +237,6 @@ fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> To
     TokenLanes {
         value,
         grad,
-        x,
         rho,
         clamped,
         clip_low,
@@ -287,22 +294,23 @@ fn chunk<V: F32x16, const O: u8>(
     (token_lanes::<V, O>(p, l, o, a), valid)
 }
 
-/// The check mode's term for one chunk: `+0` in every lane that passes, a positive number,
-/// +∞ or NaN in a lane that does not (see the module docs):
-/// `d·0 + (A·M)·0` (NaN unless `d` and `A·M` are finite, `M` = [`PpoParams::check_bound`]),
-/// plus `max(d, 80) − 80` where the clamp does not keep `ρ`'s argument at most 80 (positive
-/// exactly when `d > 80`).
+/// The check mode's work on one chunk of `lp − old = d` and `A` (invalid lanes zeroed,
+/// [`masked_inputs`]): its term, `+0` in every lane that passes and a positive number, +∞ or
+/// NaN in a lane that does not (see the module docs) — `d·0 + (A·M)·0` (NaN unless `d` and
+/// `A·M` are finite, `M` = [`PpoParams::check_bound`]), plus `max(d, 80) − 80` where the
+/// clamp does not keep `ρ`'s argument at most 80 (positive exactly when `d > 80`) —, and
+/// `x = clamp(d)` for the span's `Σ −x`.
 #[inline(always)]
-fn check_term<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> V {
+fn check_lanes<V: F32x16, const O: u8>(p: &PpoParams, d: V, a: V) -> (V, V) {
     let zero = V::splat(0.0);
-    let d = lp.sub(old);
     let t = d.mul_add(zero, a.mul(V::splat(p.check_bound)).mul(zero));
-    if O & MODERATE != 0 {
+    let t = if O & MODERATE != 0 {
         t
     } else {
         let lim = V::splat(CHECK_LOG_RATIO_MAX);
         t.add(d.max(lim).sub(lim))
-    }
+    };
+    (t, log_ratio_lanes::<V, O>(p, d).0)
 }
 
 /// Running diagnostics of the write mode, in lanes: the counts as `u32` bit patterns
@@ -372,7 +380,7 @@ impl<V: F32x16> Acc<V> {
     }
 
     /// The span's diagnostics; `unmasked` = tokens of chunks added with `valid = None`.
-    fn finish(self, kl: f32, unmasked: usize) -> SpanDiag {
+    fn finish(self, unmasked: usize) -> SpanDiag {
         let total = |v: V| {
             v.to_array()
                 .iter()
@@ -397,7 +405,7 @@ impl<V: F32x16> Acc<V> {
             dual_clipped: total(self.dual),
             delta_capped: total(self.capped),
             clamped: total(self.clamped),
-            kl,
+            kl: 0.0,
             ratio_min: rmin,
             ratio_max: rmax,
         }
@@ -449,7 +457,11 @@ impl PpoSpan<'_> {
     }
 }
 
-/// The check mode over one span: `ok` only (see the module docs).
+/// The check mode over one span: whether it passes (see the module docs), and its `Σ −x` in
+/// the canonical order — per block, 16 strided lane sums, the lane tree, the batch's tail in
+/// index order; the blocks folded pairwise — which the check computes because it reads `lp`
+/// and `old` in the canonical chunks anyway, while it waits for memory (a span that fails
+/// goes to grpo-core, which computes its own).
 #[inline(always)]
 fn check_span<V: F32x16, const O: u8>(
     p: &PpoParams,
@@ -458,47 +470,73 @@ fn check_span<V: F32x16, const O: u8>(
     adv: &[f32],
     mask: Option<&[bool]>,
 ) -> SpanDiag {
-    let (lpc, lp_tail) = lp.as_chunks::<16>();
-    let (oldc, old_tail) = old.as_chunks::<16>();
-    let (advc, adv_tail) = adv.as_chunks::<16>();
-    let n16 = lpc.len() * LANES;
+    let n = lp.len();
     let mut check = V::splat(0.0);
-    match mask {
-        None => {
-            for k in 0..lpc.len() {
-                let (l, o, a) = (V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
-                check = check.add(check_term::<V, O>(p, l, o, a));
+    let mut fold = PairwiseFold::new();
+    let mut start = 0;
+    while start < n {
+        let end = (start + BLOCK).min(n);
+        let n16 = start + (end - start) / LANES * LANES;
+        let (lpc, _) = lp[start..n16].as_chunks::<16>();
+        let (oldc, _) = old[start..n16].as_chunks::<16>();
+        let (advc, _) = adv[start..n16].as_chunks::<16>();
+        let mut kl = V::splat(0.0);
+        match mask {
+            None => {
+                for k in 0..lpc.len() {
+                    let (l, o, a) = (V::load(&lpc[k]), V::load(&oldc[k]), V::load(&advc[k]));
+                    let (t, x) = check_lanes::<V, O>(p, l.sub(o), a);
+                    check = check.add(t);
+                    kl = kl.sub(x);
+                }
+            }
+            Some(m) => {
+                let (mc, _) = m[start..n16].as_chunks::<16>();
+                for k in 0..lpc.len() {
+                    let valid = Some(valid_lanes::<V>(&mc[k]));
+                    let (l, o, a) = masked_inputs(
+                        valid,
+                        V::load(&lpc[k]),
+                        V::load(&oldc[k]),
+                        V::load(&advc[k]),
+                    );
+                    let (t, x) = check_lanes::<V, O>(p, l.sub(o), a);
+                    check = check.add(t);
+                    kl = kl.sub(x);
+                }
             }
         }
-        Some(m) => {
-            let (mc, _) = m[..n16].as_chunks::<16>();
-            for k in 0..lpc.len() {
-                let valid = Some(valid_lanes::<V>(&mc[k]));
-                let (l, o, a) = masked_inputs(
-                    valid,
-                    V::load(&lpc[k]),
-                    V::load(&oldc[k]),
-                    V::load(&advc[k]),
-                );
-                check = check.add(check_term::<V, O>(p, l, o, a));
+        // Tail (only in the batch's last block): the same lanes on a zero-padded chunk, then
+        // the canonical order — tree first, tail elements added in index order.
+        let mut kl_lanes = kl.to_array();
+        tree(&mut kl_lanes);
+        let mut s = kl_lanes[0];
+        if end > n16 {
+            let m = mask.map(|m| &m[n16..end]);
+            let (l, o, a, _) = padded_chunk::<V>(&lp[n16..end], &old[n16..end], &adv[n16..end], m);
+            let (t, x) = check_lanes::<V, O>(p, l.sub(o), a);
+            check = check.add(t);
+            for (i, &xi) in x.to_array().iter().enumerate().take(end - n16) {
+                if m.is_none_or(|m| m[i]) {
+                    s += -xi;
+                }
             }
         }
-    }
-    let tail = lp_tail.len();
-    if tail > 0 {
-        let (l, o, a, _) = padded_tail::<V>(lp_tail, old_tail, adv_tail, mask.map(|m| &m[n16..]));
-        check = check.add(check_term::<V, O>(p, l, o, a));
+        fold.push(s, |a, b| a + b);
+        start = end;
     }
     SpanDiag {
         ok: check.to_array().iter().all(|&c| c == 0.0),
+        kl: fold.finish(|a, b| a + b).unwrap_or(0.0),
         ..SpanDiag::default()
     }
 }
 
-/// The inputs of a span's last `< 16` positions, zero-padded to a chunk, with the invalid lanes
-/// (masked, or beyond the tail) zeroed ([`masked_inputs`]), and the validity.
+/// The inputs of at most 16 positions (a span's tail, or in the write mode the positions
+/// before its first aligned chunk), zero-padded to a chunk, with the invalid lanes (masked, or
+/// beyond the positions) zeroed ([`masked_inputs`]), and the validity.
 #[inline(always)]
-fn padded_tail<V: F32x16>(
+fn padded_chunk<V: F32x16>(
     lp: &[f32],
     old: &[f32],
     adv: &[f32],
@@ -524,7 +562,29 @@ fn padded_tail<V: F32x16>(
     (l, o, a, valid)
 }
 
-/// The write mode over one span: values, gradients and the diagnostics.
+/// The write mode over one span: values, gradients and the diagnostics except `kl` (the
+/// check mode's).
+///
+/// Every token is computed on its own and the diagnostics are counts and extrema, so the
+/// chunks need not be the canonical ones: where the five arrays lie equally far from a
+/// 64-byte boundary (the common case: buffers from one allocator), the first chunk starts at
+/// that boundary — after a zero-padded partial chunk of the positions before it — and every
+/// load and store is aligned, the stores streaming ([`F32x16::store_stream`]). Otherwise the
+/// chunks start at the span's start and the stores go through the cache.
+///
+/// Why (Zen 4, 2 threads, 8 M tokens; one process alternating two forms, median of twelve
+/// per-pair time ratios per run): streaming stores beside loads that straddle cache lines
+/// were the slowest form — with the inputs 16 bytes past a 64-byte boundary and the outputs
+/// on one, cached stores took 0.81–0.87 of their time (six runs) — while with every array on
+/// a boundary the streaming stores were the fastest (cached ones took 0.99–1.14 of their time,
+/// ten runs). Large buffers from glibc's `malloc` (so Rust's `Vec`) start 16 bytes past a page
+/// boundary, PyTorch's CPU tensors on a 64-byte one. `grpo-bench loss`, whose arrays all start
+/// 16 bytes past one, took 0.905 (PPO-clip) and 0.904 (KL3) of the time of the canonical
+/// chunks (18 alternated runs of both binaries, median per-pair ratio).
+///
+/// Streaming stores leave the outputs out of the cache: a batch small enough to stay there
+/// (262144 tokens, 5 MiB) ran as fast either way, but its consumer then reads the values and
+/// gradients from memory — as it does after the out-of-place vocabulary backward.
 #[inline(always)]
 fn write_span<V: F32x16, const O: u8>(
     p: &PpoParams,
@@ -536,60 +596,102 @@ fn write_span<V: F32x16, const O: u8>(
     grad: &mut [f32],
 ) -> SpanDiag {
     let n = lp.len();
+    // Positions before the next 64-byte boundary (`align_offset` may answer `usize::MAX`
+    // where it cannot tell: then the chunks start at the span's start).
+    let offset = |x: *const f32| x.align_offset(64);
+    let head = offset(lp.as_ptr());
+    let aligned = head < LANES
+        && [old.as_ptr(), adv.as_ptr(), value.as_ptr(), grad.as_ptr()]
+            .into_iter()
+            .all(|x| offset(x) == head);
     let mut acc = Acc::<V>::new();
-    let mut unmasked = 0;
-    let mut fold = PairwiseFold::new();
-    let zero = V::splat(0.0);
-    let mut start = 0;
-    while start < n {
-        let end = (start + BLOCK).min(n);
-        let n16 = start + (end - start) / LANES * LANES;
-        let mut kl = zero;
-        let (lpc, _) = lp[start..n16].as_chunks::<16>();
-        let (oldc, _) = old[start..n16].as_chunks::<16>();
-        let (advc, _) = adv[start..n16].as_chunks::<16>();
-        let maskc = mask.map(|m| m[start..n16].as_chunks::<16>().0);
-        let (vc, _) = value[start..n16].as_chunks_mut::<16>();
-        let (gc, _) = grad[start..n16].as_chunks_mut::<16>();
-        for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
-            let (lanes, valid) =
-                chunk::<V, O>(p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
+    let start = if aligned { head.min(n) } else { 0 };
+    let whole = start + (n - start) / LANES * LANES;
+    let inp = Inputs { lp, old, adv, mask };
+    for r in [0..start, whole..n] {
+        if !r.is_empty() {
+            let (v, g) = (&mut value[r.clone()], &mut grad[r.clone()]);
+            write_part::<V, O>(p, inp.range(r), v, g, &mut acc);
+        }
+    }
+    let (vc, _) = value[start..whole].as_chunks_mut::<16>();
+    let (gc, _) = grad[start..whole].as_chunks_mut::<16>();
+    let body = inp.range(start..whole);
+    if aligned {
+        write_chunks::<V, O, true>(p, body, vc, gc, &mut acc);
+    } else {
+        write_chunks::<V, O, false>(p, body, vc, gc, &mut acc);
+    }
+    let unmasked = if mask.is_none() { whole - start } else { 0 };
+    acc.finish(unmasked)
+}
+
+/// The inputs of some positions of a span.
+#[derive(Clone, Copy)]
+struct Inputs<'a> {
+    lp: &'a [f32],
+    old: &'a [f32],
+    adv: &'a [f32],
+    mask: Option<&'a [bool]>,
+}
+
+impl<'a> Inputs<'a> {
+    /// Positions `r` of these.
+    fn range(&self, r: core::ops::Range<usize>) -> Inputs<'a> {
+        Inputs {
+            lp: &self.lp[r.clone()],
+            old: &self.old[r.clone()],
+            adv: &self.adv[r.clone()],
+            mask: self.mask.map(|m| &m[r]),
+        }
+    }
+}
+
+/// Fewer than 16 positions of [`write_span`] (before its first whole chunk, or after its last):
+/// the same lanes on a zero-padded chunk ([`padded_chunk`]), the positions' values and
+/// gradients copied out.
+#[inline(always)]
+fn write_part<V: F32x16, const O: u8>(
+    p: &PpoParams,
+    inp: Inputs<'_>,
+    value: &mut [f32],
+    grad: &mut [f32],
+    acc: &mut Acc<V>,
+) {
+    let (l, o, a, valid) = padded_chunk::<V>(inp.lp, inp.old, inp.adv, inp.mask);
+    let lanes = token_lanes::<V, O>(p, l, o, a);
+    value.copy_from_slice(&lanes.value.to_array()[..value.len()]);
+    grad.copy_from_slice(&lanes.grad.to_array()[..grad.len()]);
+    acc.add::<O>(&lanes, valid);
+}
+
+/// The whole chunks of [`write_span`] (`inp` holds as many positions as `vc` and `gc`): their
+/// values and gradients stored streaming if `STREAM`, through the cache otherwise.
+#[inline(always)]
+fn write_chunks<V: F32x16, const O: u8, const STREAM: bool>(
+    p: &PpoParams,
+    inp: Inputs<'_>,
+    vc: &mut [[f32; 16]],
+    gc: &mut [[f32; 16]],
+    acc: &mut Acc<V>,
+) {
+    let (lpc, oldc, advc) = (
+        inp.lp.as_chunks::<16>().0,
+        inp.old.as_chunks::<16>().0,
+        inp.adv.as_chunks::<16>().0,
+    );
+    let maskc = inp.mask.map(|m| m.as_chunks::<16>().0);
+    for (k, (v, g)) in vc.iter_mut().zip(gc.iter_mut()).enumerate() {
+        let (lanes, valid) = chunk::<V, O>(p, &lpc[k], &oldc[k], &advc[k], maskc.map(|m| &m[k]));
+        if STREAM {
             lanes.value.store_stream(v);
             lanes.grad.store_stream(g);
-            acc.add::<O>(&lanes, valid);
-            kl = kl.sub(lanes.x);
+        } else {
+            lanes.value.store(v);
+            lanes.grad.store(g);
         }
-        if mask.is_none() {
-            unmasked += n16 - start;
-        }
-        // Tail (only in the batch's last block): the same lanes on a zero-padded chunk, then
-        // the canonical order — tree first, tail elements added in index order.
-        let mut kl_lanes = kl.to_array();
-        tree(&mut kl_lanes);
-        let mut s = kl_lanes[0];
-        if end > n16 {
-            let (l, o, a, valid) = padded_tail::<V>(
-                &lp[n16..end],
-                &old[n16..end],
-                &adv[n16..end],
-                mask.map(|m| &m[n16..end]),
-            );
-            let lanes = token_lanes::<V, O>(p, l, o, a);
-            let tail = end - n16;
-            value[n16..end].copy_from_slice(&lanes.value.to_array()[..tail]);
-            grad[n16..end].copy_from_slice(&lanes.grad.to_array()[..tail]);
-            acc.add::<O>(&lanes, valid);
-            let x = lanes.x.to_array();
-            for (l, &xl) in x.iter().enumerate().take(tail) {
-                if mask.is_none_or(|m| m[n16 + l]) {
-                    s += -xl;
-                }
-            }
-        }
-        fold.push(s, |a, b| a + b);
-        start = end;
+        acc.add::<O>(&lanes, valid);
     }
-    acc.finish(fold.finish(|a, b| a + b).unwrap_or(0.0), unmasked)
 }
 
 #[cfg(test)]
@@ -674,6 +776,62 @@ mod tests {
             }
         }
         assert_eq!(loops, 12);
+    }
+
+    /// The write pass's two chunkings — aligned to the arrays when all five lie equally far
+    /// from a 64-byte boundary (each of the 16 distances), the canonical chunks otherwise —
+    /// give grpo-core's bits and diagnostics on every backend (NEON too, under qemu in CI).
+    #[test]
+    fn every_array_offset_matches_core_on_every_backend() {
+        let n = 2048 + 16 + 37;
+        let mut next = crate::test_data::uniform_f32(0x5851_f42d_4c95_7f2d);
+        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+        let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
+        let adv: Vec<f32> = (0..n).map(|_| 4.0 * next() - 2.0).collect();
+        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        let cfg = PpoClipConfig::<f32>::default();
+        // The first index of `buf` whose address lies `4·q` bytes past a 64-byte boundary.
+        let at = |buf: &[f32], q: usize| {
+            (0..16)
+                .find(|&i| (buf.as_ptr() as usize + 4 * i) % 64 == 4 * q)
+                .unwrap()
+        };
+        let offsets = (0..16)
+            .map(|q| [q; 5])
+            .chain([[0, 0, 0, 0, 5], [5, 5, 5, 0, 0]]);
+        for q in offsets {
+            let mut bufs: Vec<Vec<f32>> = (0..5).map(|_| vec![0.0f32; n + 16]).collect();
+            let o: Vec<usize> = (0..5).map(|k| at(&bufs[k], q[k])).collect();
+            for (k, src) in [&lp, &old, &adv].into_iter().enumerate() {
+                bufs[k][o[k]..o[k] + n].copy_from_slice(src);
+            }
+            let [l, od, a, v, g] = &mut bufs[..] else {
+                unreachable!()
+            };
+            for m in [None, Some(&mask[..])] {
+                let inp = PolicyInputs {
+                    lp: &l[o[0]..o[0] + n],
+                    old: &od[o[1]..o[1] + n],
+                    adv: &a[o[2]..o[2] + n],
+                    tokens: Tokens::padded(1, n, m),
+                };
+                let (mut v0, mut g0) = (vec![0.0f32; n], vec![0.0f32; n]);
+                let want = ppo_clip(&cfg, &inp, &mut v0, &mut g0).unwrap();
+                for b in Backend::available() {
+                    let cpu = Cpu::new(b).unwrap().with_threads(1).unwrap();
+                    let (v, g) = (&mut v[o[3]..o[3] + n], &mut g[o[4]..o[4] + n]);
+                    v.fill(9.0);
+                    g.fill(9.0);
+                    let got = cpu.ppo_clip(&cfg, &inp, v, g).unwrap();
+                    let who = format!("{b:?}, offsets {q:?}, mask {}", m.is_some());
+                    assert_eq!(got, want, "{who}");
+                    assert_eq!(got.kl_sum.to_bits(), want.kl_sum.to_bits(), "{who}");
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(bits(v) == bits(&v0), "{who}: values");
+                    assert!(bits(g) == bits(&g0), "{who}: gradients");
+                }
+            }
+        }
     }
 
     /// The check mode's verdict on one span on every backend this CPU has (asserted equal).
