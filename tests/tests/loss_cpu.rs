@@ -382,6 +382,22 @@ fn default_blocks_f32() {
     assert_eq!((v0[3], g0[3]), (0.0, 0.0));
 }
 
+/// `n` ordinary f32 tokens from `next` (uniform in [0, 1)): log-probabilities in [−4, 0), π_old
+/// within ±0.4 of them (so ratios cross the clip bounds), advantages in [−2, 2) with every 11th
+/// exactly 0, and a mask with about one position in ten masked out.
+fn ordinary_f32_batch(
+    n: usize,
+    next: &mut impl FnMut() -> f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<bool>) {
+    let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+    let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
+    let adv: Vec<f32> = (0..n)
+        .map(|t| if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
+        .collect();
+    let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+    (lp, old, adv, mask)
+}
+
 /// Long f32 batches on every backend: lengths around grpo-core's 2048-position blocks and the
 /// SIMD kernel's 16384-position spans (so the spans' `kl_sum`s must fold into grpo-core's exact
 /// association), masked and unmasked, every config.
@@ -396,12 +412,7 @@ fn long_f32_batches_every_backend() {
         16384 + 17,
         3 * 16384 + 2048 * 3 + 5,
     ] {
-        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
-        let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
-        let adv: Vec<f32> = (0..n)
-            .map(|t| if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
-            .collect();
-        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        let (lp, old, adv, mask) = ordinary_f32_batch(n, &mut next);
         for ci in 0..configs().len() {
             for m in [None, Some(&mask[..])] {
                 let inp = PolicyInputs {
@@ -513,12 +524,7 @@ fn every_array_placement_matches_core() {
     ];
     let placements: Vec<[usize; 5]> = same.chain(mixed).collect();
     for n in [9usize, 40, 2048 + 33, 2 * 16384 + 2048 + 21] {
-        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
-        let old: Vec<f32> = lp.iter().map(|&l| l + 0.8 * next() - 0.4).collect();
-        let adv: Vec<f32> = (0..n)
-            .map(|t| if t % 11 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
-            .collect();
-        let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        let (lp, old, adv, mask) = ordinary_f32_batch(n, &mut next);
         for q in &placements {
             let mut bufs: Vec<Vec<f32>> = (0..5).map(|_| vec![7.0f32; n + 16]).collect();
             let at: Vec<usize> = (0..5)
