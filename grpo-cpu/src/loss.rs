@@ -104,10 +104,11 @@ impl Cpu {
     ///   16384 positions, one loop per combination of the configuration's options. Where
     ///   `lp`, `old`, `adv`, `value` and `grad` lie equally far from a 64-byte boundary, the
     ///   second pass reads and writes in aligned chunks, with streaming stores on AVX-512;
-    ///   otherwise through the cache (the bits are the same either way). `grpo-bench loss` measures it against the same-run read +
-    ///   write roofline: 0.5–0.6 of it on the 2-core AVX-512 build machine, 0.44–0.64 over 15
-    ///   runs on the noisy 2-core AVX2 (Zen 3) one, mostly above 0.5 (README; the check pass
-    ///   reads the inputs a second time, at about the memory's pace).
+    ///   otherwise through the cache (the bits are the same either way). `grpo-bench loss`
+    ///   measures it against the same-run read + write roofline: 0.53–0.76 of it over 18 runs
+    ///   on a 2-core AVX-512 (Zen 4) build machine, 0.5–0.6 on an Intel one, 0.44–0.64 over 15
+    ///   runs on the noisy 2-core AVX2 (Zen 3) one, before the aligned chunks (README; the
+    ///   check pass reads the inputs a second time, at about the memory's pace).
     /// - `f64`: grpo-core's scalar `ppo_clip` per block of [`LOSS_BLOCK`] positions (each
     ///   block evaluated twice by grpo-core itself, and twice by the two passes).
     ///
