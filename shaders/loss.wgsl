@@ -134,13 +134,18 @@ fn ppo_core(rho: f32, drho: f32, a: f32) -> Out {
     }
     let v2 = -(a * r2);
     let g2 = -mul0(a, dr2);
+    // The winner decided on the ratios, exactly (the rounded products can tie while the
+    // ratios differ; see loss::ppo_core).
+    let clipped_wins = (a > 0.0 && r1 > r2) || (a < 0.0 && r1 < r2);
     var v = v1;
     var g = g1;
-    if v2 > v1 {
+    var r = r1;
+    if clipped_wins {
         v = v2;
         g = g2;
+        r = r2;
     }
-    if capped && a < 0.0 && v1 >= v2 {
+    if capped && a < 0.0 && !clipped_wins {
         o.ev |= EV_CAPPED;
     }
     if a > 0.0 && rho > params.hi {
@@ -151,7 +156,8 @@ fn ppo_core(rho: f32, drho: f32, a: f32) -> Out {
     }
     if (params.flags & FLAG_DUAL_CLIP) != 0u && a < 0.0 {
         let v3 = -(params.dual_c * a);
-        if v3 < v {
+        // −c·A < −r·A exactly for A < 0.
+        if params.dual_c < r {
             v = v3;
             g = 0.0;
             o.ev |= EV_DUAL;

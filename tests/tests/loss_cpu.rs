@@ -493,6 +493,67 @@ fn beyond_the_check_bounds_matches_core() {
     }
 }
 
+/// Log-ratios whose ratios lie a few ULP around each config's bounds, dual constant and δ cap,
+/// with advantages for which `−A·ρ` and `−A·bound` round to the same f32 while the ratios
+/// differ: every backend gives grpo-core's bits and diagnostics, and grpo-core clips a token
+/// one ULP past a bound (no gradient) as the rule says.
+#[test]
+fn rounding_ties_at_the_bounds_match_core() {
+    // grpo-core's f32 exponential (an inherent `f32::exp` would be std's).
+    use grpo_core::Real;
+    for ci in 0..configs().len() {
+        let cfg = cfg32(ci);
+        let mut bounds = vec![cfg.bounds.lo, cfg.bounds.hi];
+        bounds.extend(cfg.dual_clip.into_iter().chain(cfg.delta_cap));
+        // Consecutive log-ratios around ln(bound): their ratios step through the floats there.
+        let xs: Vec<f32> = bounds
+            .iter()
+            .flat_map(|b| {
+                let x = b.ln();
+                (0..48).map(move |k| f32::from_bits(x.to_bits() + k - 24))
+            })
+            .collect();
+        let advs: Vec<f32> = (1..160)
+            .flat_map(|k| [0.5 + k as f32 * 0.00937, -(0.5 + k as f32 * 0.00937)])
+            .collect();
+        let (lp, adv): (Vec<f32>, Vec<f32>) = xs
+            .iter()
+            .flat_map(|&x| advs.iter().map(move |&a| (x, a)))
+            .unzip();
+        let n = lp.len();
+        let old = vec![0.0f32; n];
+        // The grid must hold ties at a bound it crosses.
+        let ties = lp
+            .iter()
+            .zip(&adv)
+            .filter(|&(&x, &a)| {
+                let rho = Real::exp(x);
+                bounds.iter().any(|&b| rho != b && a * rho == a * b)
+            })
+            .count();
+        assert!(ties > 20, "config {ci}: {ties} ties");
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::padded(1, n, None),
+        };
+        let (mut v, mut g) = (vec![0.0f32; n], vec![0.0f32; n]);
+        let d = ppo_clip(&cfg, &inp, &mut v, &mut g).unwrap();
+        // The tokens past a bound against their advantage's sign get no gradient.
+        let (lo, hi) = (cfg.bounds.lo, cfg.bounds.hi);
+        let clipped = (0..n)
+            .filter(|&t| {
+                let rho = Real::exp(lp[t]);
+                (adv[t] > 0.0 && rho > hi) || (adv[t] < 0.0 && rho < lo)
+            })
+            .inspect(|&t| assert_eq!(g[t], 0.0, "config {ci}, token {t}"))
+            .count();
+        assert_eq!(clipped, d.clipped_high + d.clipped_low, "config {ci}");
+        check_f32(&cfg, &inp, n);
+    }
+}
+
 /// `src` copied into `buf` from the first index whose address lies `4·q` bytes past a 64-byte
 /// boundary (`q` < 16 floats); returns that index.
 fn place_at(buf: &mut [f32], src: &[f32], q: usize) -> usize {

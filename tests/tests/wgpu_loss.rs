@@ -1080,6 +1080,61 @@ fn hand_computed_ppo_tokens() {
     assert_eq!((d.clipped_high, d.clipped_low, d.tokens), (1, 1, 3));
 }
 
+/// Ratios a few ULP around the clip bounds and the dual constant, with advantages for which
+/// `−A·ρ` and `−A·bound` round alike while the ratios differ: the shader decides the branches on
+/// the ratios, as grpo-core does, so every token it counts as clipped (or dual-clipped) has no
+/// gradient and every other token has one. (Its exponential may differ from grpo-core's in the
+/// last bits, so the test checks the shader against its own counts, not against grpo-core.)
+#[test]
+fn clipped_tokens_have_no_gradient_at_rounding_ties() {
+    let Some(ctx) = gpu::context("clipped_tokens_have_no_gradient_at_rounding_ties") else {
+        return;
+    };
+    let k = LossKernel::new(ctx);
+    for cfg in [
+        PpoClipConfig::<f32>::from_preset(Preset::Verl),
+        PpoClipConfig::dapo(),
+    ] {
+        let mut points = vec![cfg.bounds.lo, cfg.bounds.hi];
+        points.extend(cfg.dual_clip);
+        let xs: Vec<f32> = points
+            .iter()
+            .flat_map(|p| {
+                let x = p.ln();
+                (0..48).map(move |k| f32::from_bits(x.to_bits() + k - 24))
+            })
+            .collect();
+        let advs: Vec<f32> = (1..160)
+            .flat_map(|k| [0.5 + k as f32 * 0.00937, -(0.5 + k as f32 * 0.00937)])
+            .collect();
+        let (lp, adv): (Vec<f32>, Vec<f32>) = xs
+            .iter()
+            .flat_map(|&x| advs.iter().map(move |&a| (x, a)))
+            .unzip();
+        let n = lp.len();
+        let old = vec![0.0f32; n];
+        let cu = [0usize, n];
+        let inp = PolicyInputs {
+            lp: &lp,
+            old: &old,
+            adv: &adv,
+            tokens: Tokens::packed(&cu, None),
+        };
+        let (mut v, mut g) = (vec![0f32; n], vec![0f32; n]);
+        let d = k.ppo_clip(&cfg, &inp, &mut v, &mut g).unwrap();
+        let zero = |pos: bool| {
+            (0..n)
+                .filter(|&t| (adv[t] > 0.0) == pos && g[t] == 0.0)
+                .count()
+        };
+        assert_eq!(zero(true), d.clipped_high, "{cfg:?}");
+        assert_eq!(zero(false), d.clipped_low + d.dual_clipped, "{cfg:?}");
+        // The grid crosses every bound: some tokens on each side of each.
+        assert!(d.clipped_high > 0 && d.clipped_low > 0, "{d:?}");
+        assert!(cfg.dual_clip.is_none() || d.dual_clipped > 0, "{d:?}");
+    }
+}
+
 #[test]
 fn errors_match_grpo_core_and_leave_outputs_untouched() {
     let Some(ctx) = gpu::context("errors_match_grpo_core_and_leave_outputs_untouched") else {

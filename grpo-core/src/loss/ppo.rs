@@ -127,6 +127,16 @@ impl<T: Real> PpoClipConfig<T> {
 /// The clip part of the unified objective as a function of a ratio `rho` whose derivative with
 /// respect to the token's log-prob is `drho`: returns `L = −min(ρ'A, clip(ρ)A)` with
 /// `ρ' = min(ρ, δ)`, then `min(L, −cA)` for `A < 0` under dual-clip, and `∂L/∂lp`.
+///
+/// Which branch wins is decided on the ratios, exactly — the clipped branch where
+/// `A·(ρ' − clip(ρ)) > 0`, the dual bound where `c < r` for the winning ratio `r` — not by
+/// comparing the rounded products `−A·r`. Rounding can make those products equal while the
+/// ratios differ (ρ one ULP above `hi`, or just above `c`), and a comparison of them would then
+/// let the gradient of a token the rule clips flow while the token is counted as clipped. The
+/// values are the same bits either way: rounding is monotone, so the winner's rounded product is
+/// the larger (the smaller for the dual bound) or equal. Where the ratios themselves are equal
+/// (`ρ` inside `[lo, hi]`) the branches agree; at `ρ = c` exactly the dual bound is not counted
+/// and the gradient flows, as at a bound of the closed clip interval.
 #[inline]
 pub(crate) fn ppo_core<T: Real>(
     rho: T,
@@ -161,15 +171,22 @@ pub(crate) fn ppo_core<T: Real>(
     };
     let v2 = -(a * r2);
     let g2 = -mul0(a, dr2);
-    let (mut v, mut g) = if v2 > v1 { (v2, g2) } else { (v1, g1) };
-    o.capped = capped && a < T::ZERO && v1 >= v2;
+    // −A·r2 > −A·r1 exactly (see above): decided on the ratios, not on the rounded products.
+    let clipped_wins = (a > T::ZERO && r1 > r2) || (a < T::ZERO && r1 < r2);
+    let (r, mut v, mut g) = if clipped_wins {
+        (r2, v2, g2)
+    } else {
+        (r1, v1, g1)
+    };
+    o.capped = capped && a < T::ZERO && !clipped_wins;
     o.clip_high = a > T::ZERO && rho > hi;
     o.clip_low = a < T::ZERO && rho < lo;
     if let Some(c) = dual
         && a < T::ZERO
     {
         let v3 = -(c * a);
-        if v3 < v {
+        // −c·A < −r·A exactly for A < 0.
+        if c < r {
             v = v3;
             g = T::ZERO;
             o.dual = true;
@@ -191,9 +208,13 @@ pub(crate) fn ppo_core<T: Real>(
 /// ```
 ///
 /// Gradient (the unified rule): a token contributes `−A·∂ρ/∂lp = −A·ρ` unless `A > 0` and
-/// `ρ > hi`, `A < 0` and `ρ < lo`, the dual-clip bound is active, the δ cap is active in the
-/// winning branch, or the log-ratio was clamped. Exactly at a bound the gradient flows (the
-/// clip interval is closed, as PyTorch's `clamp`).
+/// `ρ > hi`, `A < 0` and `ρ < lo`, the dual-clip bound is active (the winning branch's ratio
+/// above `c`), the δ cap is active in the winning branch, or the log-ratio was clamped. Exactly
+/// at a bound the gradient flows (the clip interval is closed, as PyTorch's `clamp`). The
+/// branches are chosen by comparing the ratios, not the rounded products `−A·ρ`, so the rule
+/// holds where rounding makes the two products equal (ρ one ULP past a bound): a token counted
+/// as clipped never contributes a gradient. (PyTorch's `maximum`/`minimum`, which the peers'
+/// code uses, split the gradient equally between the two sides of such a tie.)
 ///
 /// # Errors
 /// [`Error::InvalidParam`](crate::Error::InvalidParam) for bounds that do not contain 1,
@@ -295,6 +316,63 @@ mod tests {
         // ρ = 1.4 < δ, A = −1: L = 1.4, grad −A·ρ = 1.4.
         let (v, g) = run(&cfg, 1.4f64.ln(), -1.0);
         assert!((v - 1.4).abs() < 1e-14 && (g - 1.4).abs() < 1e-14);
+    }
+
+    /// MATH.md §3's rule evaluated exactly: every product of two f32 is exact in f64, so the
+    /// branches are compared without rounding and only the result is rounded to f32.
+    fn rule_exact(rho: f32, a: f32, lo: f32, hi: f32, dual: Option<f32>) -> (f32, f32) {
+        let (rho64, a64) = (rho as f64, a as f64);
+        let v1 = -(a64 * rho64);
+        let v2 = -(a64 * (rho.clamp(lo, hi) as f64));
+        let inside = (lo..=hi).contains(&rho);
+        let (mut v, mut g) = if v2 > v1 {
+            (v2, if inside { v1 } else { 0.0 })
+        } else {
+            (v1, v1)
+        };
+        if let Some(c) = dual.filter(|_| a < 0.0) {
+            let v3 = -(c as f64 * a64);
+            if v3 < v {
+                (v, g) = (v3, 0.0);
+            }
+        }
+        (v as f32, g as f32)
+    }
+
+    /// Ratios a few ULP around `lo`, `hi` and the dual constant, with advantages whose products
+    /// with neighbouring ratios round to the same f32 (ties), give the exact rule's value and
+    /// gradient: a ratio one ULP past a bound is clipped although `−A·ρ` and `−A·hi` round
+    /// alike, and the diagnostics count exactly the tokens without a gradient.
+    #[test]
+    fn rounding_ties_follow_the_exact_rule() {
+        let (lo, hi, c) = (0.8f32, 1.2f32, 3.0f32);
+        let near = |b: f32| (0..9).map(move |k| f32::from_bits(b.to_bits() + k - 4));
+        let (mut ties, mut checked) = (0, 0);
+        for rho in near(lo).chain(near(hi)).chain(near(c)) {
+            for k in 1..600 {
+                for a in [0.5 + k as f32 * 0.00137, -(0.5 + k as f32 * 0.00137)] {
+                    let o = ppo_core(rho, rho, a, lo, hi, Some(c), None);
+                    let (v, g) = rule_exact(rho, a, lo, hi, Some(c));
+                    // (The sign of a zero gradient is the implementation's: compared by value.)
+                    assert_eq!(
+                        (o.value.to_bits(), o.grad),
+                        (v.to_bits(), g),
+                        "rho {rho:e}, a {a}"
+                    );
+                    let counted = o.clip_high || o.clip_low || o.dual;
+                    assert_eq!(counted, g == 0.0, "rho {rho:e}, a {a}");
+                    let r2 = rho.clamp(lo, hi);
+                    let r = if (a > 0.0) == (rho > r2) { r2 } else { rho };
+                    ties += ((rho != r2 && a * rho == a * r2)
+                        || (a < 0.0 && r != c && a * r == a * c))
+                        as usize;
+                    checked += 1;
+                }
+            }
+        }
+        // The grid must contain the ties it is about (the rule above fails on them when the
+        // branches are chosen by comparing the rounded products).
+        assert!(ties > 100, "{ties} ties in {checked} tokens");
     }
 
     #[test]

@@ -208,23 +208,37 @@ fn token_lanes<V: F32x16, const O: u8>(p: &PpoParams, lp: V, old: V, a: V) -> To
     let dr2 = V::select(V::mask_or(below, above), zero, drho);
     let v2 = neg(a.mul(r2));
     let g2 = neg_mul0(a, dr2);
-    let second = v2.gt(v1);
-    let mut value = V::select(second, v2, v1);
-    let mut grad = V::select(second, g2, g1);
     let a_neg = a.lt(zero);
     let a_pos = a.gt(zero);
+    let clip_high = V::mask_and(a_pos, above);
+    let clip_low = V::mask_and(a_neg, below);
+    // The winner decided on the ratios, exactly, as grpo-core's `ppo_core` does (not on the
+    // rounded products, which can tie while the ratios differ): the clipped branch where
+    // `A·(r1 − r2) > 0`. Without the δ cap `r1 = ρ`, so that is `ρ > hi` for `A > 0` and
+    // `ρ < lo` for `A < 0` — the clip flags, no further comparison.
+    let second = if O & CAP != 0 {
+        V::mask_or(V::mask_and(a_pos, r1.gt(r2)), V::mask_and(a_neg, r1.lt(r2)))
+    } else {
+        V::mask_or(clip_high, clip_low)
+    };
+    let mut value = V::select(second, v2, v1);
+    let mut grad = V::select(second, g2, g1);
     let capped = if O & CAP != 0 {
-        V::mask_and(V::mask_and(cap, a_neg), v1.ge(v2))
+        V::mask_andnot(second, V::mask_and(cap, a_neg))
     } else {
         V::mask_none()
     };
-    let clip_high = V::mask_and(a_pos, above);
-    let clip_low = V::mask_and(a_neg, below);
     let dual = if O & DUAL != 0 {
-        let c = p.dual.unwrap_or(f32::INFINITY);
-        let v3 = neg(V::splat(c).mul(a));
-        let m = V::mask_and(a_neg, v3.lt(value));
-        value = V::select(m, v3, value);
+        let c = V::splat(p.dual.unwrap_or(f32::INFINITY));
+        // −c·A < −r·A exactly for A < 0, with r the winning branch's ratio. Without the cap
+        // that is ρ: where the clipped branch wins for A < 0, ρ < lo ≤ 1 < c either way.
+        let r = if O & CAP != 0 {
+            V::select(second, r2, r1)
+        } else {
+            rho
+        };
+        let m = V::mask_and(a_neg, c.lt(r));
+        value = V::select(m, neg(c.mul(a)), value);
         grad = V::select(m, zero, grad);
         m
     } else {
@@ -708,14 +722,24 @@ mod tests {
     /// Each of the twelve loops [`PpoSpan::run`] picks — no clamp, a clamp of 20 (`exp_moderate`)
     /// or of 100, each with and without the δ cap and the dual clip — gives grpo-core's values,
     /// gradients and diagnostics bit for bit on every backend (two threads, two spans and a
-    /// tail, masked and not; the log-ratios cross the clip bounds, δ = 5, c = 3 and both clamps).
+    /// tail, masked and not; the log-ratios cross the clip bounds, δ = 5, c = 3 and both clamps,
+    /// and some lie a few ULP from a bound, where `−A·ρ` can round like `−A·bound`).
     #[test]
     fn every_option_combination_matches_core_on_every_backend() {
         let n = 16384 + 2048 + 37;
         let mut next = crate::test_data::uniform_f32(0x2545_f491_4f6c_dd1d);
-        let lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
+        // Every 97 tokens, eight log-ratios lie within 4 ULP of ln(lo), ln(hi), ln(c) or ln(δ)
+        // (lp = that value, old = 0): ratios around each bound, some of whose products with
+        // the advantage round like the bound's (ties the branches must be decided without).
+        let near_bound = |t: usize| (3..11).contains(&(t % 97));
+        let mut lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
         let old: Vec<f32> = (0..n)
             .map(|t| {
+                if near_bound(t) {
+                    let b = [0.8f32, 1.28, 3.0, 5.0][t % 4].ln();
+                    lp[t] = f32::from_bits((b.to_bits() as i32 + (t % 9) as i32 - 4) as u32);
+                    return 0.0;
+                }
                 let d = match t % 97 {
                     0 => 25.0,
                     1 => -25.0,
@@ -729,6 +753,16 @@ mod tests {
             .map(|t| if t % 13 == 0 { 0.0 } else { 4.0 * next() - 2.0 })
             .collect();
         let mask: Vec<bool> = (0..n).map(|_| next() < 0.9).collect();
+        let ties = (0..n)
+            .filter(|&t| {
+                let (rho, a) = (<f32 as grpo_core::Real>::exp(lp[t]), adv[t]);
+                near_bound(t)
+                    && [0.8f32, 1.28, 3.0, 5.0]
+                        .iter()
+                        .any(|&b| rho != b && a * rho == a * b)
+            })
+            .count();
+        assert!(ties > 0, "no rounding ties at the bounds");
         let mut loops = 0;
         for clamp in [None, Some(20.0f32), Some(100.0)] {
             for delta_cap in [None, Some(5.0f32)] {
