@@ -52,3 +52,21 @@ pub fn uniform_f32(seed: u64) -> impl FnMut() -> f32 {
         (s >> 40) as f32 / (1u64 << 24) as f32
     }
 }
+
+/// Per-token log-ratios and advantages for PPO-clip's rounding ties: the 48 consecutive floats
+/// around `ln(b)` for each bound `b` (their ratios step through the floats near `b`), each with
+/// 318 advantages of both signs (±(0.5 + 0.00937·k)), for some of which `A·ρ` and `A·b` round to
+/// the same f32 while `ρ ≠ b`. Returns `(lp, adv)`; use `old = 0`.
+pub fn bound_tie_grid(bounds: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let advs: Vec<f32> = (1..160)
+        .flat_map(|k| [0.5 + k as f32 * 0.00937, -(0.5 + k as f32 * 0.00937)])
+        .collect();
+    bounds
+        .iter()
+        .flat_map(|b| {
+            let x = b.ln();
+            (0..48).map(move |k| f32::from_bits(x.to_bits() + k - 24))
+        })
+        .flat_map(|x| advs.iter().map(move |&a| (x, a)))
+        .unzip()
+}

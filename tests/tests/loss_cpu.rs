@@ -505,21 +505,7 @@ fn rounding_ties_at_the_bounds_match_core() {
         let cfg = cfg32(ci);
         let mut bounds = vec![cfg.bounds.lo, cfg.bounds.hi];
         bounds.extend(cfg.dual_clip.into_iter().chain(cfg.delta_cap));
-        // Consecutive log-ratios around ln(bound): their ratios step through the floats there.
-        let xs: Vec<f32> = bounds
-            .iter()
-            .flat_map(|b| {
-                let x = b.ln();
-                (0..48).map(move |k| f32::from_bits(x.to_bits() + k - 24))
-            })
-            .collect();
-        let advs: Vec<f32> = (1..160)
-            .flat_map(|k| [0.5 + k as f32 * 0.00937, -(0.5 + k as f32 * 0.00937)])
-            .collect();
-        let (lp, adv): (Vec<f32>, Vec<f32>) = xs
-            .iter()
-            .flat_map(|&x| advs.iter().map(move |&a| (x, a)))
-            .unzip();
+        let (lp, adv) = grpo_tests::bound_tie_grid(&bounds);
         let n = lp.len();
         let old = vec![0.0f32; n];
         // The grid must hold ties at a bound it crosses.

@@ -1097,20 +1097,7 @@ fn clipped_tokens_have_no_gradient_at_rounding_ties() {
     ] {
         let mut points = vec![cfg.bounds.lo, cfg.bounds.hi];
         points.extend(cfg.dual_clip);
-        let xs: Vec<f32> = points
-            .iter()
-            .flat_map(|p| {
-                let x = p.ln();
-                (0..48).map(move |k| f32::from_bits(x.to_bits() + k - 24))
-            })
-            .collect();
-        let advs: Vec<f32> = (1..160)
-            .flat_map(|k| [0.5 + k as f32 * 0.00937, -(0.5 + k as f32 * 0.00937)])
-            .collect();
-        let (lp, adv): (Vec<f32>, Vec<f32>) = xs
-            .iter()
-            .flat_map(|&x| advs.iter().map(move |&a| (x, a)))
-            .unzip();
+        let (lp, adv) = grpo_tests::bound_tie_grid(&points);
         let n = lp.len();
         let old = vec![0.0f32; n];
         let cu = [0usize, n];
