@@ -731,12 +731,13 @@ mod tests {
         // Every 97 tokens, eight log-ratios lie within 4 ULP of ln(lo), ln(hi), ln(c) or ln(δ)
         // (lp = that value, old = 0): ratios around each bound, some of whose products with
         // the advantage round like the bound's (ties the branches must be decided without).
+        let bounds = [0.8f32, 1.28, 3.0, 5.0];
         let near_bound = |t: usize| (3..11).contains(&(t % 97));
         let mut lp: Vec<f32> = (0..n).map(|_| -4.0 * next()).collect();
         let old: Vec<f32> = (0..n)
             .map(|t| {
                 if near_bound(t) {
-                    let b = [0.8f32, 1.28, 3.0, 5.0][t % 4].ln();
+                    let b = bounds[t % 4].ln();
                     lp[t] = f32::from_bits((b.to_bits() as i32 + (t % 9) as i32 - 4) as u32);
                     return 0.0;
                 }
@@ -756,10 +757,7 @@ mod tests {
         let ties = (0..n)
             .filter(|&t| {
                 let (rho, a) = (<f32 as grpo_core::Real>::exp(lp[t]), adv[t]);
-                near_bound(t)
-                    && [0.8f32, 1.28, 3.0, 5.0]
-                        .iter()
-                        .any(|&b| rho != b && a * rho == a * b)
+                near_bound(t) && bounds.iter().any(|&b| rho != b && a * rho == a * b)
             })
             .count();
         assert!(ties > 0, "no rounding ties at the bounds");
